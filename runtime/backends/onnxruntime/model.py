@@ -1,0 +1,51 @@
+"""Python-based ``onnxruntime`` backend for the embedded server.
+
+Serves every model whose config says ``backend: "onnxruntime"`` (the NVIDIA container's native
+backend serves the same config). Reads everything from the config: ``default_model_filename``,
+tensor names/dtypes, ``max_batch_size``, ``parameters.intra_op_thread_count`` /
+``inter_op_thread_count`` (the native backend's keys) and ``pad_values``.
+"""
+
+import triton_python_backend_utils as pb_utils
+
+import json
+from pathlib import Path
+
+import onnxruntime as ort
+
+from tritonforge.integrity import verify_sidecar
+from tritonforge.modelconfig import ModelConfig
+from tritonforge.triton import execute_batched, pad_values_from
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.config = ModelConfig.from_json(args["model_config"])
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        path = version_dir / (self.config.default_model_filename or "model.onnx")
+        verify_sidecar(path)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.config.param("intra_op_thread_count", 0, int)
+        options.inter_op_num_threads = self.config.param("inter_op_thread_count", 0, int)
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.output_names = [o.name for o in self.config.outputs]
+        # Symbolic dims (dim_param) name the axes: outputs are unpadded along the inputs' names.
+        self.axis_names = {
+            t.name: [d if isinstance(d, str) else None for d in t.shape]
+            for t in [*self.session.get_inputs(), *self.session.get_outputs()]
+        }
+        self.pad_values = pad_values_from(self.config)
+        self.graph_inputs = {t.name for t in self.session.get_inputs()}
+        pb_utils.Logger.log_info(
+            f"{self.config.name}: {path.name} on onnxruntime {ort.__version__} "
+            f"{json.dumps(self.axis_names)}"
+        )
+
+    def _infer(self, inputs):
+        feed = {k: v for k, v in inputs.items() if k in self.graph_inputs}
+        return dict(zip(self.output_names, self.session.run(self.output_names, feed), strict=True))
+
+    def execute(self, requests):
+        return execute_batched(
+            pb_utils, requests, self.config, self._infer, self.pad_values, self.axis_names
+        )

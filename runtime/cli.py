@@ -1,0 +1,134 @@
+"""Command line of the embedded runtime."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from runtime.errors import ServerError
+from runtime.server import EmbeddedServer, ServerSettings
+
+DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    defaults = ServerSettings(model_repository=DEFAULT_REPOSITORY)
+    p.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
+    p.add_argument("--host", default=defaults.host, help="bind address (default 127.0.0.1)")
+    p.add_argument("--http-port", type=int, default=defaults.http_port)
+    p.add_argument("--grpc-port", type=int, default=defaults.grpc_port)
+    p.add_argument("--metrics-port", type=int, default=defaults.metrics_port)
+    p.add_argument("--model-control-mode", choices=["none", "explicit", "poll"], default="none")
+    p.add_argument("--load-model", action="append", default=[], help="with explicit control")
+    p.add_argument("--ready-timeout-s", type=float, default=defaults.ready_timeout_s)
+    p.add_argument("--exit-timeout-s", type=float, default=defaults.exit_timeout_s)
+    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--quiet", action="store_true", help="do not echo the server log")
+
+
+def _settings(args: argparse.Namespace) -> ServerSettings:
+    return ServerSettings(
+        model_repository=args.model_repository,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        model_control_mode=args.model_control_mode,
+        load_models=args.load_model,
+        ready_timeout_s=args.ready_timeout_s,
+        exit_timeout_s=args.exit_timeout_s,
+        log_verbose=args.log_verbose,
+        echo_log=not args.quiet,
+    )
+
+
+def _wait_for_signal(server: EmbeddedServer) -> int:
+    """Serve until SIGINT/SIGTERM (graceful stop, exit 0) or until the server dies (exit 1)."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        print(f"\n==> signal {signal.Signals(signum).name}: stopping tritonserver", flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    while not stop.wait(0.5):
+        if server.returncode is not None:
+            print(f"tritonserver exited unexpectedly ({server.returncode})", file=sys.stderr)
+            server.stop()
+            return 1
+    code = server.stop()
+    leftovers = server.leftover_processes()
+    print(f"==> stopped (tritonserver exit status {code}; leftover processes: {leftovers})")
+    return 0 if not leftovers else 1
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    server = EmbeddedServer(_settings(args))
+    print(f"==> starting Triton on {args.host} (model repository {args.model_repository})")
+    server.start()
+    server.wait_ready()
+    print(
+        f"==> ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
+        f"metrics {server.metrics_url}",
+        flush=True,
+    )
+    return _wait_for_signal(server)
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    from runtime.lint import lint_repository
+
+    problems = lint_repository(args.model_repository)
+    for problem in problems:
+        print(f"lint: {problem}", file=sys.stderr)
+    if not problems:
+        print(f"lint: {args.model_repository} OK")
+    return 1 if problems else 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from runtime.demo import run_demo
+
+    server = EmbeddedServer(_settings(args))
+    server.start()
+    server.wait_ready()
+    run_demo(server)
+    print(
+        f"==> serving: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
+        f"metrics {server.metrics_url}  (Ctrl-C stops)",
+        flush=True,
+    )
+    if args.once:
+        server.stop()
+        return 0
+    return _wait_for_signal(server)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runtime", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model repository until SIGINT/SIGTERM")
+    _server_args(serve)
+    serve.set_defaults(func=cmd_serve)
+    demo = sub.add_parser("demo", help="serve, show the pipeline answering, keep serving")
+    _server_args(demo)
+    demo.add_argument("--once", action="store_true", help="stop after the demo")
+    demo.set_defaults(func=cmd_demo)
+    lint = sub.add_parser("lint", help="check the model repository's configs")
+    lint.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
+    lint.set_defaults(func=cmd_lint)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ServerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

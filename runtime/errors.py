@@ -1,0 +1,31 @@
+"""Errors of the embedded runtime. One base, a few leaves; each message says what to do."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class ServerError(Exception):
+    """Base class of every runtime error."""
+
+
+class ServerNotFoundError(ServerError):
+    """The Triton binary, Python backend or stub could not be found."""
+
+
+class ServerStartError(ServerError):
+    """tritonserver exited or did not become ready in time."""
+
+
+class ModelLoadError(ServerStartError):
+    """One or more models failed to load; ``failures`` maps model name -> Triton's error."""
+
+    def __init__(self, failures: Mapping[str, str], log_tail: str = "") -> None:
+        self.failures = dict(failures)
+        self.log_tail = log_tail
+        lines = [f"  - {name}: {reason}" for name, reason in sorted(self.failures.items())]
+        super().__init__(
+            f"{len(self.failures)} model(s) failed to load:\n"
+            + "\n".join(lines)
+            + "\nFix the model's config.pbtxt or artifacts (run `make export`) and start again."
+        )

@@ -1,0 +1,340 @@
+"""Start, watch and stop the embedded tritonserver.
+
+:class:`EmbeddedServer` is both what ``python -m runtime serve`` runs and the context manager the
+tests use: free ports, a readiness poll that reports model load errors by name, and a teardown
+that waits for the process group to exit and removes its shared-memory regions.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from runtime.errors import ModelLoadError, ServerStartError
+from runtime.locate import (
+    PYTHONPATH_ENV,
+    assemble_backend_dir,
+    find_triton,
+    library_path,
+    venv_paths,
+)
+
+SHM_DIR = Path("/dev/shm")
+_FAILED_LOAD = re.compile(r"failed to load '(?P<name>[^']+)' version \d+: (?P<reason>.+?)\"?$")
+_POLL_FAILED = re.compile(r"Poll failed for model directory '(?P<name>[^']+)': (?P<reason>.+?)\"?$")
+_TABLE_ROW = re.compile(r"^\|\s*(?P<name>\S+)\s*\|\s*\d+\s*\|\s*UNAVAILABLE: (?P<reason>.*?)\s*\|$")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+@dataclass
+class ServerSettings:
+    """How to run tritonserver. Defaults come from ``TRITONFORGE_*`` environment variables."""
+
+    model_repository: Path
+    host: str = field(default_factory=lambda: os.environ.get("TRITONFORGE_HOST", "127.0.0.1"))
+    http_port: int = field(default_factory=lambda: _env_int("TRITONFORGE_HTTP_PORT", 8000))
+    grpc_port: int = field(default_factory=lambda: _env_int("TRITONFORGE_GRPC_PORT", 8001))
+    metrics_port: int = field(default_factory=lambda: _env_int("TRITONFORGE_METRICS_PORT", 8002))
+    model_control_mode: str = "none"
+    load_models: Sequence[str] = ()
+    ready_timeout_s: float = 120.0
+    exit_timeout_s: float = 30.0
+    log_verbose: int = 0
+    echo_log: bool = False
+    model_config_name: str | None = None
+    extra_args: Sequence[str] = ()
+    backend_dir: Path | None = None
+
+    @classmethod
+    def ephemeral(cls, model_repository: Path, **kwargs: object) -> ServerSettings:
+        """Settings on free loopback ports, for tests and benchmarks."""
+        return cls(
+            model_repository=model_repository,
+            host="127.0.0.1",
+            http_port=free_port(),
+            grpc_port=free_port(),
+            metrics_port=free_port(),
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+
+class EmbeddedServer:
+    """One tritonserver process (and its Python stubs) in its own process group."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.shm_prefix = f"tritonforge_{os.getpid()}_{secrets.token_hex(4)}_"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: collections.deque[str] = collections.deque(maxlen=4000)
+        self._log_lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+        self._workdir = Path(tempfile.mkdtemp(prefix="tritonforge-"))
+
+    # -- addresses ---------------------------------------------------------------------------
+    @property
+    def http_url(self) -> str:
+        return f"{self._client_host}:{self.settings.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self._client_host}:{self.settings.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self._client_host}:{self.settings.metrics_port}/metrics"
+
+    @property
+    def _client_host(self) -> str:
+        return "127.0.0.1" if self.settings.host in ("0.0.0.0", "") else self.settings.host
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc else None
+
+    def log_text(self, last: int | None = None) -> str:
+        with self._log_lock:
+            lines = list(self._log)
+        return "\n".join(lines[-last:] if last else lines)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def command(self) -> list[str]:
+        s = self.settings
+        install = find_triton()
+        backend_dir = s.backend_dir or (self._workdir / "backends")
+        assemble_backend_dir(install, backend_dir)
+        cmd = [
+            str(install.binary),
+            f"--model-repository={Path(s.model_repository).resolve()}",
+            f"--backend-directory={backend_dir}",
+            f"--http-address={s.host}",
+            f"--http-port={s.http_port}",
+            f"--grpc-address={s.host}",
+            f"--grpc-port={s.grpc_port}",
+            f"--metrics-address={s.host}",
+            f"--metrics-port={s.metrics_port}",
+            "--allow-gpu-metrics=false",
+            "--allow-cpu-metrics=true",
+            "--pinned-memory-pool-byte-size=0",
+            "--strict-readiness=true",
+            f"--exit-timeout-secs={int(s.exit_timeout_s)}",
+            f"--model-control-mode={s.model_control_mode}",
+            f"--log-verbose={s.log_verbose}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            "--backend-config=python,shm-default-byte-size=4194304",
+        ]
+        if s.model_config_name:
+            cmd.append(f"--model-config-name={s.model_config_name}")
+        cmd += [f"--load-model={m}" for m in s.load_models]
+        cmd += list(s.extra_args)
+        return cmd
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = library_path(find_triton())
+        env[PYTHONPATH_ENV] = os.pathsep.join(venv_paths())
+        # Models run their own thread pools; keep BLAS from oversubscribing the cores.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    def start(self) -> EmbeddedServer:
+        """Launch tritonserver; returns at once (see :meth:`wait_ready`)."""
+        if self._proc is not None:
+            raise ServerStartError("server already started")
+        self._proc = subprocess.Popen(
+            self.command(),
+            env=self.environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._pump, name="tritonserver-log", daemon=True)
+        self._reader.start()
+        return self
+
+    def _pump(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self._log_lock:
+                self._log.append(line)
+            if self.settings.echo_log:
+                print(line, file=sys.stderr, flush=True)
+
+    def is_ready(self, timeout_s: float = 2.0) -> bool:
+        try:
+            url = f"http://{self.http_url}/v2/health/ready"
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def load_failures(self) -> dict[str, str]:
+        """Model name -> Triton's error, parsed from the server log."""
+        failures: dict[str, str] = {}
+        for line in self.log_text().splitlines():
+            for pattern in (_FAILED_LOAD, _POLL_FAILED, _TABLE_ROW):
+                m = pattern.search(line.strip())
+                if m:
+                    failures.setdefault(m.group("name"), m.group("reason").strip())
+        return failures
+
+    def wait_ready(self, timeout_s: float | None = None) -> EmbeddedServer:
+        """Block until ``/v2/health/ready`` answers 200.
+
+        Raises :class:`ModelLoadError` naming each model that failed (Triton exits when a model
+        fails to load with ``--model-control-mode=none``) and :class:`ServerStartError` on timeout.
+        """
+        timeout_s = self.settings.ready_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.returncode is not None:
+                self._drain()
+                failures = self.load_failures()
+                tail = self.log_text(last=40)
+                self._cleanup()
+                if failures:
+                    raise ModelLoadError(failures, tail)
+                raise ServerStartError(
+                    f"tritonserver exited with status {self.returncode} before becoming ready:\n"
+                    f"{tail}"
+                )
+            if self.is_ready():
+                return self
+            time.sleep(0.2)
+        failures = self.load_failures()
+        tail = self.log_text(last=40)
+        self.stop()
+        if failures:
+            raise ModelLoadError(failures, tail)
+        raise ServerStartError(
+            f"tritonserver was not ready after {timeout_s:.0f} s (raise --ready-timeout-s for "
+            f"slow models); last log lines:\n{tail}"
+        )
+
+    def _drain(self) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """SIGTERM, wait for a graceful exit, then kill stragglers; remove shared memory."""
+        proc = self._proc
+        if proc is None:
+            return None
+        timeout_s = self.settings.exit_timeout_s + 10 if timeout_s is None else timeout_s
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        self._drain()
+        self._cleanup()
+        return proc.returncode
+
+    def _cleanup(self) -> None:
+        """Kill anything left in the process group and unlink our shared-memory regions."""
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while self.leftover_processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for region in self.shm_regions():
+            with contextlib.suppress(FileNotFoundError):
+                region.unlink()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def leftover_processes(self) -> list[int]:
+        """PIDs still alive in the server's process group (stubs included)."""
+        if self._proc is None:
+            return []
+        pgid = self._proc.pid
+        alive = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.getpgid(int(entry.name)) == pgid:
+                    stat = (entry / "stat").read_text()
+                    if ") Z" not in stat:
+                        alive.append(int(entry.name))
+            except (ProcessLookupError, PermissionError, FileNotFoundError, OSError):
+                continue
+        return alive
+
+    def stub_pids(self) -> dict[str, int]:
+        """Model instance name -> PID of its Python backend stub."""
+        result: dict[str, int] = {}
+        for pid in self.leftover_processes():
+            try:
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            # 2.51 stub argv: stub, model path, shm region, sizes, parent pid, lib dir, ipc handle,
+            # instance name (e.g. "tokenizer_0"), python-based backend dir
+            if args and args[0].endswith(b"triton_python_backend_stub") and len(args) > 8:
+                result[args[8].decode()] = pid
+        return result
+
+    def shm_regions(self) -> list[Path]:
+        return sorted(SHM_DIR.glob(f"{self.shm_prefix}*")) if SHM_DIR.exists() else []
+
+    def __enter__(self) -> EmbeddedServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def serving(model_repository: Path, **kwargs: object) -> Iterator[EmbeddedServer]:
+    """Serve ``model_repository`` on free loopback ports for the duration of the block."""
+    with EmbeddedServer(ServerSettings.ephemeral(model_repository, **kwargs)) as server:
+        yield server
