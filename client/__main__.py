@@ -1,0 +1,7 @@
+"""``python -m client``: see :mod:`client.cli`."""
+
+import sys
+
+from client.cli import main
+
+sys.exit(main())

@@ -1,0 +1,118 @@
+"""Command line: ``python -m client embed|similarity|health``, printing JSON on stdout.
+
+Examples::
+
+    python -m client embed "hello world" "second text" --protocol grpc
+    python -m client similarity "a cat sat on the mat" "a kitten sits on a rug"
+    python -m client health --url localhost:8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from client.errors import ClientError
+from client.settings import PIPELINES, PROTOCOLS, VARIANTS, ClientSettings, route
+from client.sync import EmbeddingClient
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--protocol", choices=PROTOCOLS, help="default $TRITONFORGE_PROTOCOL or http")
+    p.add_argument(
+        "--url",
+        help="host:port (default $TRITONFORGE_URL or localhost:8000 http / localhost:8001 grpc)",
+    )
+    p.add_argument("--variant", choices=VARIANTS, help="default $TRITONFORGE_VARIANT or fp32")
+    p.add_argument(
+        "--pipeline", choices=PIPELINES, help="default $TRITONFORGE_PIPELINE or ensemble"
+    )
+    p.add_argument("--timeout-s", type=float, help="per-request timeout (default 30)")
+    p.add_argument("--max-attempts", type=int, help="attempts for transient failures (default 4)")
+    p.add_argument("--deadline-s", type=float, help="overall retry deadline (default 60)")
+
+
+def _client(args: argparse.Namespace) -> EmbeddingClient:
+    return EmbeddingClient(
+        url=args.url,
+        protocol=args.protocol,
+        timeout_s=args.timeout_s,
+        max_attempts=args.max_attempts,
+        deadline_s=args.deadline_s,
+        variant=args.variant,
+        pipeline=args.pipeline,
+    )
+
+
+def _describe(settings: ClientSettings) -> dict[str, Any]:
+    model, parameters = route(settings.pipeline, settings.variant)
+    return {
+        "url": settings.address,
+        "protocol": settings.protocol,
+        "pipeline": settings.pipeline,
+        "variant": settings.variant,
+        "model": model,
+        "parameters": parameters,
+    }
+
+
+def cmd_embed(args: argparse.Namespace) -> dict[str, Any]:
+    with _client(args) as c:
+        vectors = c.embed(args.texts)
+        return {
+            **_describe(c.settings),
+            "dim": int(vectors.shape[1]),
+            "norms": [round(float(n), 6) for n in np.linalg.norm(vectors, axis=1)],
+            "embeddings": [[round(float(x), args.decimals) for x in row] for row in vectors],
+        }
+
+
+def cmd_similarity(args: argparse.Namespace) -> dict[str, Any]:
+    with _client(args) as c:
+        a, b = c.embed([args.a, args.b])
+        cosine = float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+        return {**_describe(c.settings), "a": args.a, "b": args.b, "cosine": round(cosine, 6)}
+
+
+def cmd_health(args: argparse.Namespace) -> dict[str, Any]:
+    with _client(args) as c:
+        ready = c.is_ready()
+        out: dict[str, Any] = {**_describe(c.settings), "live": c.is_live(), "ready": ready}
+        if ready:
+            out["model_ready"] = c.is_model_ready()
+            out["metadata"] = c.metadata()
+        return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m client",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    embed = sub.add_parser("embed", help="embed texts; prints JSON with one vector per text")
+    embed.add_argument("texts", nargs="+")
+    embed.add_argument("--decimals", type=int, default=6, help="rounding of the printed vectors")
+    _common(embed)
+    embed.set_defaults(func=cmd_embed)
+    sim = sub.add_parser("similarity", help="cosine similarity of two texts")
+    sim.add_argument("a")
+    sim.add_argument("b")
+    _common(sim)
+    sim.set_defaults(func=cmd_similarity)
+    health = sub.add_parser("health", help="liveness, readiness and model metadata")
+    _common(health)
+    health.set_defaults(func=cmd_health)
+    args = parser.parse_args(argv)
+    try:
+        print(json.dumps(args.func(args), indent=None if args.command == "embed" else 2))
+    except ClientError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,51 @@
+"""Exceptions of the embedding client.
+
+Everything the client raises derives from :class:`ClientError`. tritonclient's
+``InferenceServerException`` (and raw socket/aiohttp/gevent errors) are translated by
+:func:`client.retry.translate` and chained with ``raise ... from e``. ``attempts`` says how many
+times the call was tried before giving up (1 means "not retried").
+"""
+
+from __future__ import annotations
+
+
+class ClientError(Exception):
+    """Base class of every error the embedding client raises."""
+
+    transient: bool = False
+
+    def __init__(self, message: str, *, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class InvalidRequestError(ClientError):
+    """The server rejected the request (HTTP 4xx, gRPC INVALID_ARGUMENT...): fix the call."""
+
+
+class ModelNotFoundError(InvalidRequestError):
+    """The model is unknown to the server or not loaded: check the model name / repository."""
+
+
+class ServerUnavailableError(ClientError):
+    """The server or a model is temporarily unavailable (HTTP 503, gRPC UNAVAILABLE)."""
+
+    transient = True
+
+
+class ConnectionFailedError(ClientError):
+    """No connection to the server (refused, reset, DNS): is it running at the URL?"""
+
+    transient = True
+
+
+class DeadlineExceededError(ClientError):
+    """The call did not finish within ``timeout_s`` (or the retry deadline)."""
+
+
+class ServerError(ClientError):
+    """The server failed while handling the request (HTTP 500, gRPC INTERNAL): see its log."""
+
+
+class ResponseError(ClientError):
+    """The server answered, but the answer is not what the model contract promises."""

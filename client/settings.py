@@ -1,0 +1,107 @@
+"""Client settings (arguments win over ``TRITONFORGE_*`` environment variables) and the pipeline
+naming contract (which Triton model serves which pipeline/variant).
+
+Environment variables: ``TRITONFORGE_URL`` (host:port, default ``localhost:8000`` for HTTP and
+``localhost:8001`` for gRPC), ``TRITONFORGE_PROTOCOL`` (http|grpc), ``TRITONFORGE_TIMEOUT_S``,
+``TRITONFORGE_MAX_ATTEMPTS``, ``TRITONFORGE_DEADLINE_S``, ``TRITONFORGE_VARIANT``,
+``TRITONFORGE_PIPELINE``, ``TRITONFORGE_BATCH_SIZE``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from client.errors import InvalidRequestError
+from client.retry import RetryPolicy
+
+PROTOCOLS = ("http", "grpc")
+PIPELINES = ("ensemble", "bls")
+VARIANTS = ("fp32", "int8", "torchscript")
+ENSEMBLE_MODELS = {"fp32": "embed", "int8": "embed_int8", "torchscript": "embed_torchscript"}
+BLS_MODEL = "embed_bls"
+INPUT_NAME = "text"
+OUTPUT_NAME = "embedding"
+DEFAULT_HOST = "localhost"  # documented default; point TRITONFORGE_URL elsewhere
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value else None
+
+
+def _env_float(name: str, default: float) -> float:
+    value = _env(name)
+    return float(value) if value is not None else default
+
+
+def _env_int(name: str, default: int) -> int:
+    value = _env(name)
+    return int(value) if value is not None else default
+
+
+def normalize_url(url: str) -> str:
+    """tritonclient wants ``host:port`` without a scheme: strip ``http://``/``grpc://``."""
+    for scheme in ("http://", "https://", "grpc://"):
+        if url.startswith(scheme):
+            url = url[len(scheme) :]
+    return url.rstrip("/")
+
+
+def route(pipeline: str, variant: str) -> tuple[str, dict[str, str]]:
+    """Model name and request parameters for ``pipeline``/``variant``.
+
+    Ensembles are one model per variant; the BLS model takes the variant as request parameter.
+    """
+    if pipeline not in PIPELINES:
+        raise InvalidRequestError(f"unknown pipeline {pipeline!r}; expected one of {PIPELINES}")
+    if variant not in VARIANTS:
+        raise InvalidRequestError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+    if pipeline == "bls":
+        return BLS_MODEL, {"variant": variant}
+    return ENSEMBLE_MODELS[variant], {}
+
+
+@dataclass
+class ClientSettings:
+    """Where and how to call the server. Unset fields come from the environment."""
+
+    protocol: str = field(default_factory=lambda: _env("TRITONFORGE_PROTOCOL") or "http")
+    url: str | None = None
+    timeout_s: float = field(default_factory=lambda: _env_float("TRITONFORGE_TIMEOUT_S", 30.0))
+    max_attempts: int = field(default_factory=lambda: _env_int("TRITONFORGE_MAX_ATTEMPTS", 4))
+    deadline_s: float = field(default_factory=lambda: _env_float("TRITONFORGE_DEADLINE_S", 60.0))
+    initial_backoff_s: float = 0.05
+    max_backoff_s: float = 2.0
+    variant: str = field(default_factory=lambda: _env("TRITONFORGE_VARIANT") or "fp32")
+    pipeline: str = field(default_factory=lambda: _env("TRITONFORGE_PIPELINE") or "ensemble")
+    batch_size: int = field(default_factory=lambda: _env_int("TRITONFORGE_BATCH_SIZE", 64))
+
+    def __post_init__(self) -> None:
+        self.protocol = self.protocol.lower()
+        if self.protocol not in PROTOCOLS:
+            raise InvalidRequestError(
+                f"unknown protocol {self.protocol!r}; expected one of {PROTOCOLS}"
+            )
+        if self.url is None:
+            self.url = _env("TRITONFORGE_URL") or f"{DEFAULT_HOST}:{DEFAULT_PORTS[self.protocol]}"
+        self.url = normalize_url(self.url)
+        if self.timeout_s <= 0:
+            raise InvalidRequestError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.batch_size < 1:
+            raise InvalidRequestError(f"batch_size must be >= 1, got {self.batch_size}")
+        route(self.pipeline, self.variant)
+
+    @property
+    def address(self) -> str:
+        assert self.url is not None
+        return self.url
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=self.max_attempts,
+            initial_backoff_s=self.initial_backoff_s,
+            max_backoff_s=self.max_backoff_s,
+            deadline_s=self.deadline_s,
+        )

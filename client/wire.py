@@ -1,0 +1,58 @@
+"""Request encoding and response checking shared by the sync and async clients."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from client.errors import InvalidRequestError, ResponseError
+from client.settings import INPUT_NAME, OUTPUT_NAME
+
+
+def check_texts(texts: Sequence[str] | str) -> list[str]:
+    """The texts as a list; a bare string is one text. Empty lists and non-strings are rejected."""
+    if isinstance(texts, str):
+        texts = [texts]
+    items = list(texts)
+    if not items:
+        raise InvalidRequestError("texts is empty: pass at least one string")
+    for i, text in enumerate(items):
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"texts[{i}] must be str, got {type(text).__name__}")
+    return items
+
+
+def chunks(texts: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(texts), size):
+        yield texts[start : start + size]
+
+
+def make_inputs(module: ModuleType, texts: list[str]) -> list[Any]:
+    """One ``text`` BYTES input of shape [n, 1] for ``tritonclient.http`` or ``.grpc``."""
+    data = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
+    infer_input = module.InferInput(INPUT_NAME, list(data.shape), "BYTES")
+    infer_input.set_data_from_numpy(data)
+    return [infer_input]
+
+
+def make_outputs(module: ModuleType) -> list[Any]:
+    if module.__name__.startswith("tritonclient.http"):
+        return [module.InferRequestedOutput(OUTPUT_NAME, binary_data=True)]
+    return [module.InferRequestedOutput(OUTPUT_NAME)]
+
+
+def decode(result: Any, expected_rows: int, context: str) -> np.ndarray:
+    """The ``embedding`` output as float32 [n, dim]; :class:`ResponseError` if it is not."""
+    array = result.as_numpy(OUTPUT_NAME)
+    if array is None:
+        raise ResponseError(f"{context}: the response has no {OUTPUT_NAME!r} output")
+    array = np.asarray(array, dtype=np.float32)
+    if array.ndim != 2 or array.shape[0] != expected_rows:
+        raise ResponseError(
+            f"{context}: expected {OUTPUT_NAME!r} of shape [{expected_rows}, dim], "
+            f"got {list(array.shape)}"
+        )
+    return array
