@@ -32,3 +32,7 @@ class ModelConfigError(ServingError):
 
 class ArtifactIntegrityError(ServingError):
     """A model artifact does not match its ``.sha256`` sidecar."""
+
+
+class NumericalError(ServingError):
+    """A stage produced NaN/Inf where finite numbers are required."""

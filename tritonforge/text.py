@@ -1,0 +1,181 @@
+"""The text pipeline as plain functions: validate, tokenize, split, pool, normalise, compare.
+
+The ``tokenizer``, ``postprocess`` and ``embed_bls`` Triton models are thin loops around these;
+unit tests call them directly. Only numpy and ``tokenizers`` are needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tritonforge.errors import InvalidInputError, NumericalError
+
+TOKENIZER_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
+"""What :meth:`TextTokenizer.encode` returns, in this order (the encoder's ONNX input names)."""
+
+
+@dataclass(frozen=True)
+class TextLimits:
+    """Caller-facing limits on one request: at most ``max_items`` texts of ``max_text_bytes``."""
+
+    max_items: int = 64
+    max_text_bytes: int = 16384
+
+
+def decode_texts(values: Any, field: str, limits: TextLimits) -> list[str]:
+    """Decode one request's BYTES tensor (any shape, e.g. ``[batch, 1]``) into validated strings.
+
+    Raises :class:`InvalidInputError` naming ``field`` and the item index for an empty batch,
+    too many items, non-UTF-8, too long (in UTF-8 bytes) or empty/whitespace-only text.
+    """
+    items = np.asarray(values, dtype=object).reshape(-1)
+    if items.size == 0:
+        raise InvalidInputError(f"input {field!r} is an empty batch; send at least one text")
+    if items.size > limits.max_items:
+        raise InvalidInputError(
+            f"input {field!r} has {items.size} items; at most {limits.max_items} are allowed "
+            "per request (split the batch)"
+        )
+    texts: list[str] = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            raw = item.encode("utf-8")
+        elif isinstance(item, bytes | bytearray | np.bytes_):
+            raw = bytes(item)
+        else:
+            raise InvalidInputError(
+                f"input {field!r} item {i} is {type(item).__name__}, expected UTF-8 bytes"
+            )
+        if len(raw) > limits.max_text_bytes:
+            raise InvalidInputError(
+                f"input {field!r} item {i} is {len(raw)} bytes; at most "
+                f"{limits.max_text_bytes} UTF-8 bytes are allowed"
+            )
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidInputError(
+                f"input {field!r} item {i} is not valid UTF-8 (byte {e.start}); send UTF-8 text"
+            ) from e
+        if not text.strip():
+            raise InvalidInputError(
+                f"input {field!r} item {i} is empty or whitespace-only; send non-blank text"
+            )
+        texts.append(text)
+    return texts
+
+
+class TextTokenizer:
+    """A ``tokenizers`` tokenizer loaded once: truncation to ``max_length``, pad to the longest.
+
+    The padding/truncation stored in tokenizer.json (fixed 128 for all-MiniLM-L6-v2) is replaced.
+    """
+
+    def __init__(self, path: Path | str, max_length: int) -> None:
+        from tokenizers import Tokenizer
+
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2 (room for [CLS]/[SEP]), got {max_length}")
+        self.max_length = max_length
+        self._tokenizer = Tokenizer.from_file(str(path))
+        padding = self._tokenizer.padding or {}
+        self._tokenizer.enable_truncation(max_length=max_length)
+        self._tokenizer.enable_padding(
+            pad_id=int(padding.get("pad_id", 0)),
+            pad_type_id=int(padding.get("pad_type_id", 0)),
+            pad_token=str(padding.get("pad_token", "[PAD]")),
+        )
+
+    def encode(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """Tokenize ``texts`` as one batch: int64 ``[len(texts), longest]`` per output name."""
+        if not texts:
+            raise InvalidInputError("nothing to tokenize: the batch is empty")
+        encodings = self._tokenizer.encode_batch(list(texts))
+        return {
+            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
+        }
+
+
+def split_tokens(
+    tokens: dict[str, np.ndarray], counts: Sequence[int], mask_name: str = "attention_mask"
+) -> list[dict[str, np.ndarray]]:
+    """Cut a batch tokenized together back into per-request parts of ``counts`` rows each.
+
+    Each part is trimmed to its own longest sequence (the max of its rows' mask sums), so a
+    request's tensors do not depend on what it was batched with.
+    """
+    total = sum(counts)
+    mask = tokens[mask_name]
+    if mask.shape[0] != total:
+        raise ValueError(f"{total} rows expected, the batch has {mask.shape[0]}")
+    parts: list[dict[str, np.ndarray]] = []
+    start = 0
+    for count in counts:
+        stop = start + count
+        length = int(mask[start:stop].sum(axis=1).max()) if count else 0
+        parts.append(
+            {name: np.ascontiguousarray(arr[start:stop, :length]) for name, arr in tokens.items()}
+        )
+        start = stop
+    return parts
+
+
+def mean_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    """Attention-mask mean of ``hidden`` ``[batch, seq, dim]`` over ``seq`` -> ``[batch, dim]``."""
+    mask = attention_mask.astype(hidden.dtype)[..., None]
+    summed = (hidden * mask).sum(axis=1)
+    counts = np.clip(mask.sum(axis=1), 1e-9, None)
+    return np.asarray(summed / counts, dtype=hidden.dtype)
+
+
+def l2_normalize_rows(x: np.ndarray, eps: float = 1e-12) -> tuple[np.ndarray, np.ndarray]:
+    """Unit-L2 rows of ``[batch, dim]`` and a boolean mask of rows that were not finite.
+
+    Non-finite rows come back as NaN; zero rows stay zero (as ``torch.nn.functional.normalize``).
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"expected [batch, dim], got shape {list(x.shape)}")
+    bad = ~np.isfinite(x).all(axis=1)
+    norms = np.linalg.norm(np.where(bad[:, None], 0.0, x), axis=1, keepdims=True)
+    out = (x / np.maximum(norms, eps)).astype(np.float32)
+    out[bad] = np.nan
+    return out, bad
+
+
+def l2_normalize(x: np.ndarray, field: str = "sentence_embedding") -> np.ndarray:
+    """Unit-L2 rows; raise :class:`NumericalError` naming ``field`` and the first bad row."""
+    out, bad = l2_normalize_rows(x)
+    if bad.any():
+        raise NumericalError(
+            f"{field!r} row {int(np.argmax(bad))} is not finite (NaN/Inf from the encoder); "
+            "check the exported model"
+        )
+    return out
+
+
+def cosine_matrix(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """Pairwise cosine similarity ``[len(a), len(b)]`` (``b`` defaults to ``a``)."""
+    na = l2_normalize(a, "a")
+    nb = na if b is None else l2_normalize(b, "b")
+    return np.asarray(na @ nb.T, dtype=np.float32)
+
+
+def rowwise_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each row of ``a`` with the same row of ``b``."""
+    return np.asarray((l2_normalize(a, "a") * l2_normalize(b, "b")).sum(axis=1))
+
+
+def nearest_neighbours(similarity: np.ndarray, k: int = 1) -> list[list[int]]:
+    """Per row of a square similarity matrix, the ``k`` most similar *other* indices."""
+    sim = np.array(similarity, dtype=np.float64, copy=True)
+    np.fill_diagonal(sim, -np.inf)
+    order = np.argsort(-sim, axis=1, kind="stable")[:, :k]
+    return [[int(j) for j in row] for row in order]
