@@ -48,8 +48,9 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
     )
 
 
-def _wait_for_signal(server: EmbeddedServer) -> int:
-    """Serve until SIGINT/SIGTERM (graceful stop, exit 0) or until the server dies (exit 1)."""
+def _install_stop_handlers() -> threading.Event:
+    """SIGINT/SIGTERM set the returned event (installed before the server starts, so a signal
+    during start-up is not lost)."""
     stop = threading.Event()
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -58,6 +59,11 @@ def _wait_for_signal(server: EmbeddedServer) -> int:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def _wait_for_signal(server: EmbeddedServer, stop: threading.Event) -> int:
+    """Serve until ``stop`` is set (graceful stop, exit 0) or until the server dies (exit 1)."""
     while not stop.wait(0.5):
         if server.returncode is not None:
             print(f"tritonserver exited unexpectedly ({server.returncode})", file=sys.stderr)
@@ -69,17 +75,36 @@ def _wait_for_signal(server: EmbeddedServer) -> int:
     return 0 if not leftovers else 1
 
 
+def _lint_ok(repository: Path) -> bool:
+    """Run the repository lint; print the problems and return False when there are any."""
+    from runtime.lint import lint_repository
+
+    problems = lint_repository(repository)
+    for problem in problems:
+        print(f"lint: {problem}", file=sys.stderr)
+    if problems:
+        print(
+            f"error: not starting: {len(problems)} problem(s) in {repository} "
+            "(fix them, or run `make export` if encoders are missing)",
+            file=sys.stderr,
+        )
+    return not problems
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    if not _lint_ok(args.model_repository):
+        return 2
+    stop = _install_stop_handlers()
     server = EmbeddedServer(_settings(args))
     print(f"==> starting Triton on {args.host} (model repository {args.model_repository})")
     server.start()
-    server.wait_ready()
+    server.wait_ready(cancel=stop)
     print(
         f"==> ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
         f"metrics {server.metrics_url}",
         flush=True,
     )
-    return _wait_for_signal(server)
+    return _wait_for_signal(server, stop)
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -96,9 +121,14 @@ def cmd_lint(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from runtime.demo import run_demo
 
+    if not _lint_ok(args.model_repository):
+        return 2
+    stop = _install_stop_handlers()
     server = EmbeddedServer(_settings(args))
     server.start()
-    server.wait_ready()
+    server.wait_ready(cancel=stop)
+    if stop.is_set():
+        return _wait_for_signal(server, stop)
     run_demo(server)
     print(
         f"==> serving: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
@@ -108,7 +138,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.once:
         server.stop()
         return 0
-    return _wait_for_signal(server)
+    return _wait_for_signal(server, stop)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
