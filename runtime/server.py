@@ -37,6 +37,15 @@ from runtime.locate import (
 )
 
 SHM_DIR = Path("/dev/shm")
+ADMIN_HEADER = "x-tritonforge-admin"
+RESTRICTED_APIS = (
+    "model-repository",
+    "model-config",
+    "shared-memory",
+    "statistics",
+    "trace",
+    "logging",
+)
 _FAILED_LOAD = re.compile(r"failed to load '(?P<name>[^']+)' version \d+: (?P<reason>.+?)\"?$")
 _POLL_FAILED = re.compile(r"Poll failed for model directory '(?P<name>[^']+)': (?P<reason>.+?)\"?$")
 _TABLE_ROW = re.compile(r"^\|\s*(?P<name>\S+)\s*\|\s*\d+\s*\|\s*UNAVAILABLE: (?P<reason>.*?)\s*\|$")
@@ -72,6 +81,12 @@ class ServerSettings:
     model_config_name: str | None = None
     extra_args: Sequence[str] = ()
     backend_dir: Path | None = None
+    restrict_apis: bool = True
+    """Require the admin header for the model-repository, model-config, shared-memory, statistics,
+    trace and logging APIs on both protocols (Triton 2.51 ``--*-restricted-api``)."""
+    admin_key: str = field(
+        default_factory=lambda: os.environ.get("TRITONFORGE_ADMIN_KEY") or secrets.token_urlsafe(18)
+    )
 
     @classmethod
     def ephemeral(cls, model_repository: Path, **kwargs: object) -> ServerSettings:
@@ -116,6 +131,11 @@ class EmbeddedServer:
         return "127.0.0.1" if self.settings.host in ("0.0.0.0", "") else self.settings.host
 
     @property
+    def admin_headers(self) -> dict[str, str]:
+        """Headers (HTTP) / metadata (gRPC) that unlock the restricted APIs."""
+        return {ADMIN_HEADER: self.settings.admin_key}
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
@@ -154,6 +174,12 @@ class EmbeddedServer:
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             "--backend-config=python,shm-default-byte-size=4194304",
         ]
+        if s.restrict_apis:
+            apis = ",".join(RESTRICTED_APIS)
+            cmd += [
+                f"--http-restricted-api={apis}:{ADMIN_HEADER}={s.admin_key}",
+                f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={s.admin_key}",
+            ]
         if s.model_config_name:
             cmd.append(f"--model-config-name={s.model_config_name}")
         cmd += [f"--load-model={m}" for m in s.load_models]
@@ -211,15 +237,20 @@ class EmbeddedServer:
                     failures.setdefault(m.group("name"), m.group("reason").strip())
         return failures
 
-    def wait_ready(self, timeout_s: float | None = None) -> EmbeddedServer:
+    def wait_ready(
+        self, timeout_s: float | None = None, cancel: threading.Event | None = None
+    ) -> EmbeddedServer:
         """Block until ``/v2/health/ready`` answers 200.
 
         Raises :class:`ModelLoadError` naming each model that failed (Triton exits when a model
         fails to load with ``--model-control-mode=none``) and :class:`ServerStartError` on timeout.
+        Returns early (not ready) when ``cancel`` is set.
         """
         timeout_s = self.settings.ready_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if cancel is not None and cancel.is_set():
+                return self
             if self.returncode is not None:
                 self._drain()
                 failures = self.load_failures()

@@ -158,7 +158,9 @@ def test_served_outputs_equal_in_process(
 
 
 def model_stats(server: EmbeddedServer, model: str) -> tuple[int, int]:
-    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats") as resp:
+    url = f"http://{server.http_url}/v2/models/{model}/stats"
+    request = urllib.request.Request(url, headers=server.admin_headers)
+    with urllib.request.urlopen(request) as resp:
         stats = json.load(resp)["model_stats"][0]
     return int(stats["inference_count"]), int(stats["execution_count"])
 
