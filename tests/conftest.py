@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from runtime.server import EmbeddedServer, ServerSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
+# The repository the pipeline tests serve (`make export` fills in the encoders).
+PIPELINE_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", MODEL_REPOSITORY))
 
 ServeFn = Callable[..., EmbeddedServer]
 
@@ -29,4 +32,24 @@ def serve() -> Iterator[ServeFn]:
 
     yield start
     for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def pipeline_server() -> Iterator[EmbeddedServer]:
+    """The real model repository (tokenizer, encoders, postprocess, ensembles, embed_bls) served
+    once per session; fails with the lint's problems if it is not ready (run `make export`)."""
+    from runtime.lint import lint_repository
+
+    problems = lint_repository(PIPELINE_REPOSITORY)
+    if problems:
+        pytest.fail(
+            f"{PIPELINE_REPOSITORY} is not servable (run `make export`):\n" + "\n".join(problems)
+        )
+    server = EmbeddedServer(ServerSettings.ephemeral(PIPELINE_REPOSITORY))
+    server.start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
         server.stop()
