@@ -7,12 +7,12 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
 from runtime.errors import ServerError
-from runtime.server import EmbeddedServer, ServerSettings
+from runtime.server import ADMIN_HEADER, EmbeddedServer, ServerSettings
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 
@@ -30,6 +30,24 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exit-timeout-s", type=float, default=defaults.exit_timeout_s)
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="do not echo the server log")
+    p.add_argument(
+        "--supervise",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="canary-check the public models and restart the server when the pipeline breaks",
+    )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=int(os.environ.get("TRITONFORGE_HEALTH_PORT", "8003")),
+        help="pipeline-aware health endpoint (GET /health/pipeline); 0 picks a free port",
+    )
+    p.add_argument("--canary-interval-s", type=float, default=5.0)
+    p.add_argument(
+        "--unrestricted",
+        action="store_true",
+        help="do not restrict the admin APIs (model-repository, config, shm, stats, trace, logging)",
+    )
 
 
 def _settings(args: argparse.Namespace) -> ServerSettings:
@@ -45,6 +63,7 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         exit_timeout_s=args.exit_timeout_s,
         log_verbose=args.log_verbose,
         echo_log=not args.quiet,
+        restrict_apis=not args.unrestricted,
     )
 
 
@@ -62,13 +81,50 @@ def _install_stop_handlers() -> threading.Event:
     return stop
 
 
-def _wait_for_signal(server: EmbeddedServer, stop: threading.Event) -> int:
+def _supervise(server: EmbeddedServer, args: argparse.Namespace) -> Callable[[], None]:
+    """Start the supervisor and its health endpoint (when asked); returns their stop function."""
+    if not args.supervise:
+        return lambda: None
+    from runtime.supervisor import HealthEndpoint, Supervisor
+
+    supervisor = Supervisor(
+        server,
+        canary_interval_s=args.canary_interval_s,
+        on_restart=lambda why: print(
+            f"==> supervisor: restarting tritonserver ({why})", flush=True
+        ),
+    ).start()
+    endpoint = HealthEndpoint(supervisor, server.settings.host, args.health_port).start()
+    print(f"==> pipeline health: {endpoint.url} (canaries: {', '.join(supervisor.models)})")
+
+    def stop() -> None:
+        endpoint.stop()
+        supervisor.stop()
+
+    return stop
+
+
+def _print_admin(server: EmbeddedServer) -> None:
+    if server.settings.restrict_apis:
+        print(
+            f"==> admin APIs (repository, config, shm, stats, trace, logging) need the header "
+            f"'{ADMIN_HEADER}: <key>'; key from $TRITONFORGE_ADMIN_KEY "
+            f"({'set' if os.environ.get('TRITONFORGE_ADMIN_KEY') else 'unset: a random key was used'})",
+            flush=True,
+        )
+
+
+def _wait_for_signal(
+    server: EmbeddedServer, stop: threading.Event, stop_extras: Callable[[], None] = lambda: None
+) -> int:
     """Serve until ``stop`` is set (graceful stop, exit 0) or until the server dies (exit 1)."""
+    # A supervised restart replaces the process; only a dead server with no restart is fatal.
     while not stop.wait(0.5):
-        if server.returncode is not None:
+        if server.returncode is not None and not server.restarting:
             print(f"tritonserver exited unexpectedly ({server.returncode})", file=sys.stderr)
             server.stop()
             return 1
+    stop_extras()
     code = server.stop()
     leftovers = server.leftover_processes()
     print(f"==> stopped (tritonserver exit status {code}; leftover processes: {leftovers})")
@@ -104,7 +160,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"metrics {server.metrics_url}",
         flush=True,
     )
-    return _wait_for_signal(server, stop)
+    _print_admin(server)
+    return _wait_for_signal(server, stop, _supervise(server, args))
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -138,7 +195,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.once:
         server.stop()
         return 0
-    return _wait_for_signal(server, stop)
+    _print_admin(server)
+    return _wait_for_signal(server, stop, _supervise(server, args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -112,6 +112,7 @@ class EmbeddedServer:
         self._log_lock = threading.Lock()
         self._reader: threading.Thread | None = None
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonforge-"))
+        self.restarting = False
 
     # -- addresses ---------------------------------------------------------------------------
     @property
@@ -274,6 +275,22 @@ class EmbeddedServer:
             f"tritonserver was not ready after {timeout_s:.0f} s (raise --ready-timeout-s for "
             f"slow models); last log lines:\n{tail}"
         )
+
+    def restart(self, stop_timeout_s: float = 5.0) -> EmbeddedServer:
+        """Stop (bounded: in-flight requests of a dead stub never finish) and start again on the
+        same ports and settings; returns when ready."""
+        self.restarting = True
+        try:
+            self.stop(timeout_s=stop_timeout_s)
+            self._proc = None
+            self._workdir = Path(tempfile.mkdtemp(prefix="tritonforge-"))
+            self.shm_prefix = f"tritonforge_{os.getpid()}_{secrets.token_hex(4)}_"
+            with self._log_lock:
+                self._log.clear()
+            self.start()
+            return self.wait_ready()
+        finally:
+            self.restarting = False
 
     def _drain(self) -> None:
         if self._reader is not None:

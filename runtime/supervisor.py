@@ -1,0 +1,237 @@
+"""Pipeline-aware health and self-healing for the embedded server.
+
+Triton 2.51 never restarts a crashed Python stub and keeps answering ``/v2/health/ready`` with 200
+(server#8604). The :class:`Supervisor` therefore watches what matters: the stub processes (cheap,
+every ``poll_interval_s``) and a canary inference through every public model (every
+``canary_interval_s``). When a stub vanishes or canaries fail ``failures_to_restart`` times in a
+row, it restarts the server on the same ports and counts the restart. ``health()`` is what
+``serve`` exposes on its pipeline health endpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime.errors import ServerError
+from runtime.server import EmbeddedServer
+from tritonforge.errors import ModelConfigError
+from tritonforge.modelconfig import ModelConfig
+from tritonforge.repository import load_model_config, model_names, referenced_models
+
+CANARY_TEXT = b"tritonforge canary"
+
+
+def public_models(repository: Path) -> list[str]:
+    """Models no other model calls (ensemble steps and declared BLS targets are internal)."""
+    configs: dict[str, ModelConfig] = {}
+    for name in model_names(repository):
+        with contextlib.suppress(ModelConfigError):
+            configs[name] = load_model_config(repository, name)
+    called: set[str] = set()
+    for cfg in configs.values():
+        if cfg.raw.get("platform") == "ensemble":
+            steps = cfg.raw.get("ensemble_scheduling", {}).get("step", [])
+            called |= {str(s.get("model_name", "")) for s in steps}
+        called |= set(referenced_models(cfg.parameters).values())
+    return sorted(set(configs) - called)
+
+
+def canary_inputs(config: ModelConfig) -> dict[str, np.ndarray]:
+    """One-row sample for every required input: a short text for BYTES, ones otherwise."""
+    inputs: dict[str, np.ndarray] = {}
+    for spec in config.inputs:
+        if spec.optional:
+            continue
+        shape = tuple(1 if d < 0 else d for d in spec.full_shape(config.batched))
+        if np.dtype(spec.numpy_dtype).kind == "O":
+            inputs[spec.name] = np.full(shape, CANARY_TEXT, dtype=np.object_)
+        else:
+            inputs[spec.name] = np.ones(shape, dtype=spec.numpy_dtype)
+    return inputs
+
+
+@dataclass
+class Health:
+    """Snapshot of the pipeline's health."""
+
+    healthy: bool = False
+    models: dict[str, str] = field(default_factory=dict)
+    restarts: int = 0
+    last_restart_reason: str = ""
+    last_check_unix_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": "ok" if self.healthy else "unhealthy",
+            "models": self.models,
+            "restarts": self.restarts,
+            "last_restart_reason": self.last_restart_reason,
+            "last_check_unix_s": self.last_check_unix_s,
+        }
+
+
+class Supervisor:
+    """Watches an :class:`EmbeddedServer` and restarts it when the pipeline stops answering."""
+
+    def __init__(
+        self,
+        server: EmbeddedServer,
+        models: Sequence[str] | None = None,
+        canary_interval_s: float = 5.0,
+        canary_timeout_s: float = 10.0,
+        poll_interval_s: float = 0.5,
+        failures_to_restart: int = 2,
+        on_restart: Callable[[str], None] | None = None,
+    ) -> None:
+        repo = Path(server.settings.model_repository)
+        self.server = server
+        self.models = list(models) if models is not None else public_models(repo)
+        self.configs = {m: load_model_config(repo, m) for m in self.models}
+        self.canary_interval_s = canary_interval_s
+        self.canary_timeout_s = canary_timeout_s
+        self.poll_interval_s = poll_interval_s
+        self.failures_to_restart = failures_to_restart
+        self.on_restart = on_restart
+        self._health = Health()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stubs: dict[str, int] = {}
+
+    # -- checks ------------------------------------------------------------------------------
+    def canary(self) -> dict[str, str]:
+        """Model -> "ok" or the error of one inference through it (gRPC, bounded in time)."""
+        import tritonclient.grpc as grpcclient
+
+        results: dict[str, str] = {}
+        client = grpcclient.InferenceServerClient(self.server.grpc_url)
+        try:
+            for name, cfg in self.configs.items():
+                inputs = []
+                for input_name, value in canary_inputs(cfg).items():
+                    tensor = grpcclient.InferInput(
+                        input_name, list(value.shape), cfg.input(input_name).wire_dtype
+                    )
+                    tensor.set_data_from_numpy(value)
+                    inputs.append(tensor)
+                try:
+                    client.infer(name, inputs, client_timeout=self.canary_timeout_s)
+                    results[name] = "ok"
+                except Exception as e:  # any failure is a failed canary
+                    results[name] = f"{type(e).__name__}: {e}"[:300]
+        finally:
+            client.close()
+        return results
+
+    def dead_stubs(self) -> list[str]:
+        """Model instances whose stub process disappeared since the last (re)start."""
+        alive = self.server.stub_pids()
+        return sorted(name for name, pid in self._stubs.items() if alive.get(name) != pid)
+
+    def health(self) -> Health:
+        with self._lock:
+            return Health(**vars(self._health))
+
+    # -- loop --------------------------------------------------------------------------------
+    def start(self) -> Supervisor:
+        self._stubs = self.server.stub_pids()
+        self._record(self.canary())
+        self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _record(self, results: dict[str, str]) -> bool:
+        healthy = bool(results) and all(v == "ok" for v in results.values())
+        with self._lock:
+            self._health.models = results
+            self._health.healthy = healthy
+            self._health.last_check_unix_s = time.time()
+        return healthy
+
+    def _run(self) -> None:
+        failures = 0
+        next_canary = time.monotonic() + self.canary_interval_s
+        while not self._stop.wait(self.poll_interval_s):
+            dead = self.dead_stubs()
+            if dead:
+                self._restart(f"stub process of {', '.join(dead)} died")
+                failures = 0
+                next_canary = time.monotonic() + self.canary_interval_s
+                continue
+            if time.monotonic() < next_canary:
+                continue
+            next_canary = time.monotonic() + self.canary_interval_s
+            failures = 0 if self._record(self.canary()) else failures + 1
+            if failures >= self.failures_to_restart:
+                bad = [m for m, v in self.health().models.items() if v != "ok"]
+                self._restart(f"canary failed {failures}x for {', '.join(bad)}")
+                failures = 0
+
+    def _restart(self, reason: str) -> None:
+        with self._lock:
+            self._health.healthy = False
+            self._health.models = {m: f"restarting: {reason}" for m in self.models}
+        if self.on_restart is not None:
+            self.on_restart(reason)
+        try:
+            self.server.restart()
+        except ServerError as e:
+            with self._lock:
+                self._health.last_restart_reason = f"{reason}; restart failed: {e}"
+            return
+        self._stubs = self.server.stub_pids()
+        with self._lock:
+            self._health.restarts += 1
+            self._health.last_restart_reason = reason
+        self._record(self.canary())
+
+
+class HealthEndpoint:
+    """``GET /health/pipeline`` -> 200 + JSON when every public model answers its canary, else 503."""
+
+    def __init__(self, supervisor: Supervisor, host: str, port: int) -> None:
+        parent = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.rstrip("/") not in ("/health/pipeline", "/health"):
+                    self.send_error(404, "try /health/pipeline")
+                    return
+                health = parent.supervisor.health()
+                body = json.dumps(health.to_json()).encode()
+                self.send_response(200 if health.healthy else 503)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.supervisor = supervisor
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.url = f"http://{host}:{self.httpd.server_address[1]}/health/pipeline"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def start(self) -> HealthEndpoint:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
