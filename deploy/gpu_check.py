@@ -1,0 +1,246 @@
+"""GPU host check: run the exported ONNX encoders with onnxruntime-gpu, compare with the CPU.
+
+For each model (``model_repository/encoder_fp32/1/model.onnx`` by default) and each GPU execution
+provider present (TensorRT with fp16, as ``configs/gpu.pbtxt`` asks, then CUDA), it runs the same
+random but valid batch as the CPU provider, prints max |diff| and min cosine against the CPU
+embeddings, and p50/p95 latency. Exit codes: 0 all parity checks pass, 1 a parity check failed,
+2 no GPU execution provider (message says what to install).
+
+    pip install onnxruntime-gpu==1.32.0 numpy==1.26.4   # on the GPU host, instead of onnxruntime
+    python -m deploy.gpu_check --model-repository model_repository
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+TENSORRT = "TensorrtExecutionProvider"
+GPU_PROVIDERS = (TENSORRT, CUDA)
+DEFAULT_MODELS = ("encoder_fp32", "encoder_int8")
+# fp16 TensorRT engines move embeddings by ~1e-3; cosine to the CPU result is the contract.
+DEFAULT_MIN_COSINE = 0.999
+EXIT_OK, EXIT_PARITY, EXIT_NO_GPU = 0, 1, 2
+
+
+class GpuCheckError(RuntimeError):
+    """Base of this module's errors."""
+
+
+class NoGpuProviderError(GpuCheckError):
+    """onnxruntime has no GPU execution provider here."""
+
+
+class ModelMissingError(GpuCheckError):
+    """An exported model is not in the model repository."""
+
+
+def gpu_providers(available: Sequence[str]) -> list[str]:
+    """The GPU providers of ``available``, best first; raises when there is none."""
+    found = [p for p in GPU_PROVIDERS if p in available]
+    if not found:
+        raise NoGpuProviderError(
+            f"no GPU execution provider in onnxruntime (available: {', '.join(available) or 'none'}). "
+            "On a GPU host with the NVIDIA driver, replace onnxruntime with the GPU build: "
+            "`pip uninstall -y onnxruntime && pip install onnxruntime-gpu==1.32.0`; "
+            "on a machine without a GPU this check cannot run (the CPU path is covered by make test)."
+        )
+    return found
+
+
+def provider_options(provider: str, cache_dir: Path) -> dict[str, Any]:
+    """Session options per provider; TensorRT mirrors configs/gpu.pbtxt (fp16, engine cache)."""
+    if provider == TENSORRT:
+        return {
+            "trt_fp16_enable": True,
+            "trt_engine_cache_enable": True,
+            "trt_engine_cache_path": str(cache_dir),
+        }
+    return {}
+
+
+def make_feeds(
+    inputs: Sequence[tuple[str, str]], batch: int, seq_len: int, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """A valid BERT-style batch for ``(name, onnx type)`` inputs: token ids, a padded mask, zeros."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(max(1, seq_len // 4), seq_len + 1, size=batch)
+    mask = (np.arange(seq_len)[None, :] < lengths[:, None]).astype(np.int64)
+    feeds: dict[str, np.ndarray] = {}
+    for name, onnx_type in inputs:
+        if onnx_type != "tensor(int64)":
+            raise GpuCheckError(f"input {name} is {onnx_type}; this check feeds int64 token inputs")
+        if "mask" in name:
+            feeds[name] = mask
+        elif "type" in name:
+            feeds[name] = np.zeros((batch, seq_len), dtype=np.int64)
+        else:
+            feeds[name] = rng.integers(1000, 20000, size=(batch, seq_len), dtype=np.int64) * mask
+    return feeds
+
+
+@dataclass(frozen=True)
+class Parity:
+    """How close ``candidate`` is to ``reference`` (rows are embeddings)."""
+
+    max_abs_diff: float
+    min_cosine: float
+
+    def ok(self, min_cosine: float = DEFAULT_MIN_COSINE) -> bool:
+        return self.min_cosine >= min_cosine
+
+
+def parity(reference: np.ndarray, candidate: np.ndarray) -> Parity:
+    """Max absolute difference and the smallest row-wise cosine similarity."""
+    if reference.shape != candidate.shape:
+        raise GpuCheckError(
+            f"shape mismatch: reference {reference.shape}, candidate {candidate.shape}"
+        )
+    ref = reference.astype(np.float64).reshape(reference.shape[0], -1)
+    cand = candidate.astype(np.float64).reshape(candidate.shape[0], -1)
+    norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
+    cosine = np.sum(ref * cand, axis=1) / np.maximum(norms, 1e-12)
+    return Parity(max_abs_diff=float(np.max(np.abs(ref - cand))), min_cosine=float(np.min(cosine)))
+
+
+@dataclass(frozen=True)
+class Latency:
+    p50_ms: float
+    p95_ms: float
+    iterations: int
+
+
+def latency(samples_s: Sequence[float]) -> Latency:
+    if not samples_s:
+        raise GpuCheckError("no latency samples")
+    ms = sorted(s * 1e3 for s in samples_s)
+    p95 = ms[min(len(ms) - 1, round(0.95 * (len(ms) - 1)))]
+    return Latency(p50_ms=statistics.median(ms), p95_ms=p95, iterations=len(ms))
+
+
+@dataclass(frozen=True)
+class ProviderResult:
+    model: str
+    provider: str
+    parity: Parity | None
+    latency: Latency
+
+    def row(self, min_cosine: float) -> str:
+        par = (
+            "reference"
+            if self.parity is None
+            else f"max|diff| {self.parity.max_abs_diff:.2e}  min cos {self.parity.min_cosine:.6f} "
+            f"{'ok' if self.parity.ok(min_cosine) else 'FAIL'}"
+        )
+        return (
+            f"{self.model:<16} {self.provider:<28} p50 {self.latency.p50_ms:8.2f} ms  "
+            f"p95 {self.latency.p95_ms:8.2f} ms  {par}"
+        )
+
+
+def run_session(
+    session: Any, feeds: Mapping[str, np.ndarray], iterations: int
+) -> tuple[Any, Latency]:
+    """Outputs of ``session`` on ``feeds`` (after 3 warm-up runs) and the latency of ``iterations``."""
+    for _ in range(3):
+        outputs = session.run(None, dict(feeds))
+    samples = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        outputs = session.run(None, dict(feeds))
+        samples.append(time.perf_counter() - start)
+    return outputs[0], latency(samples)
+
+
+def check_model(
+    model: Path,
+    providers: Sequence[str],
+    batch: int,
+    seq_len: int,
+    iterations: int,
+    cache_dir: Path,
+) -> list[ProviderResult]:
+    """CPU reference, then each provider of ``providers`` on the same batch."""
+    import onnxruntime as ort
+
+    if not model.exists():
+        raise ModelMissingError(f"{model} does not exist; run `make export` first")
+    name = model.parent.parent.name
+    results: list[ProviderResult] = []
+    reference: np.ndarray | None = None
+    feeds: dict[str, np.ndarray] = {}
+    for provider in [CPU, *providers]:
+        session = ort.InferenceSession(
+            str(model),
+            providers=[(provider, provider_options(provider, cache_dir))]
+            + ([] if provider == CPU else [CPU]),
+        )
+        if provider != CPU and session.get_providers()[0] != provider:
+            raise GpuCheckError(
+                f"{provider} was requested but the session runs on {session.get_providers()}"
+            )
+        if not feeds:
+            feeds = make_feeds([(i.name, i.type) for i in session.get_inputs()], batch, seq_len)
+        output, lat = run_session(session, feeds, iterations)
+        if reference is None:
+            reference = np.asarray(output)
+            results.append(ProviderResult(name, provider, None, lat))
+        else:
+            results.append(
+                ProviderResult(name, provider, parity(reference, np.asarray(output)), lat)
+            )
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="ONNX encoders on GPU vs CPU: parity and latency.")
+    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--min-cosine", type=float, default=DEFAULT_MIN_COSINE)
+    args = parser.parse_args(argv)
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        print(
+            "onnxruntime is not installed; `pip install onnxruntime-gpu==1.32.0`", file=sys.stderr
+        )
+        return EXIT_NO_GPU
+    try:
+        providers = gpu_providers(ort.get_available_providers())
+    except NoGpuProviderError as e:
+        print(f"gpu_check: {e}", file=sys.stderr)
+        return EXIT_NO_GPU
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="trt-cache-") as cache:
+        for model in args.models:
+            path = args.model_repository / model / "1" / "model.onnx"
+            try:
+                results = check_model(
+                    path, providers, args.batch, args.seq_len, args.iterations, Path(cache)
+                )
+            except GpuCheckError as e:
+                print(f"gpu_check: {model}: {e}", file=sys.stderr)
+                failed = True
+                continue
+            for result in results:
+                print(result.row(args.min_cosine))
+                failed |= result.parity is not None and not result.parity.ok(args.min_cosine)
+    return EXIT_PARITY if failed else EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,616 @@
+"""Offline checks of the deployment files (no Docker engine, no cluster, no GPU needed).
+
+Every check returns a list of findings (empty = fine) so that tests assert on them and
+``python -m deploy.validate`` prints them all at once:
+
+* ``docker-compose.yml`` against the vendored Compose Specification schema, after compose-style
+  ``${VAR:-default}`` interpolation, plus what this project needs from it (GPU reservation,
+  read-only model repository, health check, ``--model-control-mode=none``...).
+* ``deploy/k8s`` (kustomize resources, followed recursively) against the vendored Kubernetes 1.31
+  strict schemas, plus probes, GPU limits, non-root, read-only root filesystem and the HPA metric.
+* ``model_repository/*/configs/gpu.pbtxt`` against ``config.pbtxt`` and the ONNX graph.
+* Pins of the container images' Python packages against ``constraints.txt``.
+* Python 3.10 compatibility and imports of what runs inside the Triton container.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEPLOY_DIR = PROJECT_ROOT / "deploy"
+SCHEMA_DIR = DEPLOY_DIR / "schemas"
+K8S_SCHEMA_DIR = SCHEMA_DIR / "k8s"
+COMPOSE_FILE = PROJECT_ROOT / "docker-compose.yml"
+K8S_DIR = DEPLOY_DIR / "k8s"
+DOCKERFILE = DEPLOY_DIR / "Dockerfile"
+TRITON_REQUIREMENTS = DEPLOY_DIR / "requirements-triton.txt"
+LOADTEST_REQUIREMENTS = DEPLOY_DIR / "requirements-loadtest.txt"
+CONSTRAINTS = PROJECT_ROOT / "constraints.txt"
+MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
+DASHBOARD = DEPLOY_DIR / "monitoring" / "grafana" / "dashboards" / "triton.json"
+ADAPTER_RULES = K8S_DIR / "prometheus-adapter-rules.yaml"
+
+# NGC container release -> Triton server version (NGC "Triton Inference Server Release Notes").
+NGC_TRITON_RELEASES: dict[str, str] = {
+    "24.06": "2.47.0",
+    "24.07": "2.48.0",
+    "24.08": "2.49.0",
+    "24.09": "2.50.0",
+    "24.10": "2.51.0",
+    "24.11": "2.52.0",
+    "24.12": "2.53.0",
+    "25.01": "2.54.0",
+}
+# The Triton container's interpreter (Ubuntu 22.04 in the 24.xx releases).
+CONTAINER_PYTHON = (3, 10)
+# stdlib names new in 3.11 (module or attribute) that would break on the container's 3.10.
+PY311_ONLY = {"tomllib", "StrEnum", "TaskGroup", "ExceptionGroup", "Self", "LiteralString",
+              "Never", "assert_never", "reveal_type", "UTC"}  # fmt: skip
+# Kubernetes (apiVersion, kind) -> vendored schema file under deploy/schemas/k8s/.
+K8S_SCHEMAS: dict[tuple[str, str], str] = {
+    ("apps/v1", "Deployment"): "v1.31.0/deployment-apps-v1.json",
+    ("v1", "Service"): "v1.31.0/service-v1.json",
+    ("v1", "PersistentVolumeClaim"): "v1.31.0/persistentvolumeclaim-v1.json",
+    (
+        "autoscaling/v2",
+        "HorizontalPodAutoscaler",
+    ): "v1.31.0/horizontalpodautoscaler-autoscaling-v2.json",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring-v1.json",
+}
+# onnxruntime backend accelerators (Triton onnxruntime_backend README) and TensorRT precisions.
+GPU_ACCELERATORS = {"tensorrt", "cuda"}
+TRT_PRECISIONS = {"FP32", "FP16", "INT8"}
+METRIC_NAME = re.compile(r"\b(nv_[a-z_]+)\b")
+_VAR = re.compile(r"\$(?:\$|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\})")
+
+
+class DeployCheckError(RuntimeError):
+    """A deployment file is missing or cannot be read at all."""
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def load_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise DeployCheckError(f"cannot read {path}: {e}") from e
+
+
+def load_yaml_all(path: Path) -> list[Any]:
+    try:
+        return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except (OSError, yaml.YAMLError) as e:
+        raise DeployCheckError(f"cannot read {path}: {e}") from e
+
+
+def interpolate(node: Any, env: Mapping[str, str]) -> Any:
+    """Compose-style variable substitution (``$VAR`` unbraced is not supported; ``$$`` escapes)."""
+    if isinstance(node, dict):
+        return {k: interpolate(v, env) for k, v in node.items()}
+    if isinstance(node, list):
+        return [interpolate(v, env) for v in node]
+    if not isinstance(node, str):
+        return node
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name, op, arg = m.group("name"), m.group("op"), m.group("arg") or ""
+        value = env.get(name)
+        if op in (":-", ":?") and not value:
+            value = None
+        if value is None:
+            if op in (":?", "?"):
+                raise DeployCheckError(f"required variable {name} is not set: {arg}")
+            return arg if op in (":-", "-") else ""
+        return value
+
+    return _VAR.sub(sub, node)
+
+
+def _schema_errors(instance: Any, schema: Mapping[str, Any], where: str) -> list[str]:
+    validator = jsonschema.Draft202012Validator(schema)
+    return [
+        f"{where}: {'/'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
+        for e in sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))
+    ]
+
+
+def _load_schema(path: Path) -> dict[str, Any]:
+    try:
+        schema: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise DeployCheckError(
+            f"vendored schema {path} is missing or broken; see deploy/schemas/README.md"
+        ) from e
+    return schema
+
+
+def triton_flags(args: list[str]) -> dict[str, str]:
+    """``--name=value`` arguments as a dict (the last occurrence wins, as in tritonserver)."""
+    flags: dict[str, str] = {}
+    for arg in args:
+        if arg.startswith("--"):
+            name, _, value = arg.partition("=")
+            flags[name] = value
+    return flags
+
+
+def _size_bytes(value: str | int) -> int:
+    if isinstance(value, int):
+        return value
+    m = re.fullmatch(r"(\d+)\s*([kmg]?)b?", value.strip().lower())
+    if not m:
+        raise DeployCheckError(f"cannot read the size {value!r}")
+    return int(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2)]
+
+
+# -- docker compose -------------------------------------------------------------------------------
+def compose_document(path: Path = COMPOSE_FILE, env: Mapping[str, str] | None = None) -> Any:
+    """The compose file after interpolation with ``env`` (defaults apply for unset variables)."""
+    return interpolate(load_yaml(path), env or {})
+
+
+def validate_compose(path: Path = COMPOSE_FILE, env: Mapping[str, str] | None = None) -> list[str]:
+    """Compose Specification schema errors of ``path`` (interpolated like ``docker compose config``)."""
+    schema = _load_schema(SCHEMA_DIR / "compose-spec.json")
+    return _schema_errors(compose_document(path, env), schema, path.name)
+
+
+def compose_findings(doc: Mapping[str, Any], root: Path = PROJECT_ROOT) -> list[str]:
+    """What this project needs from an (interpolated) compose document."""
+    out: list[str] = []
+    services: Mapping[str, Any] = doc.get("services") or {}
+    triton = services.get("triton")
+    if not triton:
+        return ["compose: no `triton` service"]
+    build = triton.get("build") or {}
+    if build.get("dockerfile") != "deploy/Dockerfile":
+        out.append("compose: triton must be built from deploy/Dockerfile")
+    flags = triton_flags([str(a) for a in triton.get("command") or []])
+    if flags.get("--model-control-mode") != "none":
+        out.append("compose: triton needs --model-control-mode=none")
+    if flags.get("--model-config-name") != "gpu":
+        out.append("compose: --model-config-name must default to gpu")
+    if flags.get("--model-repository") != "/models":
+        out.append("compose: --model-repository must be /models (the mounted volume)")
+    mounts = [v for v in triton.get("volumes") or [] if isinstance(v, dict)]
+    repo_mounts = [v for v in mounts if v.get("target") == "/models"]
+    if not repo_mounts or not all(v.get("read_only") for v in repo_mounts):
+        out.append("compose: model_repository must be mounted read-only at /models")
+    elif not (root / str(repo_mounts[0].get("source", ""))).resolve().is_relative_to(root):
+        out.append("compose: the /models mount must come from the project's model_repository")
+    published = {str(p).rsplit(":", 1)[-1] for p in triton.get("ports") or []}
+    for port in ("8000", "8001", "8002"):
+        if port not in published:
+            out.append(f"compose: container port {port} is not published")
+    if _size_bytes(triton.get("shm_size", 0)) < 2**30:
+        out.append("compose: shm_size must be at least 1gb for the Python backend")
+    user = str(triton.get("user", "")).split(":")[0]
+    if user in ("", "0", "root"):
+        out.append("compose: triton must run as a non-root user")
+    devices = (((triton.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get(
+        "devices"
+    ) or []
+    if not any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices):
+        out.append("compose: triton has no nvidia GPU reservation")
+    test = " ".join(str(t) for t in (triton.get("healthcheck") or {}).get("test") or [])
+    if "/v2/health/ready" not in test:
+        out.append("compose: the healthcheck must query /v2/health/ready")
+    profiles: dict[str, set[str]] = {}
+    for name, svc in services.items():
+        for profile in svc.get("profiles") or []:
+            profiles.setdefault(profile, set()).add(name)
+    if not {"prometheus", "grafana"} <= profiles.get("monitoring", set()):
+        out.append("compose: profile monitoring needs prometheus and grafana")
+    if not {"locust-master", "locust-worker"} <= profiles.get("loadtest", set()):
+        out.append("compose: profile loadtest needs locust-master and locust-worker")
+    for name, svc in services.items():
+        for vol in svc.get("volumes") or []:
+            source = vol.get("source") if isinstance(vol, dict) else str(vol).split(":")[0]
+            if source and str(source).startswith("./") and not (root / source).exists():
+                out.append(f"compose: {name} mounts {source}, which does not exist")
+    return out
+
+
+# -- kubernetes -----------------------------------------------------------------------------------
+def kustomize_documents(directory: Path = K8S_DIR) -> list[dict[str, Any]]:
+    """The documents a ``kubectl apply -k directory`` would send (resources followed recursively)."""
+    kfile = directory / "kustomization.yaml"
+    if not kfile.exists():
+        raise DeployCheckError(f"{directory} has no kustomization.yaml")
+    docs: list[dict[str, Any]] = []
+    for res in load_yaml(kfile).get("resources") or []:
+        path = (directory / res).resolve()
+        if path.is_dir():
+            docs += kustomize_documents(path)
+        elif path.exists():
+            docs += [dict(d, __file__=str(path)) for d in load_yaml_all(path)]
+        else:
+            raise DeployCheckError(f"{kfile}: resource {res} does not exist")
+    return docs
+
+
+def validate_k8s(docs: list[dict[str, Any]]) -> list[str]:
+    """Schema errors of each document (strict: unknown fields are errors)."""
+    out: list[str] = []
+    for doc in docs:
+        body = {k: v for k, v in doc.items() if k != "__file__"}
+        where = f"{Path(doc.get('__file__', '?')).name} {body.get('kind')}"
+        key = (str(body.get("apiVersion")), str(body.get("kind")))
+        if key not in K8S_SCHEMAS:
+            out.append(f"{where}: no vendored schema for {key}; add it to K8S_SCHEMAS")
+            continue
+        out += _schema_errors(body, _load_schema(K8S_SCHEMA_DIR / K8S_SCHEMAS[key]), where)
+    return out
+
+
+def _by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES) -> list[str]:
+    """What this project needs from the manifests beyond their schemas."""
+    out: list[str] = []
+    deployments = _by_kind(docs, "Deployment")
+    if len(deployments) != 1:
+        return [f"k8s: expected one Deployment, found {len(deployments)}"]
+    dep = deployments[0]
+    pod = dep["spec"]["template"]["spec"]
+    labels = dep["spec"]["template"]["metadata"].get("labels", {})
+    containers = {c["name"]: c for c in pod["containers"]}
+    triton = containers.get("triton")
+    if triton is None:
+        return ["k8s: the Deployment has no container named triton"]
+    flags = triton_flags(triton.get("args", []))
+    for flag, want in [
+        ("--model-config-name", "gpu"),
+        ("--model-control-mode", "none"),
+        ("--model-repository", "/models"),
+    ]:
+        if flags.get(flag) != want:
+            out.append(f"k8s: triton needs {flag}={want}")
+    for probe, path in [
+        ("readinessProbe", "/v2/health/ready"),
+        ("livenessProbe", "/v2/health/live"),
+    ]:
+        if ((triton.get(probe) or {}).get("httpGet") or {}).get("path") != path:
+            out.append(f"k8s: {probe} must GET {path}")
+    limits = (triton.get("resources") or {}).get("limits") or {}
+    if int(limits.get("nvidia.com/gpu", 0)) < 1:
+        out.append("k8s: triton needs an nvidia.com/gpu limit")
+    if "memory" not in limits:
+        out.append("k8s: triton needs a memory limit")
+    pod_sc, ctr_sc = pod.get("securityContext") or {}, triton.get("securityContext") or {}
+    if not (pod_sc.get("runAsNonRoot") or ctr_sc.get("runAsNonRoot")):
+        out.append("k8s: runAsNonRoot is not set")
+    if not ctr_sc.get("readOnlyRootFilesystem"):
+        out.append("k8s: readOnlyRootFilesystem is not set")
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = {m["mountPath"]: m for m in triton.get("volumeMounts", [])}
+    for path, medium in [("/tmp", None), ("/dev/shm", "Memory")]:
+        vol = volumes.get(mounts[path]["name"]) if path in mounts else None
+        if vol is None or "emptyDir" not in vol or (vol["emptyDir"] or {}).get("medium") != medium:
+            out.append(
+                f"k8s: {path} needs an emptyDir" + (f" with medium {medium}" if medium else "")
+            )
+    repo = mounts.get("/models")
+    repo_vol = volumes.get(repo["name"]) if repo else None
+    if (
+        not repo
+        or not repo.get("readOnly")
+        or not repo_vol
+        or "persistentVolumeClaim" not in repo_vol
+    ):
+        out.append("k8s: /models must be a read-only mount of a PersistentVolumeClaim")
+    elif repo_vol["persistentVolumeClaim"]["claimName"] not in {
+        d["metadata"]["name"] for d in _by_kind(docs, "PersistentVolumeClaim")
+    }:
+        out.append("k8s: the model repository's PVC is not among the manifests")
+    for svc in _by_kind(docs, "Service"):
+        selector = svc["spec"].get("selector", {})
+        if not selector or any(labels.get(k) != v for k, v in selector.items()):
+            out.append(f"k8s: Service {svc['metadata']['name']} does not select the Triton pods")
+    hpas = _by_kind(docs, "HorizontalPodAutoscaler")
+    if len(hpas) != 1:
+        out.append(f"k8s: expected one HorizontalPodAutoscaler, found {len(hpas)}")
+    else:
+        hpa = hpas[0]["spec"]
+        if hpa["scaleTargetRef"]["name"] != dep["metadata"]["name"]:
+            out.append("k8s: the HPA does not target the Triton Deployment")
+        served = adapter_metric_aliases(adapter_rules)
+        for metric in hpa.get("metrics", []):
+            if metric["type"] == "Pods" and metric["pods"]["metric"]["name"] not in served:
+                out.append(
+                    f"k8s: HPA metric {metric['pods']['metric']['name']} is not served by any "
+                    f"rule in {adapter_rules.name}"
+                )
+    return out
+
+
+def adapter_rules(path: Path = ADAPTER_RULES) -> list[dict[str, Any]]:
+    doc = load_yaml(path)
+    rules: list[dict[str, Any]] = (doc.get("rules") or {}).get("custom") or []
+    return rules
+
+
+def adapter_metric_aliases(path: Path = ADAPTER_RULES) -> set[str]:
+    return {str((r.get("name") or {}).get("as", "")) for r in adapter_rules(path)}
+
+
+# -- metrics named by the dashboard and the adapter -----------------------------------------------
+def dashboard_queries(path: Path = DASHBOARD) -> list[str]:
+    dash = json.loads(path.read_text())
+    queries = [t["expr"] for p in dash.get("panels", []) for t in p.get("targets", [])]
+    for var in (dash.get("templating") or {}).get("list", []):
+        query = var.get("query")
+        queries.append(query.get("query", "") if isinstance(query, dict) else str(query or ""))
+    return queries
+
+
+def referenced_metrics(queries: list[str]) -> set[str]:
+    """Triton metric names (``nv_*``) appearing in PromQL queries."""
+    return {m for q in queries for m in METRIC_NAME.findall(q)}
+
+
+def promql_findings(queries: list[str]) -> list[str]:
+    """Cheap PromQL sanity: balanced brackets and no empty query (there is no PromQL parser here)."""
+    out: list[str] = []
+    pairs = {")": "(", "]": "[", "}": "{"}
+    for q in queries:
+        stack: list[str] = []
+        for ch in q:
+            if ch in "([{":
+                stack.append(ch)
+            elif ch in pairs and (not stack or stack.pop() != pairs[ch]):
+                stack.append("!")
+                break
+        if stack or not q.strip():
+            out.append(f"promql: unbalanced or empty query: {q!r}")
+    return out
+
+
+# -- images ---------------------------------------------------------------------------------------
+def ngc_tag(dockerfile: Path = DOCKERFILE) -> str:
+    """The NGC release (``24.10``) of the ``tritonserver`` image the Dockerfile builds FROM."""
+    for line in dockerfile.read_text().splitlines():
+        m = re.match(r"\s*FROM\s+nvcr\.io/nvidia/tritonserver:(\d{2}\.\d{2})-py3\b", line, re.I)
+        if m:
+            return m.group(1)
+    raise DeployCheckError(
+        f"{dockerfile} does not build FROM nvcr.io/nvidia/tritonserver:YY.MM-py3"
+    )
+
+
+def triton_version_for_ngc_tag(tag: str) -> str:
+    try:
+        return NGC_TRITON_RELEASES[tag]
+    except KeyError as e:
+        raise DeployCheckError(
+            f"unknown NGC release {tag}; add it to NGC_TRITON_RELEASES from NVIDIA's release notes"
+        ) from e
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(path: Path) -> dict[str, str]:
+    """``name==version`` lines of a requirements/constraints file (extras dropped, names normalised)."""
+    out: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*==\s*([^\s;]+)", line)
+        if m:
+            out[_normalise(m.group(1))] = m.group(3)
+        elif line and not line.startswith("-"):
+            out[_normalise(re.split(r"[\[<>=!~ ;]", line, maxsplit=1)[0])] = ""
+    return out
+
+
+def pin_findings(requirements: Path, constraints: Path = CONSTRAINTS) -> list[str]:
+    """Every package of ``requirements`` pinned exactly, to the same version as ``constraints``."""
+    lock = pins(constraints)
+    out: list[str] = []
+    for name, version in pins(requirements).items():
+        if not version:
+            out.append(f"{requirements.name}: {name} is not pinned with ==")
+        elif name not in lock:
+            out.append(f"{requirements.name}: {name} is not in {constraints.name}")
+        elif lock[name].split("+")[0] != version:
+            out.append(
+                f"{requirements.name}: {name}=={version} but {constraints.name} has {lock[name]}"
+            )
+    return out
+
+
+def dockerfile_installs(dockerfile: Path, requirements: Path) -> bool:
+    """Whether the Dockerfile copies and ``pip install -r``s ``requirements``."""
+    text = dockerfile.read_text()
+    return (
+        requirements.name in text
+        and re.search(r"pip install[^\n]*(\\\n[^\n]*)*-r\s", text) is not None
+    )
+
+
+# -- what runs inside the Triton container --------------------------------------------------------
+def _module_imports(tree: ast.AST, top_level_only: bool) -> Iterator[str]:
+    nodes = tree.body if top_level_only and isinstance(tree, ast.Module) else ast.walk(tree)
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+            yield from (f"{node.module}.{a.name}" for a in node.names)
+
+
+@dataclass(frozen=True)
+class ContainerCode:
+    """Python files the container runs: the models' ``model.py`` and the shared package."""
+
+    model_files: tuple[Path, ...]
+    package_files: tuple[Path, ...]
+
+    @classmethod
+    def find(cls, repo: Path = MODEL_REPOSITORY, root: Path = PROJECT_ROOT) -> ContainerCode:
+        return cls(
+            model_files=tuple(sorted(repo.glob("*/[0-9]*/model.py"))),
+            package_files=tuple(sorted((root / "tritonforge").glob("*.py"))),
+        )
+
+
+def container_code_findings(
+    code: ContainerCode, requirements: Path = TRITON_REQUIREMENTS
+) -> list[str]:
+    """Python 3.10 syntax/stdlib and imports resolvable in the container for every file it runs."""
+    allowed = set(sys.stdlib_module_names) | {"triton_python_backend_utils", "tritonforge"}
+    allowed |= {name.replace("-", "_") for name in pins(requirements)}
+    out: list[str] = []
+    for path, top_only in [(p, False) for p in code.model_files] + [
+        (p, True) for p in code.package_files
+    ]:
+        src = path.read_text()
+        try:
+            tree = ast.parse(src, filename=str(path), feature_version=CONTAINER_PYTHON)
+        except SyntaxError as e:
+            out.append(
+                f"{path}: not Python {CONTAINER_PYTHON[0]}.{CONTAINER_PYTHON[1]} syntax: {e}"
+            )
+            continue
+        for name in _module_imports(tree, top_only):
+            parts = name.split(".")
+            if parts[0] not in allowed:
+                out.append(f"{path}: imports {name}, which the Triton image does not install")
+            if PY311_ONLY & set(parts):
+                out.append(f"{path}: {name} needs Python 3.11; the container has 3.10")
+    return out
+
+
+# -- configs/gpu.pbtxt ----------------------------------------------------------------------------
+def _tensors(config: Mapping[str, Any], key: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    return sorted(
+        (str(t["name"]), str(t.get("data_type")), tuple(t.get("dims", [])))
+        for t in config.get(key, [])
+    )
+
+
+_ONNX_TYPES = {1: "TYPE_FP32", 7: "TYPE_INT64", 6: "TYPE_INT32", 10: "TYPE_FP16", 9: "TYPE_BOOL"}
+
+
+def onnx_signature(model: Path) -> dict[str, str]:
+    """``{tensor name: TYPE_*}`` of an ONNX graph's inputs and outputs (weights not loaded)."""
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    return {
+        v.name: _ONNX_TYPES.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))
+        for v in [*graph.input, *graph.output]
+    }
+
+
+def gpu_config_findings(model_dir: Path) -> list[str]:
+    """``configs/gpu.pbtxt`` of one model: parses, same interface as ``config.pbtxt``, KIND_GPU."""
+    from tritonforge.errors import ModelConfigError
+    from tritonforge.modelconfig import pbtxt_to_dict
+
+    name = model_dir.name
+    try:
+        base = pbtxt_to_dict((model_dir / "config.pbtxt").read_text())
+        gpu = pbtxt_to_dict((model_dir / "configs" / "gpu.pbtxt").read_text())
+    except (OSError, ModelConfigError) as e:
+        return [f"{name}: {e}"]
+    out: list[str] = []
+    if gpu.get("name", name) != name:
+        out.append(f"{name}: gpu.pbtxt names the model {gpu.get('name')!r}")
+    for key in ("backend", "platform", "max_batch_size", "default_model_filename"):
+        if base.get(key) != gpu.get(key):
+            out.append(
+                f"{name}: {key} differs: config.pbtxt {base.get(key)!r}, gpu.pbtxt {gpu.get(key)!r}"
+            )
+    for key in ("input", "output"):
+        if _tensors(base, key) != _tensors(gpu, key):
+            out.append(f"{name}: {key}s differ between config.pbtxt and gpu.pbtxt")
+    groups = gpu.get("instance_group") or []
+    if not groups or any(g.get("kind") != "KIND_GPU" for g in groups):
+        out.append(f"{name}: every instance_group of gpu.pbtxt must be KIND_GPU")
+    accelerators = ((gpu.get("optimization") or {}).get("execution_accelerators") or {}).get(
+        "gpu_execution_accelerator"
+    ) or []
+    for acc in accelerators:
+        params = acc.get("parameters") or {}
+        if acc.get("name") not in GPU_ACCELERATORS:
+            out.append(f"{name}: unknown gpu_execution_accelerator {acc.get('name')!r}")
+        if "precision_mode" in params and params["precision_mode"] not in TRT_PRECISIONS:
+            out.append(
+                f"{name}: precision_mode {params['precision_mode']!r} not in {TRT_PRECISIONS}"
+            )
+        cache = params.get("trt_engine_cache_path", "")
+        if cache.startswith("/models"):
+            out.append(
+                f"{name}: trt_engine_cache_path {cache} is on the read-only model repository"
+            )
+    onnx_files = sorted(model_dir.glob("[0-9]*/model.onnx"))
+    if onnx_files:
+        signature = onnx_signature(onnx_files[0])
+        for tname, dtype, _ in _tensors(gpu, "input") + _tensors(gpu, "output"):
+            if tname not in signature:
+                out.append(f"{name}: gpu.pbtxt tensor {tname} is not in the ONNX graph")
+            elif signature[tname] != dtype:
+                out.append(
+                    f"{name}: {tname} is {dtype} in gpu.pbtxt, {signature[tname]} in the graph"
+                )
+    return out
+
+
+def gpu_config_dirs(repo: Path = MODEL_REPOSITORY) -> list[Path]:
+    return sorted(p.parent.parent for p in repo.glob("*/configs/gpu.pbtxt"))
+
+
+# -- everything -----------------------------------------------------------------------------------
+def all_findings(env: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """Every offline check, by name (the GPU config check only covers exported models)."""
+    docs = kustomize_documents(K8S_DIR)
+    operator_docs = kustomize_documents(K8S_DIR / "prometheus-operator")
+    queries = dashboard_queries() + [r["metricsQuery"] for r in adapter_rules()]
+    return {
+        "compose schema": validate_compose(COMPOSE_FILE, env),
+        "compose contents": compose_findings(compose_document(COMPOSE_FILE, env)),
+        "k8s schemas": validate_k8s(operator_docs),
+        "k8s contents": k8s_findings(docs),
+        "promql": promql_findings(queries),
+        "triton image pins": pin_findings(TRITON_REQUIREMENTS),
+        "loadtest image pins": pin_findings(LOADTEST_REQUIREMENTS),
+        "container code": container_code_findings(ContainerCode.find()),
+        "gpu configs": [f for d in gpu_config_dirs() for f in gpu_config_findings(d)],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Offline checks of the deployment files.")
+    parser.parse_args(argv)
+    failed = 0
+    for check, findings in all_findings(dict(os.environ)).items():
+        print(f"{'ok  ' if not findings else 'FAIL'} {check}")
+        for finding in findings:
+            print(f"     {finding}")
+        failed += bool(findings)
+    exported = gpu_config_dirs()
+    print(f"gpu configs checked: {[p.name for p in exported] or 'none (run `make export`)'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
