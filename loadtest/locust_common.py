@@ -1,0 +1,159 @@
+"""What every tritonforge locustfile shares: options (SLOs, pipeline, corpus), the round-robin
+corpus, response validation, exact latency samples and the SLO gate at quit.
+
+Importing this module registers the listeners; a locustfile imports it and defines users only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc.experimental.gevent as grpc_gevent
+import numpy as np
+from locust import events
+from locust.env import Environment
+
+from loadtest import corpus
+from loadtest.slo import SloThresholds, Summary, check_slos, summarize
+
+# gRPC's C core must cooperate with gevent (Locust's concurrency), or a blocking call stalls
+# every user. Must run before any channel exists.
+grpc_gevent.init_gevent()
+
+log = logging.getLogger("tritonforge.loadtest")
+EMBEDDING_DIM = 384
+NORM_TOLERANCE = 1e-3
+
+_TEXTS = corpus.generate()
+_cursor = 0
+_samples: list[tuple[float, float, bool]] = []  # (monotonic end time, latency ms, ok)
+_window: dict[str, float] = {}
+
+
+class ValidationError(Exception):
+    """The server answered 200 but the embeddings break the contract."""
+
+
+def next_texts(n: int) -> list[str]:
+    """The next ``n`` corpus texts (round robin shared by all users: same traffic every run)."""
+    global _cursor
+    out = [_TEXTS[(_cursor + i) % len(_TEXTS)] for i in range(n)]
+    _cursor = (_cursor + n) % len(_TEXTS)
+    return out
+
+
+def validate(array: np.ndarray, rows: int) -> None:
+    """Raise :class:`ValidationError` unless ``array`` is [rows, 384] finite with unit-norm rows."""
+    if array.shape != (rows, EMBEDDING_DIM):
+        raise ValidationError(f"shape {list(array.shape)}, expected [{rows}, {EMBEDDING_DIM}]")
+    if not np.isfinite(array).all():
+        raise ValidationError("non-finite values in the embeddings")
+    norms = np.linalg.norm(array, axis=1)
+    worst = float(np.max(np.abs(norms - 1.0)))
+    if worst > NORM_TOLERANCE:
+        raise ValidationError(f"row norm off by {worst:.2e} from 1 (tolerance {NORM_TOLERANCE})")
+
+
+@events.init_command_line_parser.add_listener
+def _options(parser: Any) -> None:
+    parser.add_argument(
+        "--pipeline",
+        default="ensemble",
+        env_var="TRITONFORGE_PIPELINE",
+        choices=["ensemble", "bls"],
+        help="Triton pipeline to call",
+    )
+    parser.add_argument(
+        "--variant",
+        default="fp32",
+        env_var="TRITONFORGE_VARIANT",
+        choices=["fp32", "int8", "torchscript"],
+        help="encoder variant",
+    )
+    parser.add_argument(
+        "--grpc-url",
+        default="127.0.0.1:8001",
+        env_var="TRITONFORGE_GRPC_URL",
+        help="host:port of Triton's gRPC endpoint (gRPC users)",
+    )
+    parser.add_argument(
+        "--texts-per-request", type=int, default=1, env_var="TRITONFORGE_TEXTS_PER_REQUEST"
+    )
+    parser.add_argument("--embed-path", default="/embed", help="FastAPI baseline route")
+    parser.add_argument("--slo-p95-ms", type=float, default=750.0, env_var="TRITONFORGE_SLO_P95_MS")
+    parser.add_argument(
+        "--slo-p99-ms", type=float, default=1500.0, env_var="TRITONFORGE_SLO_P99_MS"
+    )
+    parser.add_argument("--slo-min-rps", type=float, default=5.0, env_var="TRITONFORGE_SLO_MIN_RPS")
+    parser.add_argument(
+        "--slo-max-fail-ratio", type=float, default=0.01, env_var="TRITONFORGE_SLO_MAX_FAIL_RATIO"
+    )
+    parser.add_argument("--samples-out", default="", help="write exact latencies (JSON) here")
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=0.0,
+        help="samples ending earlier than this after spawning are not written",
+    )
+
+
+@events.request.add_listener
+def _record(response_time: float, exception: BaseException | None, **kwargs: Any) -> None:
+    _samples.append((time.monotonic(), float(response_time), exception is None))
+
+
+@events.test_start.add_listener
+def _test_start(environment: Environment, **kwargs: Any) -> None:
+    _window["start"] = time.monotonic()
+
+
+@events.spawning_complete.add_listener
+def _spawned(user_count: int, **kwargs: Any) -> None:
+    _window.setdefault("spawned", time.monotonic())
+
+
+@events.quitting.add_listener
+def _quitting(environment: Environment, **kwargs: Any) -> None:
+    options = environment.parsed_options
+    if options is None:
+        return
+    if options.samples_out:
+        begin = _window.get("spawned", _window.get("start", 0.0)) + options.warmup_s
+        kept = [s for s in _samples if s[0] >= begin]
+        summary: Summary = summarize(kept, begin, options.texts_per_request)
+        Path(options.samples_out).write_text(json.dumps(summary.as_dict()))
+    total = environment.stats.total
+    thresholds = SloThresholds(
+        p95_ms=options.slo_p95_ms,
+        p99_ms=options.slo_p99_ms,
+        min_rps=options.slo_min_rps,
+        max_fail_ratio=options.slo_max_fail_ratio,
+    )
+    breaches = check_slos(
+        thresholds,
+        requests=total.num_requests,
+        p95_ms=total.get_response_time_percentile(0.95) or 0.0,
+        p99_ms=total.get_response_time_percentile(0.99) or 0.0,
+        rps=total.total_rps,
+        fail_ratio=total.fail_ratio,
+    )
+    if breaches:
+        log.error("SLO BREACHED: %s", "; ".join(breaches))
+        environment.process_exit_code = 1
+    else:
+        log.info(
+            "SLO OK: p95 %.0f ms <= %g, p99 %.0f ms <= %g, %.1f rps >= %g, fail ratio %.4f <= %g",
+            total.get_response_time_percentile(0.95) or 0.0,
+            thresholds.p95_ms,
+            total.get_response_time_percentile(0.99) or 0.0,
+            thresholds.p99_ms,
+            total.total_rps,
+            thresholds.min_rps,
+            total.fail_ratio,
+            thresholds.max_fail_ratio,
+        )
+        environment.process_exit_code = 0

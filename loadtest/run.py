@@ -1,0 +1,123 @@
+"""``python -m loadtest.run``: a bounded, headless Locust run with SLO gates.
+
+Starts the embedded Triton on free loopback ports (unless ``--url`` names a running server),
+runs :mod:`loadtest.locustfile` for ``--duration-s`` seconds with HTTP and/or gRPC users, writes
+CSV + HTML reports under ``--reports-dir`` and exits with Locust's status: 0 when every SLO holds,
+1 naming each breached threshold. SLO thresholds: ``--slo-*`` options or ``TRITONFORGE_SLO_*``
+environment variables (see :mod:`loadtest.locustfile`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from client.settings import normalize_url
+from runtime.server import serving
+
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+USER_CLASSES = {"http": ["TritonHttpUser"], "grpc": ["TritonGrpcUser"]}
+USER_CLASSES["both"] = USER_CLASSES["http"] + USER_CLASSES["grpc"]
+
+
+def locust_command(
+    *,
+    locustfile: Path,
+    user_classes: Sequence[str],
+    host: str,
+    users: int,
+    duration_s: float,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The headless ``python -m locust`` command line (all users spawned at once)."""
+    return [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(locustfile),
+        "--headless",
+        "--users",
+        str(users),
+        "--spawn-rate",
+        str(users),
+        "--run-time",
+        f"{max(1, round(duration_s))}s",
+        "--stop-timeout",
+        "10",
+        "--host",
+        host,
+        "--only-summary",
+        *extra,
+        *user_classes,
+    ]
+
+
+@contextlib.contextmanager
+def target(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    """(HTTP host:port, gRPC host:port) of the server to load: given, or an embedded one."""
+    if args.url:
+        http = normalize_url(args.url)
+        grpc = normalize_url(args.grpc_url) if args.grpc_url else f"{http.rsplit(':', 1)[0]}:8001"
+        yield http, grpc
+        return
+    print(f"==> starting the embedded Triton on {args.model_repository}", flush=True)
+    with serving(args.model_repository) as server:
+        print(f"==> ready: HTTP {server.http_url}  gRPC {server.grpc_url}", flush=True)
+        yield server.http_url, server.grpc_url
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.run", description=__doc__)
+    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("TRITONFORGE_LOADTEST_URL") or None,
+        help="HTTP host:port of a running server (skips the embedded server)",
+    )
+    parser.add_argument("--grpc-url", default=None, help="gRPC host:port (default: URL host:8001)")
+    parser.add_argument("--protocol", choices=sorted(USER_CLASSES), default="both")
+    parser.add_argument("--users", type=int, default=4, help="concurrent users (closed loop)")
+    parser.add_argument(
+        "--duration-s",
+        type=float,
+        default=float(os.environ.get("TRITONFORGE_LOADTEST_DURATION_S", "30")),
+    )
+    parser.add_argument("--pipeline", choices=["ensemble", "bls"], default=None)
+    parser.add_argument("--variant", choices=["fp32", "int8", "torchscript"], default=None)
+    parser.add_argument("--reports-dir", type=Path, default=Path("reports"))
+    parser.add_argument("--name", default="loadtest", help="report file prefix")
+    for slo in ("p95-ms", "p99-ms", "min-rps", "max-fail-ratio"):
+        parser.add_argument(f"--slo-{slo}", type=float, default=None)
+    args, passthrough = parser.parse_known_args(argv)
+
+    args.reports_dir.mkdir(parents=True, exist_ok=True)
+    prefix = args.reports_dir / args.name
+    extra = ["--csv", str(prefix), "--html", f"{prefix}.html", *passthrough]
+    for option in ("pipeline", "variant", "slo_p95_ms", "slo_p99_ms", "slo_min_rps"):
+        if getattr(args, option) is not None:
+            extra += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    if args.slo_max_fail_ratio is not None:
+        extra += ["--slo-max-fail-ratio", str(args.slo_max_fail_ratio)]
+    with target(args) as (http_url, grpc_url):
+        command = locust_command(
+            locustfile=LOCUSTFILE,
+            user_classes=USER_CLASSES[args.protocol],
+            host=f"http://{http_url}",
+            users=args.users,
+            duration_s=args.duration_s,
+            extra=[*extra, "--grpc-url", grpc_url],
+        )
+        print("==> " + " ".join(command), flush=True)
+        code = subprocess.call(command)
+    print(f"==> reports: {prefix}_stats.csv, {prefix}.html (locust exit status {code})")
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
