@@ -11,7 +11,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup lock lint typecheck export serve run test test-unit test-integration bench loadtest soak clean
+.PHONY: help setup lock lint typecheck export serve run test test-unit test-integration bench loadtest soak clean deploy-check gpu-check
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -69,6 +69,12 @@ loadtest: export  ## bounded Locust run against the embedded server with SLO gat
 
 soak: export  ## bounded leak soak (RSS and /dev/shm curves)
 	$(PY) -m loadtest.soak --model-repository $(REPO)
+
+deploy-check: $(STAMP)  ## offline checks of docker-compose.yml, deploy/k8s, GPU configs and image pins
+	$(PY) -m deploy.validate
+
+gpu-check: $(STAMP)  ## on a GPU host with onnxruntime-gpu: exported ONNX encoders GPU vs CPU parity + latency
+	$(PY) -m deploy.gpu_check --model-repository $(REPO)
 
 clean:  ## remove generated artifacts (keeps the venv)
 	$(PY) -m export clean --model-repository $(REPO) || true
