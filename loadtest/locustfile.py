@@ -26,7 +26,8 @@ import numpy as np
 from locust import FastHttpUser, User, constant, task
 
 from client.settings import INPUT_NAME, OUTPUT_NAME, route
-from loadtest.locust_common import ValidationError, next_texts, validate
+from loadtest.locust_common import grpc_target, next_texts
+from loadtest.slo import ValidationError, validate
 
 
 def _triton_body(texts: list[str], parameters: dict[str, str]) -> dict[str, Any]:
@@ -93,7 +94,9 @@ class TritonGrpcUser(User):
         self.model, self.parameters = route(options.pipeline, options.variant)
         suffix = f"[{options.variant}]" if self.parameters else ""
         self.name = f"grpc {self.model}{suffix}"
-        self.triton = grpcclient.InferenceServerClient(options.grpc_url)
+        self.triton = grpcclient.InferenceServerClient(
+            grpc_target(options.grpc_url, self.environment.host)
+        )
         self.outputs = [grpcclient.InferRequestedOutput(OUTPUT_NAME)]
 
     def on_stop(self) -> None:

@@ -1,4 +1,5 @@
-"""SLO thresholds and latency summaries: plain functions the locustfiles and the benchmark share."""
+"""SLO thresholds, latency summaries and response validation: plain functions (no Locust import,
+so tests can use them) shared by the locustfiles and the benchmark."""
 
 from __future__ import annotations
 
@@ -88,3 +89,23 @@ def summarize(
         p99_ms=p99,
         mean_ms=mean,
     )
+
+
+EMBEDDING_DIM = 384
+NORM_TOLERANCE = 1e-3
+
+
+class ValidationError(Exception):
+    """The server answered 200 but the embeddings break the contract."""
+
+
+def validate(array: np.ndarray, rows: int) -> None:
+    """Raise :class:`ValidationError` unless ``array`` is [rows, 384] finite with unit-norm rows."""
+    if array.shape != (rows, EMBEDDING_DIM):
+        raise ValidationError(f"shape {list(array.shape)}, expected [{rows}, {EMBEDDING_DIM}]")
+    if not np.isfinite(array).all():
+        raise ValidationError("non-finite values in the embeddings")
+    norms = np.linalg.norm(array, axis=1)
+    worst = float(np.max(np.abs(norms - 1.0)))
+    if worst > NORM_TOLERANCE:
+        raise ValidationError(f"row norm off by {worst:.2e} from 1 (tolerance {NORM_TOLERANCE})")
