@@ -472,11 +472,45 @@ class ContainerCode:
         )
 
 
+# Import roots the Locust image provides beyond its pins: the project's code and the pins' deps.
+LOADTEST_IMPORTS = frozenset({"client", "loadtest", "tritonforge", "grpc", "gevent"})
+
+
+def _module_file(module: str, root: Path) -> list[Path]:
+    """Files Python executes to import a first-party ``module`` (package ``__init__``s included)."""
+    parts = module.split(".")
+    files = [root.joinpath(*parts[:i], "__init__.py") for i in range(1, len(parts) + 1)]
+    files.append(root.joinpath(*parts[:-1], parts[-1] + ".py"))
+    return [f for f in files if f.exists()]
+
+
+def loadtest_code(
+    entry: Path = PROJECT_ROOT / "loadtest" / "locustfile.py", root: Path = PROJECT_ROOT
+) -> ContainerCode:
+    """What the Locust image runs: the locustfile and the first-party modules it imports."""
+    first_party = {"client", "loadtest", "tritonforge"}
+    seen: list[Path] = []
+    todo = [entry]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.append(path)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for name in _module_imports(tree, top_level_only=True):
+            if name.split(".")[0] in first_party:
+                todo += _module_file(name, root)
+    return ContainerCode(model_files=(), package_files=tuple(sorted(seen)))
+
+
 def container_code_findings(
-    code: ContainerCode, requirements: Path = TRITON_REQUIREMENTS
+    code: ContainerCode,
+    requirements: Path = TRITON_REQUIREMENTS,
+    extra_allowed: frozenset[str] = frozenset({"triton_python_backend_utils", "tritonforge"}),
+    python: tuple[int, int] = CONTAINER_PYTHON,
 ) -> list[str]:
-    """Python 3.10 syntax/stdlib and imports resolvable in the container for every file it runs."""
-    allowed = set(sys.stdlib_module_names) | {"triton_python_backend_utils", "tritonforge"}
+    """Syntax of ``python`` and imports the image provides, for every file the image runs."""
+    allowed = set(sys.stdlib_module_names) | set(extra_allowed)
     allowed |= {name.replace("-", "_") for name in pins(requirements)}
     out: list[str] = []
     for path, top_only in [(p, False) for p in code.model_files] + [
@@ -493,8 +527,8 @@ def container_code_findings(
         for name in _module_imports(tree, top_only):
             parts = name.split(".")
             if parts[0] not in allowed:
-                out.append(f"{path}: imports {name}, which the Triton image does not install")
-            if PY311_ONLY & set(parts):
+                out.append(f"{path}: imports {name}, which the image does not install")
+            if python < (3, 11) and PY311_ONLY & set(parts):
                 out.append(f"{path}: {name} needs Python 3.11; the container has 3.10")
     return out
 
@@ -594,6 +628,9 @@ def all_findings(env: Mapping[str, str] | None = None) -> dict[str, list[str]]:
         "triton image pins": pin_findings(TRITON_REQUIREMENTS),
         "loadtest image pins": pin_findings(LOADTEST_REQUIREMENTS),
         "container code": container_code_findings(ContainerCode.find()),
+        "loadtest image code": container_code_findings(
+            loadtest_code(), LOADTEST_REQUIREMENTS, LOADTEST_IMPORTS, (3, 11)
+        ),
         "gpu configs": [f for d in gpu_config_dirs() for f in gpu_config_findings(d)],
     }
 

@@ -113,6 +113,7 @@ def test_monitoring_and_loadtest_point_at_the_triton_service(compose: dict[str, 
     master = compose["services"]["locust-master"]
     assert f"--host=http://triton:{http_port}" in master["command"]
     assert "/app/loadtest/locustfile.py" in master["command"]
+    assert "--grpc-url=triton:8001" in master["command"]
     assert master["environment"]["TRITONFORGE_URL"] == f"triton:{http_port}"
 
 
@@ -246,6 +247,15 @@ def test_container_code_runs_on_the_images_python_with_its_packages() -> None:
     code = dv.ContainerCode.find()
     assert code.package_files, "tritonforge/ not found"
     assert dv.container_code_findings(code) == []
+
+
+def test_loadtest_image_provides_what_the_locustfile_imports() -> None:
+    code = dv.loadtest_code()
+    assert any(p.name == "locustfile.py" for p in code.package_files)
+    findings = dv.container_code_findings(
+        code, dv.LOADTEST_REQUIREMENTS, dv.LOADTEST_IMPORTS, (3, 11)
+    )
+    assert findings == []
 
 
 def test_container_code_check_catches_311_code_and_missing_packages(tmp_path: Path) -> None:
