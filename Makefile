@@ -64,8 +64,8 @@ test-integration: $(STAMP)
 bench: export  ## throughput/latency table: in-process limit vs FastAPI vs Triton pipelines
 	$(PY) -m loadtest.bench --model-repository $(REPO)
 
-loadtest: export  ## bounded Locust run against the embedded server with SLO gates
-	$(PY) -m loadtest.run --model-repository $(REPO)
+loadtest: export  ## bounded Locust run with SLO gates (embedded server, or URL=host:8000 of a running one)
+	$(PY) -m loadtest.run --model-repository $(REPO) $(if $(URL),--url $(URL))
 
 soak: export  ## bounded leak soak (RSS and /dev/shm curves)
 	$(PY) -m loadtest.soak --model-repository $(REPO)
