@@ -1,0 +1,1 @@
+"""Plain-torch model definitions the export specs build (no transformers dependency)."""

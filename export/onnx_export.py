@@ -1,0 +1,51 @@
+"""torch.onnx export of a spec's module with named dynamic axes."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from export.errors import ExportError
+from export.spec import ExportSpec
+
+
+def trace_inputs(spec: ExportSpec, seed: int = 1) -> tuple[torch.Tensor, ...]:
+    """The example the exporter traces with; batch and every dynamic size >= 2 so that no
+    dynamic axis can be specialised to 1."""
+    lengths = spec.trace_lengths
+    if len(lengths) < 2 or min(lengths) < 2:
+        raise ExportError(f"spec {spec.name}: trace_lengths {lengths} needs batch >= 2, seq >= 2")
+    example = spec.example_inputs(lengths, np.random.default_rng(seed))
+    return tuple(torch.from_numpy(example[t.name]) for t in spec.inputs)
+
+
+def export_onnx(module: torch.nn.Module, spec: ExportSpec, path: Path) -> None:
+    """Export ``module`` to ``path`` (opset ``spec.opset``, TorchScript-based exporter)."""
+    if spec.opset < 17:
+        raise ExportError(f"spec {spec.name}: opset {spec.opset} < 17 is not supported")
+    args = trace_inputs(spec)
+    log = io.StringIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(log):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module,
+                args,
+                str(path),
+                input_names=[t.name for t in spec.inputs],
+                output_names=[t.name for t in spec.outputs],
+                dynamic_axes={t.name: t.dynamic_axes for t in (*spec.inputs, *spec.outputs)},
+                opset_version=spec.opset,
+                do_constant_folding=True,
+                dynamo=False,
+            )
+    except Exception as e:
+        raise ExportError(
+            f"torch.onnx.export of spec {spec.name} failed: {type(e).__name__}: {e}\n"
+            f"{log.getvalue()[-2000:]}"
+        ) from e

@@ -1,0 +1,382 @@
+"""The export pipeline: build -> export -> verify everything -> write atomically.
+
+Every verification failure is collected; if there is any, one :class:`VerificationError`
+(or :class:`QuantAuditError`) lists them all and the model repository is left untouched.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from export import onnx_checks, parity
+from export.errors import ExportError, QuantAuditError, SpecError, VerificationError
+from export.onnx_export import export_onnx
+from export.report import write_report
+from export.repository import (
+    REPORT_JSON,
+    Staging,
+    fingerprint,
+    library_versions,
+    up_to_date,
+)
+from export.spec import ExportSpec, Inputs
+from export.tritonconfig import (
+    GPU_CONFIG,
+    ArtifactIO,
+    build_config,
+    cross_check,
+    onnx_io,
+    render_pbtxt,
+    torchscript_io,
+    torchscript_names,
+    write_warmup_files,
+)
+from tritonforge.integrity import sha256_file
+from tritonforge.modelconfig import pbtxt_to_dict
+
+FORMATS = ("onnx", "torchscript")
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Options:
+    repo: Path
+    formats: tuple[str, ...] = FORMATS
+    quantize: str | None = None
+    version: int = 1
+    force: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "formats": sorted(self.formats),
+            "quantize": self.quantize,
+            "version": self.version,
+        }
+
+
+@dataclass
+class Outcome:
+    skipped: bool
+    report: dict[str, Any] = field(default_factory=dict)
+    moved: list[str] = field(default_factory=list)
+
+
+class _Steps:
+    """Numbered progress lines with per-step timings."""
+
+    def __init__(self, spec: str, progress: Progress) -> None:
+        self.spec, self.progress = spec, progress
+        self.timings: dict[str, float] = {}
+        self.t0 = time.perf_counter()
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        self.progress(f"==> [export {self.spec}] {name} ...")
+        t = time.perf_counter()
+        yield
+        self.timings[name] = time.perf_counter() - t
+        self.progress(f"    {name}: {self.timings[name]:.1f} s")
+
+    def note(self, text: str) -> None:
+        self.progress(f"    {text}")
+
+
+def planned_artifacts(spec: ExportSpec, options: Options) -> dict[str, str]:
+    """Model name -> repo-relative artifact path this export writes (plus extra files)."""
+    s = spec.serving
+    if s is None:
+        raise SpecError(f"spec {spec.name} has no serving section (model names)")
+    v = options.version
+    out: dict[str, str] = {}
+    if "onnx" in options.formats:
+        out[s.fp32_name] = f"{s.fp32_name}/{v}/model.onnx"
+        if options.quantize == "int8":
+            if not s.int8_name or spec.quality_gate is None or spec.calibration is None:
+                raise SpecError(f"spec {spec.name} does not support int8 (names, gate, corpus)")
+            out[s.int8_name] = f"{s.int8_name}/{v}/model.onnx"
+    if "torchscript" in options.formats:
+        if not s.torchscript_name:
+            raise SpecError(f"spec {spec.name} has no torchscript model name")
+        out[s.torchscript_name] = f"{s.torchscript_name}/{v}/model.pt"
+    for _, rel in spec.extra_files:
+        out[rel] = rel
+    return out
+
+
+def run_export(spec: ExportSpec, options: Options, progress: Progress = print) -> Outcome:
+    """Export ``spec`` into ``options.repo``; skip when the inputs are unchanged."""
+    steps = _Steps(spec.name, progress)
+    planned = planned_artifacts(spec, options)
+    with steps("fingerprint inputs"):
+        fp = fingerprint(spec, options.as_dict())
+    if not options.force:
+        ok, reason = up_to_date(options.repo, planned.values(), fp["digest"])
+        if ok:
+            progress(f"==> [export {spec.name}] up to date ({reason}); nothing to do")
+            return Outcome(skipped=True)
+        steps.note(f"exporting: {reason}")
+    staging = Staging(options.repo)
+    try:
+        report = _build(spec, options, staging, steps, fp)
+        with steps("commit (os.replace into the repository)"):
+            moved = staging.commit()
+        progress(
+            f"==> [export {spec.name}] done in {time.perf_counter() - steps.t0:.1f} s: "
+            + ", ".join(sorted(planned))
+        )
+        return Outcome(skipped=False, report=report, moved=moved)
+    finally:
+        staging.discard()
+
+
+def _build(
+    spec: ExportSpec, options: Options, staging: Staging, steps: _Steps, fp: dict[str, Any]
+) -> dict[str, Any]:
+    serving = spec.serving
+    assert serving is not None
+    work = staging.root / ".work"
+    work.mkdir()
+    failures: list[str] = []
+    audit_problems: list[str] = []
+    report: dict[str, Any] = {
+        "spec": spec.name,
+        "description": spec.description,
+        "created_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "fingerprint": fp,
+        "libraries": library_versions(),
+        "opset": spec.opset,
+        "options": options.as_dict(),
+        "grid": {
+            "shapes": [list(s) for s in spec.grid],
+            "mixed_batches": [list(m) for m in spec.mixed_batches],
+        },
+        "graph_checks": {},
+        "parity": {},
+        "artifacts": {},
+        "configs": {},
+    }
+    bench = spec.example_inputs(spec.benchmark_lengths, np.random.default_rng(7))
+    with steps("build PyTorch module"):
+        module = spec.build_module().eval()
+        reference = parity.torch_runner(module, spec)
+    with steps("PyTorch reference outputs on the shape grid"):
+        cases = parity.build_cases(spec, reference)
+        pad = parity.padding_failures(spec, reference, cases)
+        failures += pad
+        report["padding_invariance_failures"] = pad
+    staged: dict[str, tuple[Path, ArtifactIO, str]] = {}  # model -> (file, io, backend)
+
+    def grid(label: str, runner: parity.Runner) -> None:
+        result = parity.check_grid(spec, label, runner, cases)
+        report["parity"][label] = result.summary()
+        failures.extend(result.failures)
+        worst = result.worst
+        if worst:
+            steps.note(
+                f"{label}: max abs {result.summary()['max_abs']:.3g}, worst {worst.label} "
+                f"(ratio to tolerance {worst.worst_ratio:.3f}), {len(result.failures)} failure(s)"
+            )
+
+    if "onnx" in options.formats:
+        raw = work / "raw.onnx"
+        with steps("ONNX export"):
+            export_onnx(module, spec, raw)
+        with steps("ONNX graph checks (checker, shape inference, dynamic axes)"):
+            problems = onnx_checks.check_graph(raw, spec)
+            report["graph_checks"]["fp32"] = problems
+            failures += problems
+        if problems:
+            raise VerificationError(failures, f"spec {spec.name}")
+        with steps("ONNX Runtime vs PyTorch on the grid"):
+            grid("fp32", parity.ort_runner(raw))
+        deployed = raw
+        if spec.optimization is not None:
+            from export.optimize import optimize_graph
+
+            opt = work / "optimized.onnx"
+            with steps("graph optimisation (onnxruntime.transformers)"):
+                fused = optimize_graph(raw, opt, spec.optimization)
+                problems = onnx_checks.check_graph(opt, spec)
+                report["graph_checks"]["fp32_optimized"] = problems
+                failures += problems
+                steps.note(f"fused operators: {fused}")
+            with steps("optimised graph vs PyTorch on the grid"):
+                grid("fp32_optimized", parity.ort_runner(opt))
+                t_raw = parity.median_latency_ms(parity.ort_runner(raw), bench)
+                t_opt = parity.median_latency_ms(parity.ort_runner(opt), bench)
+                report["optimization"] = {
+                    "fused": fused,
+                    "latency_ms": {"fp32": round(t_raw, 2), "fp32_optimized": round(t_opt, 2)},
+                    "speedup": t_raw / t_opt,
+                    "benchmark_rows": len(spec.benchmark_lengths),
+                }
+                steps.note(
+                    f"optimised speed-up {t_raw / t_opt:.2f}x ({t_raw:.1f} -> {t_opt:.1f} ms)"
+                )
+            deployed = opt
+        target = staging.version_dir(serving.fp32_name, options.version) / "model.onnx"
+        shutil.copyfile(deployed, target)
+        staged[serving.fp32_name] = (target, onnx_io(target), "onnxruntime")
+
+        if options.quantize == "int8":
+            audit_problems = _int8(
+                spec, options, staging, steps, report, raw, deployed, bench, cases
+            )
+            failures += audit_problems + report["graph_checks"].get("int8", [])
+            target8 = staging.version_dir(str(serving.int8_name), options.version) / "model.onnx"
+            staged[str(serving.int8_name)] = (target8, onnx_io(target8), "onnxruntime")
+
+    if "torchscript" in options.formats:
+        from export.torchscript import export_torchscript, torchscript_runner
+
+        pt = staging.version_dir(str(serving.torchscript_name), options.version) / "model.pt"
+        with steps("TorchScript trace + save"):
+            export_torchscript(module, spec, pt)
+        with steps("TorchScript (reloaded from disk) vs PyTorch on the grid"):
+            grid("torchscript", torchscript_runner(pt, spec))
+        staged[str(serving.torchscript_name)] = (pt, torchscript_io(spec), "pytorch")
+
+    with steps("config.pbtxt + configs/gpu.pbtxt (derived from the graphs, cross-checked)"):
+        warmup = spec.warmup() if spec.warmup else None
+        for model, (path, io, backend) in staged.items():
+            rename = (
+                torchscript_names(spec)
+                if backend == "pytorch"
+                else {t.name: t.name for t in spec.inputs}
+            )
+            for rel, gpu in (("config.pbtxt", False), (str(GPU_CONFIG), True)):
+                config = build_config(
+                    model,
+                    backend,
+                    path.name,
+                    io,
+                    spec,
+                    warmup,
+                    gpu=gpu,
+                    quantized=model == serving.int8_name,
+                )
+                text = render_pbtxt(config)
+                problems = cross_check(pbtxt_to_dict(text), io, f"{model}/{rel}")
+                failures += problems
+                staging.path(f"{model}/{rel}").write_text(text)
+                report["configs"][f"{model}/{rel}"] = problems
+            if warmup is not None:
+                write_warmup_files(warmup, staging.root / model / "warmup", rename)
+
+    for src, rel in spec.extra_files:
+        shutil.copyfile(src, staging.path(rel))
+
+    if failures:
+        error = QuantAuditError if audit_problems else VerificationError
+        raise error(failures, f"spec {spec.name}")
+
+    with steps("sha256 sidecars + reports"):
+        staging.seal()
+        for model, (path, _, _) in staged.items():
+            report["artifacts"][model] = {
+                "file": str(path.relative_to(staging.root)),
+                "bytes": path.stat().st_size,
+                "sha256": sha256_file(path),
+            }
+        steps.timings["total"] = time.perf_counter() - steps.t0
+        report["timings_s"] = {k: round(v, 3) for k, v in steps.timings.items()}
+        for _, (path, _, _) in staged.items():
+            write_report(report, path.parent)
+    return report
+
+
+def _int8(
+    spec: ExportSpec,
+    options: Options,
+    staging: Staging,
+    steps: _Steps,
+    report: dict[str, Any],
+    raw: Path,
+    fp32_deployed: Path,
+    bench: Inputs,
+    cases: list[parity.Case],
+) -> list[str]:
+    """Quantize (with the sensitivity search), audit, gate; returns the audit problems."""
+    import onnx
+
+    from export.quantize import audit_qdq, cosines, search_exclusions
+
+    serving, gate = spec.serving, spec.quality_gate
+    assert serving is not None and gate is not None and spec.calibration and spec.evaluation
+    target = staging.version_dir(str(serving.int8_name), options.version) / "model.onnx"
+    with steps("int8 calibration corpus + held-out evaluation set"):
+        calibration = spec.calibration()
+        evaluation = spec.evaluation()
+        fp32 = parity.ort_runner(raw)
+        ref = [fp32(b)[gate.output] for b in evaluation]
+    with steps("int8 QDQ quantization + quality gate (greedy sensitivity search)"):
+        result = search_exclusions(
+            spec, raw, target, staging.root / ".work", calibration, evaluation, ref, steps.note
+        )
+    with steps("int8 audit (every QuantizeLinear/DequantizeLinear) + graph checks"):
+        problems, counts = audit_qdq(onnx.load(str(target)))
+        report["graph_checks"]["int8"] = onnx_checks.check_graph(target, spec)
+        steps.note(f"{counts}, {len(problems)} problem(s)")
+    with steps("int8 speed vs fp32 + grid cosine"):
+        int8 = parity.ort_runner(target)
+        t8 = parity.median_latency_ms(int8, bench)
+        t32 = parity.median_latency_ms(fp32, bench)
+        t_opt = parity.median_latency_ms(parity.ort_runner(fp32_deployed), bench)
+        grid_cos = [
+            float(cosines(int8(c.inputs)[gate.output], c.expected[gate.output]).min())
+            for c in cases
+        ]
+        steps.note(
+            f"int8 {t8:.1f} ms vs fp32 {t32:.1f} ms ({t32 / t8:.2f}x), vs optimised fp32 "
+            f"{t_opt:.1f} ms ({t_opt / t8:.2f}x); grid min cosine vs PyTorch {min(grid_cos):.4f}"
+        )
+    report["quantization"] = {
+        "calibration_source": spec.calibration_source,
+        "calibration_batches": len(calibration),
+        "evaluation_source": spec.evaluation_source,
+        "settings": {
+            "format": "QDQ",
+            "per_channel": spec.quantization.per_channel,
+            "activation_type": spec.quantization.activation_type,
+            "weight_type": spec.quantization.weight_type,
+            "op_types": list(spec.quantization.op_types),
+            "weights_only": spec.quantization.weights_only,
+        },
+        "gate": {"mean_cosine_min": gate.mean_cosine_min, "min_cosine_min": gate.min_cosine_min},
+        "quality": {
+            "mean_cosine": result.chosen.mean_cosine,
+            "min_cosine": result.chosen.min_cosine,
+            "sentences": sum(len(b[next(iter(b))]) for b in evaluation),
+        },
+        "search": result.as_dict(),
+        "audit": {"counts": counts, "problems": problems},
+        "latency_ms": {
+            "int8": round(t8, 2),
+            "fp32": round(t32, 2),
+            "fp32_optimized": round(t_opt, 2),
+        },
+        "speedup_vs_fp32": t32 / t8,
+        "speedup_vs_optimized": t_opt / t8,
+        "grid_min_cosine_vs_pytorch": min(grid_cos),
+    }
+    return problems
+
+
+def read_report(repo: Path, model: str, version: int) -> dict[str, Any]:
+    import json
+
+    path = repo / model / str(version) / REPORT_JSON
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ExportError(f"{path}: no readable export report; run `make export`") from e
+    return data

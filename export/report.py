@@ -1,0 +1,90 @@
+"""The export report: JSON (complete) and Markdown (the figures a reviewer reads)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    if isinstance(x, float):
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Export report: {report['spec']}",
+        "",
+        f"{report.get('description', '')}",
+        "",
+        f"- created: {report['created_utc']} (export took {report['timings_s'].get('total', 0):.1f} s)",
+        f"- opset {report['opset']}; libraries: "
+        + ", ".join(f"{k} {v}" for k, v in report["libraries"].items()),
+        f"- inputs fingerprint: `{report['fingerprint']['digest'][:16]}`",
+        "",
+        "## Artifacts",
+        "",
+        "| model | file | bytes | sha256 |",
+        "|---|---|---|---|",
+    ]
+    for name, a in report["artifacts"].items():
+        lines.append(f"| {name} | {a['file']} | {a['bytes']} | `{a['sha256'][:16]}…` |")
+    lines += [
+        "",
+        "## Parity against PyTorch eager",
+        "",
+        f"Grid: {len(report['grid']['shapes'])} shapes (batch x seq) + "
+        f"{len(report['grid']['mixed_batches'])} padded mixed-length batches.",
+        "",
+        "| artifact | max abs | max rel | worst shape | failures |",
+        "|---|---|---|---|---|",
+    ]
+    for key, g in report["parity"].items():
+        worst = g.get("worst") or {}
+        lines.append(
+            f"| {key} | {_fmt(g['max_abs'])} | {_fmt(g['max_rel'])} | "
+            f"{worst.get('label', '-')} | {len(g['failures'])} |"
+        )
+    opt = report.get("optimization")
+    if opt:
+        lines += [
+            "",
+            "## Graph optimisation",
+            "",
+            f"Fused: {opt['fused']}; latency {opt['latency_ms']} ms -> speed-up "
+            f"{opt['speedup']:.2f}x",
+        ]
+    q = report.get("quantization")
+    if q:
+        chosen = q["search"]["chosen"]
+        lines += [
+            "",
+            "## int8 QDQ",
+            "",
+            f"- audit: {q['audit']['counts']}, problems: {len(q['audit']['problems'])}",
+            f"- quality (held-out {q['quality']['sentences']} sentences): mean cosine "
+            f"{chosen['mean_cosine']:.4f} (gate {q['gate']['mean_cosine_min']}), min "
+            f"{chosen['min_cosine']:.4f} (gate {q['gate']['min_cosine_min']})",
+            f"- kept in fp32: {chosen['excluded_groups'] or 'nothing'} "
+            f"({len(chosen['excluded_nodes'])} of {q['search']['candidate_nodes']} weight nodes)",
+            f"- latency {q['latency_ms']} ms -> speed-up vs fp32 "
+            f"{q['speedup_vs_fp32']:.2f}x (vs optimised fp32 {q['speedup_vs_optimized']:.2f}x)",
+            "",
+            "| excluded | mean cos | min cos | pass |",
+            "|---|---|---|---|",
+        ]
+        for t in q["search"]["trials"]:
+            lines.append(
+                f"| {t['excluded_groups'] or '-'} | {t['mean_cosine']:.4f} | "
+                f"{t['min_cosine']:.4f} | {t['passed']} |"
+            )
+    lines += ["", "## Timings (s)", ""]
+    lines += [f"- {k}: {v:.2f}" for k, v in report["timings_s"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict[str, Any], directory: Path) -> None:
+    (directory / "export_report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (directory / "export_report.md").write_text(render_markdown(report))

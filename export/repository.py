@@ -1,0 +1,182 @@
+"""Atomic writes into the model repository, input fingerprints for skipping, and cleaning.
+
+Everything is built in a staging directory inside the repository (same filesystem), verified
+there, and only then moved in with ``os.replace``. Until :meth:`Staging.commit` runs, the
+repository is untouched; an exception before it leaves it byte-for-byte as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from export.errors import ExportError
+from export.spec import ExportSpec, digest_json
+from tritonforge.errors import ArtifactIntegrityError
+from tritonforge.integrity import sha256_file, verify_sidecar, write_sidecar
+
+STAGING_PREFIX = ".export-"
+EXPORTER_VERSION = "1"
+REPORT_JSON = "export_report.json"
+REPORT_MD = "export_report.md"
+LIBRARIES = ("torch", "onnx", "onnxruntime", "numpy", "tokenizers", "tritonclient")
+EXPORT_ROOT = Path(__file__).resolve().parent
+
+
+def library_versions() -> dict[str, str]:
+    versions = {}
+    for lib in LIBRARIES:
+        try:
+            versions[lib] = importlib.metadata.version(lib)
+        except importlib.metadata.PackageNotFoundError:
+            versions[lib] = "not installed"
+    return versions
+
+
+def code_digest() -> str:
+    """sha256 over the exporter's own sources and data (a code change re-exports)."""
+    h = hashlib.sha256()
+    for path in sorted(EXPORT_ROOT.rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".txt") and "__pycache__" not in path.parts:
+            h.update(str(path.relative_to(EXPORT_ROOT)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def fingerprint(spec: ExportSpec, options: dict[str, Any]) -> dict[str, Any]:
+    """Everything the export depends on; equal fingerprints mean an identical export."""
+    parts = {
+        "exporter_version": EXPORTER_VERSION,
+        "code": code_digest(),
+        "spec": digest_json(spec.fingerprint_data()),
+        "sources": {str(p.name): sha256_file(p) for p in spec.source_files},
+        "libraries": library_versions(),
+        "options": options,
+    }
+    return {"digest": digest_json(parts), **parts}
+
+
+def up_to_date(repo: Path, artifacts: Iterable[str], digest: str) -> tuple[bool, str]:
+    """True when every artifact (repo-relative path) exists, matches its sidecar, and the report
+    beside each recorded ``digest``. Returns ``(ok, reason)``."""
+    for rel in artifacts:
+        path = repo / rel
+        if not path.exists():
+            return False, f"{rel} does not exist"
+        try:
+            verify_sidecar(path, required=True)
+        except ArtifactIntegrityError as e:
+            return False, str(e)
+        if path.suffix in (".onnx", ".pt"):
+            report = path.parent / REPORT_JSON
+            try:
+                recorded = json.loads(report.read_text())["fingerprint"]["digest"]
+            except (OSError, KeyError, ValueError):
+                return False, f"{report.relative_to(repo)} is missing or unreadable"
+            if recorded != digest:
+                return False, f"inputs changed since {rel} was exported"
+    return True, "inputs unchanged"
+
+
+class Staging:
+    """A scratch copy of the parts of the repository an export writes.
+
+    ``whole_dirs`` (repo-relative) are replaced as a unit (a model version directory); every
+    other staged file replaces the file at the same path, leaving its siblings alone (e.g.
+    ``tokenizer/1/model.py`` owned by another stage).
+    """
+
+    def __init__(self, repo: Path) -> None:
+        repo.mkdir(parents=True, exist_ok=True)
+        self.repo = repo
+        self.root = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=repo))
+        self.whole_dirs: list[str] = []
+
+    def path(self, rel: str | Path) -> Path:
+        p = self.root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def version_dir(self, model: str, version: int) -> Path:
+        rel = f"{model}/{version}"
+        if rel not in self.whole_dirs:
+            self.whole_dirs.append(rel)
+        d = self.root / rel
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def seal(self) -> list[str]:
+        """Write a ``.sha256`` sidecar for every artifact (model and data files) staged."""
+        sealed = []
+        for path in sorted(self.root.rglob("*")):
+            if path.relative_to(self.root).parts[0].startswith("."):
+                continue  # scratch space (.work, .replaced)
+            if (
+                path.is_file()
+                and path.suffix in (".onnx", ".pt", ".json", ".data")
+                and not (path.name.startswith("export_report"))
+            ):
+                write_sidecar(path)
+                sealed.append(str(path.relative_to(self.root)))
+        return sealed
+
+    def commit(self) -> list[str]:
+        """Move everything staged into the repository (``os.replace``); returns moved paths."""
+        moved: list[str] = []
+        trash = self.root / ".replaced"
+        for rel in self.whole_dirs:
+            src, dst = self.root / rel, self.repo / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if dst.exists():
+                aside = trash / rel
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(dst, aside)
+            os.replace(src, dst)
+            moved.append(rel)
+        for path in sorted(self.root.rglob("*")):
+            rel_path = path.relative_to(self.root)
+            if not path.is_file() or rel_path.parts[0].startswith("."):
+                continue
+            dst = self.repo / rel_path
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, dst)
+            moved.append(str(rel_path))
+        return moved
+
+    def discard(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def clean(repo: Path, specs: Iterable[ExportSpec]) -> list[str]:
+    """Remove what the exporter generated (model dirs it owns, copied extra files, staging)."""
+    removed: list[str] = []
+    if not repo.exists():
+        return removed
+    for stale in repo.glob(f"{STAGING_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+        removed.append(stale.name)
+    for spec in specs:
+        serving = spec.serving
+        names = [serving.fp32_name, serving.int8_name, serving.torchscript_name] if serving else []
+        for name in filter(None, names):
+            if (repo / name).exists():
+                shutil.rmtree(repo / name)
+                removed.append(name)
+        for _, rel in spec.extra_files:
+            for p in (repo / rel, (repo / rel).with_name(Path(rel).name + ".sha256")):
+                if p.exists():
+                    p.unlink()
+                    removed.append(str(p.relative_to(repo)))
+    return removed
+
+
+def ensure_inside(repo: Path, path: Path) -> None:
+    if repo.resolve() not in path.resolve().parents:
+        raise ExportError(f"{path} is outside the model repository {repo}")

@@ -1,0 +1,153 @@
+"""Declarative export specs: everything model-specific the exporter needs, as data.
+
+Adding a model means writing a function returning an :class:`ExportSpec` and registering it in
+:mod:`export.specs`; the exporter itself never names a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+Inputs = dict[str, np.ndarray]
+ExampleFn = Callable[[Sequence[int], np.random.Generator], Inputs]
+"""``(lengths, rng) -> inputs``: one row per length, padded to ``max(lengths)``."""
+CorpusFn = Callable[[], list[Inputs]]
+
+BATCH_AXIS = "batch_size"
+
+
+@dataclass(frozen=True)
+class TensorDecl:
+    """A graph input or output. ``axes``: a name per dynamic axis, an int per fixed one."""
+
+    name: str
+    dtype: str
+    axes: tuple[str | int, ...]
+    pad_value: int | float | None = None  # inputs: value used to pad along dynamic axes
+    atol: float = 0.0  # outputs: max |onnx - torch| allowed (with rtol, numpy.allclose rule)
+    rtol: float = 0.0
+
+    @property
+    def dynamic_axes(self) -> dict[int, str]:
+        return {i: a for i, a in enumerate(self.axes) if isinstance(a, str)}
+
+
+@dataclass(frozen=True)
+class QualityGate:
+    """int8 vs fp32 cosine similarity of ``output`` on the held-out set."""
+
+    output: str
+    mean_cosine_min: float = 0.99
+    min_cosine_min: float = 0.97
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """Static QDQ int8 settings (onnxruntime.quantization)."""
+
+    op_types: tuple[str, ...] = ("MatMul",)
+    weights_only: bool = True  # MatMulConstBOnly: quantize MatMuls with a constant weight only
+    per_channel: bool = True
+    activation_type: str = "QUInt8"
+    weight_type: str = "QInt8"
+    calibrate_method: str = "MinMax"
+    # Sensitivity search: regexes grouping quantizable node names; greedy, at most this many rounds.
+    sensitivity_groups: tuple[str, ...] = ()
+    max_search_rounds: int = 3
+
+
+@dataclass(frozen=True)
+class GraphOptimization:
+    """ONNX Runtime transformer optimizer settings (offline fusions)."""
+
+    model_type: str = "bert"
+    num_heads: int = 0
+    hidden_size: int = 0
+
+
+@dataclass(frozen=True)
+class Serving:
+    """Triton config knobs; the exporter derives names, dtypes and dims from the graph."""
+
+    fp32_name: str
+    int8_name: str | None = None
+    torchscript_name: str | None = None
+    preferred_batch_sizes: tuple[int, ...] = (4, 8, 16)
+    max_queue_delay_us: int = 2000
+    instance_count: int = 1
+    intra_op_threads: int = 2
+    inter_op_threads: int = 1
+    gpu_preferred_batch_sizes: tuple[int, ...] = (16, 32, 64)
+    gpu_instance_count: int = 1
+    gpu_fp16: bool = True
+    gpu_max_workspace_bytes: int = 1 << 30
+    warmup_text: str = ""
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    name: str
+    description: str
+    build_module: Callable[[], nn.Module]
+    inputs: tuple[TensorDecl, ...]
+    outputs: tuple[TensorDecl, ...]
+    example_inputs: ExampleFn
+    max_batch: int
+    max_length: int
+    opset: int = 17
+    trace_lengths: tuple[int, ...] = (8, 5)  # example used for tracing: batch >= 2, seq >= 2
+    # (batch, seq) shapes checked for parity, plus padded batches of mixed lengths.
+    grid: tuple[tuple[int, int], ...] = ()
+    mixed_batches: tuple[tuple[int, ...], ...] = ()
+    benchmark_lengths: tuple[int, ...] = (64,) * 8  # rows of the in-process speed comparison
+    calibration: CorpusFn | None = None
+    calibration_source: str = ""
+    evaluation: CorpusFn | None = None
+    evaluation_source: str = ""
+    quality_gate: QualityGate | None = None
+    quantization: Quantization = field(default_factory=Quantization)
+    optimization: GraphOptimization | None = None
+    serving: Serving | None = None
+    warmup: Callable[[], Inputs] | None = None
+    source_files: tuple[Path, ...] = ()  # hashed: a change re-exports
+    extra_files: tuple[tuple[Path, str], ...] = ()  # (source, repo-relative destination)
+
+    def fingerprint_data(self) -> dict[str, Any]:
+        """The declarative part of the spec as JSON-able data (callables by qualified name)."""
+
+        def plain(value: Any) -> Any:
+            if callable(value) and not isinstance(value, type):
+                return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}"
+            if isinstance(value, Path):
+                return str(value)
+            if isinstance(value, Mapping):
+                return {str(k): plain(v) for k, v in value.items()}
+            if isinstance(value, list | tuple):
+                return [plain(v) for v in value]
+            return value
+
+        data = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        for key in ("quality_gate", "quantization", "optimization", "serving"):
+            if data[key] is not None:
+                data[key] = asdict(data[key])
+        data["inputs"] = [asdict(t) for t in self.inputs]
+        data["outputs"] = [asdict(t) for t in self.outputs]
+        return {k: plain(v) for k, v in data.items()}
+
+    def input(self, name: str) -> TensorDecl:
+        return next(t for t in self.inputs if t.name == name)
+
+    def output(self, name: str) -> TensorDecl:
+        return next(t for t in self.outputs if t.name == name)
+
+
+def digest_json(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()

@@ -1,0 +1,41 @@
+"""TorchScript export: trace, save, reload from disk (what the PyTorch backend will load)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from export.errors import ExportError
+from export.onnx_export import trace_inputs
+from export.parity import Runner
+from export.spec import ExportSpec, Inputs
+
+
+def export_torchscript(module: torch.nn.Module, spec: ExportSpec, path: Path) -> None:
+    args = trace_inputs(spec)
+    try:
+        with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+            warnings.simplefilter("ignore")
+            traced = torch.jit.trace(module, args, check_trace=True, strict=True)
+            torch.jit.save(traced, str(path))
+    except Exception as e:
+        raise ExportError(f"torch.jit.trace of spec {spec.name} failed: {e}") from e
+
+
+def torchscript_runner(path: Path, spec: ExportSpec) -> Runner:
+    """Reload ``path`` from disk and call it positionally, like the native PyTorch backend."""
+    module = torch.jit.load(str(path), map_location="cpu").eval()
+    names = [t.name for t in spec.inputs]
+    out_names = [t.name for t in spec.outputs]
+
+    def run(inputs: Inputs) -> dict[str, np.ndarray]:
+        with torch.inference_mode():
+            result = module(*(torch.from_numpy(inputs[n]) for n in names))
+        if isinstance(result, torch.Tensor):
+            result = (result,)
+        return {n: t.numpy() for n, t in zip(out_names, result, strict=True)}
+
+    return run
