@@ -49,10 +49,16 @@ serve: export  ## serve the model repository on the embedded Triton (Ctrl-C stop
 run: export  ## set up, export, serve the default pipeline, show it answering, stop
 	$(PY) -m runtime demo --model-repository $(REPO)
 
-test: $(STAMP)  ## lint + unit + integration tests against the real embedded Triton
+test: $(STAMP)  ## lint, export (skipped when unchanged), unit + integration tests on the real embedded Triton
+	@echo "==> [test 1/4] ruff + mypy"
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	@echo "==> [test 2/4] export the default model (the integration tests serve it)"
+	$(MAKE) --no-print-directory export
+	@echo "==> [test 3/4] model repository lint"
+	$(PY) -m runtime lint --model-repository $(REPO)
+	@echo "==> [test 4/4] pytest (unit, then integration against the embedded Triton)"
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
