@@ -73,9 +73,11 @@ def _options(parser: Any) -> None:
         "--texts-per-request", type=int, default=1, env_var="TRITONFORGE_TEXTS_PER_REQUEST"
     )
     parser.add_argument("--embed-path", default="/embed", help="FastAPI baseline route")
-    parser.add_argument("--slo-p95-ms", type=float, default=750.0, env_var="TRITONFORGE_SLO_P95_MS")
     parser.add_argument(
-        "--slo-p99-ms", type=float, default=1500.0, env_var="TRITONFORGE_SLO_P99_MS"
+        "--slo-p95-ms", type=float, default=1000.0, env_var="TRITONFORGE_SLO_P95_MS"
+    )
+    parser.add_argument(
+        "--slo-p99-ms", type=float, default=2000.0, env_var="TRITONFORGE_SLO_P99_MS"
     )
     parser.add_argument("--slo-min-rps", type=float, default=5.0, env_var="TRITONFORGE_SLO_MIN_RPS")
     parser.add_argument(

@@ -13,8 +13,8 @@ import numpy as np
 class SloThresholds:
     """A run passes when p95/p99 are at most these, rps at least ``min_rps``, failures bounded."""
 
-    p95_ms: float = 750.0
-    p99_ms: float = 1500.0
+    p95_ms: float = 1000.0
+    p99_ms: float = 2000.0
     min_rps: float = 5.0
     max_fail_ratio: float = 0.01
 
