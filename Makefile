@@ -68,10 +68,10 @@ test-integration: $(STAMP)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 bench: export  ## throughput/latency table: in-process limit vs FastAPI vs Triton pipelines
-	$(PY) -m loadtest.bench --model-repository $(REPO)
+	$(PY) -m loadtest.bench --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
 
 loadtest: export  ## bounded Locust run with SLO gates (embedded server, or URL=host:8000 of a running one)
-	$(PY) -m loadtest.run --model-repository $(REPO) $(if $(URL),--url $(URL))
+	$(PY) -m loadtest.run --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
 
 soak: export  ## bounded leak soak (RSS and /dev/shm curves)
 	$(PY) -m loadtest.soak --model-repository $(REPO)
