@@ -40,6 +40,7 @@ class BlsPlan:
     output: str
     routes: Mapping[str, tuple[Stage, ...]]
     default_variant: str
+    missing: Mapping[str, str]  # variant -> why it cannot be served (encoder not exported)
     limits: TextLimits
     stage_timeout_ms: int
 
@@ -47,7 +48,8 @@ class BlsPlan:
 def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
     """Read the BLS targets from ``config.parameters`` and check every variant's chain connects.
 
-    Raises :class:`ModelConfigError` naming the model and tensor that disagree.
+    A variant whose encoder is not in the repository is kept out of ``routes`` (requests for it
+    get UNAVAILABLE); the default variant must be servable. Raises :class:`ModelConfigError` naming the model and tensor that disagree.
     """
     if len(config.inputs) != 1:
         raise ModelConfigError(f"{config.name!r} must have exactly one (text) input")
@@ -77,7 +79,11 @@ def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
         {tokenizer.inputs[0].name: text.name},
         tuple(o.name for o in tokenizer.outputs),
     )
+    missing: dict[str, str] = {}
     for variant, name in encoders.items():
+        if not (Path(repository) / name).is_dir():
+            missing[variant] = f"stage {name!r} is not in the model repository (run `make export`)"
+            continue
         encoder = load_model_config(repository, name)
         try:
             enc_map = feed_mapping(tokenizer.outputs, encoder)
@@ -93,12 +99,14 @@ def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
     if default not in routes:
         raise ModelConfigError(
             f"{config.name!r}: default_variant {default!r} is not one of {sorted(routes)}"
+            + (f" ({missing[default]})" if default in missing else "")
         )
     return BlsPlan(
         text_input=text.name,
         output=output.name,
         routes=routes,
         default_variant=default,
+        missing=missing,
         limits=TextLimits(
             max_items=config.param("max_items", config.max_batch_size, int),
             max_text_bytes=config.param("max_text_bytes", TextLimits.max_text_bytes, int),
@@ -118,10 +126,12 @@ def request_variant(parameters_json: str | Mapping[str, Any] | None, plan: BlsPl
     value = (
         params.get(VARIANT_PARAMETER, plan.default_variant) if isinstance(params, dict) else None
     )
+    if isinstance(value, str) and value in plan.missing:
+        raise StageUnavailableError(f"variant {value!r}: {plan.missing[value]}")
     if not isinstance(value, str) or value not in plan.routes:
         raise InvalidInputError(
             f"request parameter {VARIANT_PARAMETER!r}={value!r} is unknown; "
-            f"use one of {sorted(plan.routes)}"
+            f"use one of {sorted([*plan.routes, *plan.missing])}"
         )
     return value
 

@@ -5,6 +5,7 @@ import triton_python_backend_utils as pb_utils
 from pathlib import Path
 
 from tritonforge.errors import ServingError
+from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.repository import feed_mapping, load_model_config
 from tritonforge.text import TextLimits, TextTokenizer, decode_texts, split_tokens
@@ -24,6 +25,7 @@ class TritonPythonModel:
             max_text_bytes=self.config.param("max_text_bytes", TextLimits.max_text_bytes, int),
         )
         path = model_dir / args["model_version"] / self.config.param("tokenizer_file")
+        verify_sidecar(path)  # written by `make export`; a mismatch fails the load
         self.tokenizer = TextTokenizer(path, self.config.param("max_length", kind=int))
 
     def execute(self, requests):
