@@ -7,12 +7,13 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
 from runtime.errors import ServerError
 from runtime.server import ADMIN_HEADER, EmbeddedServer, ServerSettings
+from runtime.supervisor import HealthEndpoint, Supervisor
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 
@@ -43,6 +44,12 @@ def _server_args(p: argparse.ArgumentParser) -> None:
         help="pipeline-aware health endpoint (GET /health/pipeline); 0 picks a free port",
     )
     p.add_argument("--canary-interval-s", type=float, default=5.0)
+    p.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, wait this long at most for in-flight requests before stopping Triton",
+    )
     p.add_argument(
         "--unrestricted",
         action="store_true",
@@ -81,27 +88,19 @@ def _install_stop_handlers() -> threading.Event:
     return stop
 
 
-def _supervise(server: EmbeddedServer, args: argparse.Namespace) -> Callable[[], None]:
-    """Start the supervisor and its health endpoint (when asked); returns their stop function."""
-    if not args.supervise:
-        return lambda: None
-    from runtime.supervisor import HealthEndpoint, Supervisor
-
-    supervisor = Supervisor(
-        server,
-        canary_interval_s=args.canary_interval_s,
-        on_restart=lambda why: print(
-            f"==> supervisor: restarting tritonserver ({why})", flush=True
-        ),
-    ).start()
-    endpoint = HealthEndpoint(supervisor, server.settings.host, args.health_port).start()
-    print(f"==> pipeline health: {endpoint.url} (canaries: {', '.join(supervisor.models)})")
-
-    def stop() -> None:
-        endpoint.stop()
-        supervisor.stop()
-
-    return stop
+def _supervise(server: EmbeddedServer, args: argparse.Namespace) -> HealthEndpoint:
+    """Start the pipeline health endpoint, with the supervisor behind it when asked."""
+    supervisor = None
+    if args.supervise:
+        supervisor = Supervisor(
+            server,
+            canary_interval_s=args.canary_interval_s,
+            on_restart=lambda why: print(f"==> supervisor: recovering ({why})", flush=True),
+        ).start()
+    endpoint = HealthEndpoint(server, server.settings.host, args.health_port, supervisor).start()
+    canaries = ", ".join(supervisor.models) if supervisor else "none: --no-supervise"
+    print(f"==> pipeline health: {endpoint.url} (canaries: {canaries})", flush=True)
+    return endpoint
 
 
 def _print_admin(server: EmbeddedServer) -> None:
@@ -115,17 +114,32 @@ def _print_admin(server: EmbeddedServer) -> None:
 
 
 def _wait_for_signal(
-    server: EmbeddedServer, stop: threading.Event, stop_extras: Callable[[], None] = lambda: None
+    server: EmbeddedServer,
+    stop: threading.Event,
+    endpoint: HealthEndpoint | None = None,
+    drain_timeout_s: float = 0.0,
 ) -> int:
-    """Serve until ``stop`` is set (graceful stop, exit 0) or until the server dies (exit 1)."""
+    """Serve until ``stop`` is set, then shut down gracefully (exit 0): the health endpoint turns
+    503 at once, in-flight requests drain, then Triton gets SIGTERM. Exit 1 if the server dies."""
     # A supervised restart replaces the process; only a dead server with no restart is fatal.
     while not stop.wait(0.5):
         if server.returncode is not None and not server.restarting:
             print(f"tritonserver exited unexpectedly ({server.returncode})", file=sys.stderr)
             server.stop()
+            if endpoint is not None:
+                endpoint.stop()
             return 1
-    stop_extras()
+    if endpoint is not None:
+        endpoint.draining.set()
+        if endpoint.supervisor is not None:
+            endpoint.supervisor.stop()
+        drained = server.drain(drain_timeout_s)
+        print(
+            f"==> {'drained' if drained else 'drain timed out'}; stopping tritonserver", flush=True
+        )
     code = server.stop()
+    if endpoint is not None:
+        endpoint.stop()
     leftovers = server.leftover_processes()
     print(f"==> stopped (tritonserver exit status {code}; leftover processes: {leftovers})")
     return 0 if not leftovers else 1
@@ -161,7 +175,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     _print_admin(server)
-    return _wait_for_signal(server, stop, _supervise(server, args))
+    return _wait_for_signal(server, stop, _supervise(server, args), args.drain_timeout_s)
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -196,7 +210,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         server.stop()
         return 0
     _print_admin(server)
-    return _wait_for_signal(server, stop, _supervise(server, args))
+    return _wait_for_signal(server, stop, _supervise(server, args), args.drain_timeout_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -183,7 +183,10 @@ class EmbeddedServer:
             ]
         if s.model_config_name:
             cmd.append(f"--model-config-name={s.model_config_name}")
-        cmd += [f"--load-model={m}" for m in s.load_models]
+        load_models = list(s.load_models)
+        if s.model_control_mode == "explicit" and not load_models:
+            load_models = ["*"]  # explicit control, but start with the whole repository loaded
+        cmd += [f"--load-model={m}" for m in load_models]
         cmd += list(s.extra_args)
         return cmd
 
@@ -275,6 +278,66 @@ class EmbeddedServer:
             f"tritonserver was not ready after {timeout_s:.0f} s (raise --ready-timeout-s for "
             f"slow models); last log lines:\n{tail}"
         )
+
+    def repository_call(self, path: str, body: bytes = b"{}", timeout_s: float = 120.0) -> str:
+        """POST to the model-repository API (with the admin header); returns the error text or ""."""
+        request = urllib.request.Request(
+            f"http://{self.http_url}/v2/repository/{path}",
+            data=body,
+            method="POST",
+            headers={**self.admin_headers, "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s):
+                return ""
+        except urllib.error.HTTPError as e:
+            return e.read().decode("utf-8", "replace") or str(e)
+
+    def load_model(self, model: str, timeout_s: float = 120.0) -> None:
+        """(Re)load ``model`` through the repository API (explicit model control only).
+
+        Triton loads the new instances before it retires the old ones, so requests keep being
+        served; raises :class:`ModelLoadError` with Triton's error when the load fails (the
+        versions already serving stay).
+        """
+        error = self.repository_call(f"models/{model}/load", timeout_s=timeout_s)
+        if error:
+            raise ModelLoadError({model: error})
+
+    def _traffic(self) -> tuple[float, float]:
+        """(pending requests, completed requests) summed over all models, from the metrics port."""
+        with urllib.request.urlopen(self.metrics_url, timeout=2) as resp:
+            text = resp.read().decode()
+        pending = done = 0.0
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name.startswith("nv_inference_pending_request_count"):
+                pending += float(value.split()[0])
+            elif name.startswith(("nv_inference_request_success", "nv_inference_request_failure")):
+                done += float(value.split()[0])
+        return pending, done
+
+    def drain(self, timeout_s: float, quiet_s: float = 0.5) -> bool:
+        """Wait until no request is queued and none completed for ``quiet_s`` (nothing in flight).
+
+        Triton 2.51 stops every model's scheduler on SIGTERM, which fails ensemble/BLS requests
+        caught between two stages (server#6287); draining first lets them finish. Returns False
+        when traffic did not stop within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        last: tuple[float, float] | None = None
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline and self.returncode is None:
+            try:
+                snapshot = self._traffic()
+            except OSError:
+                return False
+            if snapshot != last or snapshot[0] > 0:
+                last, quiet_since = snapshot, time.monotonic()
+            elif time.monotonic() - quiet_since >= quiet_s:
+                return True
+            time.sleep(0.05)
+        return False
 
     def restart(self, stop_timeout_s: float = 5.0) -> EmbeddedServer:
         """Stop (bounded: in-flight requests of a dead stub never finish) and start again on the

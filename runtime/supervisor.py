@@ -4,7 +4,8 @@ Triton 2.51 never restarts a crashed Python stub and keeps answering ``/v2/healt
 (server#8604). The :class:`Supervisor` therefore watches what matters: the stub processes (cheap,
 every ``poll_interval_s``) and a canary inference through every public model (every
 ``canary_interval_s``). When a stub vanishes or canaries fail ``failures_to_restart`` times in a
-row, it restarts the server on the same ports and counts the restart. ``health()`` is what
+row, it recovers: with explicit model control it reloads just the broken model (the others keep
+serving), otherwise it restarts the server on the same ports. ``health()`` is what
 ``serve`` exposes on its pipeline health endpoint.
 """
 
@@ -169,7 +170,7 @@ class Supervisor:
         while not self._stop.wait(self.poll_interval_s):
             dead = self.dead_stubs()
             if dead:
-                self._restart(f"stub process of {', '.join(dead)} died")
+                self._restart(f"stub process of {', '.join(dead)} died", dead)
                 failures = 0
                 next_canary = time.monotonic() + self.canary_interval_s
                 continue
@@ -182,13 +183,33 @@ class Supervisor:
                 self._restart(f"canary failed {failures}x for {', '.join(bad)}")
                 failures = 0
 
-    def _restart(self, reason: str) -> None:
+    def _reload(self, dead: Sequence[str]) -> bool:
+        """With explicit model control, reload only the models whose stubs died (the others keep
+        serving); False when that is not possible or fails."""
+        if self.server.settings.model_control_mode != "explicit" or not dead:
+            return False
+        models = sorted({instance.rsplit("_", 1)[0] for instance in dead})
+        try:
+            for model in models:
+                self.server.load_model(model)
+        except ServerError:
+            return False
+        return True
+
+    def _restart(self, reason: str, dead: Sequence[str] = ()) -> None:
         with self._lock:
             self._health.healthy = False
-            self._health.models = {m: f"restarting: {reason}" for m in self.models}
+            self._health.models = {m: f"recovering: {reason}" for m in self.models}
         if self.on_restart is not None:
             self.on_restart(reason)
         try:
+            if self._reload(dead):
+                self._stubs = self.server.stub_pids()
+                with self._lock:
+                    self._health.restarts += 1
+                    self._health.last_restart_reason = f"{reason}; reloaded the model"
+                self._record(self.canary())
+                return
             self.server.restart()
         except ServerError as e:
             with self._lock:
@@ -202,17 +223,31 @@ class Supervisor:
 
 
 class HealthEndpoint:
-    """``GET /health/pipeline`` -> 200 + JSON when every public model answers its canary, else 503."""
+    """``GET /health/pipeline`` -> 200 + JSON when the pipeline can serve, else 503.
 
-    def __init__(self, supervisor: Supervisor, host: str, port: int) -> None:
+    Healthy means: not draining, Triton ready and, when supervised, every public model answering
+    its canary. Point load balancers here: unlike Triton's ``/v2/health/ready`` it flips the moment
+    a shutdown starts and when a crashed stub leaves Triton "ready" but broken.
+    """
+
+    def __init__(
+        self,
+        server: EmbeddedServer,
+        host: str,
+        port: int,
+        supervisor: Supervisor | None = None,
+    ) -> None:
         parent = self
+        self.server = server
+        self.supervisor = supervisor
+        self.draining = threading.Event()
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path.rstrip("/") not in ("/health/pipeline", "/health"):
                     self.send_error(404, "try /health/pipeline")
                     return
-                health = parent.supervisor.health()
+                health = parent.health()
                 body = json.dumps(health.to_json()).encode()
                 self.send_response(200 if health.healthy else 503)
                 self.send_header("Content-Type", "application/json")
@@ -223,10 +258,22 @@ class HealthEndpoint:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        self.supervisor = supervisor
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.url = f"http://{host}:{self.httpd.server_address[1]}/health/pipeline"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def health(self) -> Health:
+        if self.supervisor is not None:
+            health = self.supervisor.health()
+        else:
+            ready = self.server.is_ready(timeout_s=1.0)
+            health = Health(
+                healthy=ready, models={"tritonserver": "ready" if ready else "not ready"}
+            )
+        if self.draining.is_set():
+            health.healthy = False
+            health.models = {m: "draining" for m in health.models} or {"tritonserver": "draining"}
+        return health
 
     def start(self) -> HealthEndpoint:
         self._thread.start()

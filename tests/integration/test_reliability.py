@@ -1,0 +1,250 @@
+"""Worst days, each against the real embedded Triton: a crashed stub, SIGTERM under load, a
+version switch under load, and the hardened defaults."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from runtime.errors import ModelLoadError
+from runtime.server import ADMIN_HEADER, EmbeddedServer, ServerSettings, free_port
+from runtime.supervisor import Supervisor
+from tests.conftest import PROJECT_ROOT
+from tests.integration.reliability import MINIMAL, Load, linked_repository, text_inputs
+
+pytestmark = pytest.mark.integration
+
+
+def test_killed_stub_fails_fast_and_supervisor_restores_it_within_30s(tmp_path: Path) -> None:
+    repo = linked_repository(tmp_path / "repo", (*MINIMAL, "encoder_int8", "embed_int8"))
+    server = EmbeddedServer(ServerSettings.ephemeral(repo, model_control_mode="explicit"))
+    server.start().wait_ready()
+    supervisor = Supervisor(
+        server, ["embed", "embed_int8"], canary_interval_s=1.0, poll_interval_s=0.2
+    )
+    try:
+        supervisor.start()
+        assert supervisor.health().healthy
+        victim_load = Load(server.grpc_url, "embed_int8", timeout_s=10.0).start()
+        other_load = Load(server.grpc_url, "embed", timeout_s=10.0).start()
+        victim_load.wait_for(10)
+        victim = server.stub_pids()["encoder_int8_0"]
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        recovered_s = None
+        while time.monotonic() - killed_at < 30:
+            health = supervisor.health()
+            if health.healthy and health.restarts >= 1:
+                recovered_s = time.monotonic() - killed_at
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)
+        victim_load.stop()
+        other_load.stop()
+        assert recovered_s is not None, f"not recovered within 30 s: {supervisor.health()}"
+        assert server.stub_pids()["encoder_int8_0"] != victim
+        # nothing hung past the client timeout
+        for load in (victim_load, other_load):
+            assert max(o.latency_s for o in load.outcomes) < load.timeout_s + 1.0
+        # after recovery the victim model answers again
+        after = [
+            o
+            for o in victim_load.outcomes
+            if o.started_s - (killed_at - victim_load.t0) > recovered_s
+        ]
+        assert after and not [o for o in after if o.error], after[:3]
+        # the other pipeline kept serving throughout (explicit control reloads only the broken model)
+        assert not other_load.failures, other_load.failures[:3]
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        assert client.infer("embed_int8", text_inputs(["back"])).as_numpy("embedding").shape == (
+            1,
+            384,
+        )
+    finally:
+        supervisor.stop()
+        server.stop()
+
+
+def _ready(http_port: int) -> int:
+    try:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1
+        ) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
+
+
+def test_sigterm_under_load_flips_readiness_completes_in_flight_and_exits_clean(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM: the pipeline health endpoint turns 503 at once; the load (like a load balancer)
+    stops when it sees that; every request sent until then completes; exit 0; nothing left."""
+    repo = linked_repository(tmp_path / "repo")
+    grpc_port = free_port()
+    args = [
+        sys.executable, "-m", "runtime", "serve", "--quiet", "--no-supervise",
+        "--model-repository", str(repo), "--http-port", str(free_port()),
+        "--grpc-port", str(grpc_port), "--metrics-port", str(free_port()),
+        "--health-port", "0", "--exit-timeout-s", "20",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        args, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: list[str] = []
+    reader = threading.Thread(
+        target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True
+    )  # type: ignore[union-attr]
+    reader.start()
+    try:
+        deadline = time.monotonic() + 90
+        health_url = ""
+        while not health_url:
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            health_url = next((ln.split()[3] for ln in lines if "pipeline health:" in ln), "")
+            time.sleep(0.2)
+        assert _status(health_url) == 200
+        family = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
+        load = Load(f"127.0.0.1:{grpc_port}", "embed", workers=4, timeout_s=20.0).start()
+        load.wait_for(20)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        flipped_s = None
+        while time.monotonic() - signalled < 5:
+            if _status(health_url) != 200:
+                flipped_s = time.monotonic() - signalled
+                break
+            time.sleep(0.02)
+        load.stop()
+        proc.wait(timeout=60)
+        reader.join(timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines)
+    assert flipped_s is not None and flipped_s < 2.0, (
+        f"health still 200 {flipped_s} s after SIGTERM"
+    )
+    assert proc.returncode == 0, out
+    assert "drained" in out, out
+    assert load.outcomes and not load.failures, load.failures[:3]
+    assert max(o.latency_s for o in load.outcomes) < load.timeout_s
+    assert not [
+        pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+    ]
+    assert not [p for p in os.listdir("/dev/shm") if p.startswith(f"tritonforge_{proc.pid}_")]
+
+
+def test_version_switch_under_load_has_zero_failures_and_a_broken_version_keeps_the_old(
+    tmp_path: Path,
+) -> None:
+    repo = linked_repository(tmp_path / "repo", copy=("encoder_fp32",))
+    server = EmbeddedServer(ServerSettings.ephemeral(repo, model_control_mode="explicit"))
+    server.start().wait_ready()
+    try:
+        load = Load(server.grpc_url, "embed", workers=3).start()
+        load.wait_for(10)
+        v1 = repo / "encoder_fp32" / "1"
+        v2 = repo / "encoder_fp32" / "2"
+        v2.mkdir()
+        for f in ("model.onnx", "model.onnx.sha256"):
+            os.symlink((v1 / f).resolve(), v2 / f)
+        server.load_model("encoder_fp32")
+        load.wait_for(len(load.outcomes) + 10)
+        v3 = repo / "encoder_fp32" / "3"
+        v3.mkdir()
+        (v3 / "model.onnx").write_bytes(b"not an onnx model")
+        with pytest.raises(ModelLoadError) as info:
+            server.load_model("encoder_fp32")
+        load.wait_for(len(load.outcomes) + 10)
+        load.stop()
+        assert not load.failures, load.failures[:3]
+        assert "encoder_fp32" in str(info.value)
+        index = json.loads(_post(server, "index"))
+        states = {(m["name"], m.get("version")): m.get("state") for m in index}
+        assert states[("encoder_fp32", "2")] == "READY", states
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        assert client.infer("embed", text_inputs(["still v2"])).as_numpy("embedding").shape == (
+            1,
+            384,
+        )
+    finally:
+        server.stop()
+
+
+def _post(server: EmbeddedServer, path: str, headers: dict[str, str] | None = None) -> str:
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/repository/{path}",
+        data=b"{}",
+        method="POST",
+        headers=server.admin_headers if headers is None else headers,
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return str(resp.read().decode())
+
+
+def test_hardened_defaults(pipeline_server: EmbeddedServer) -> None:
+    server = pipeline_server
+    # admin APIs need the header, on both protocols
+    for path in (
+        "v2/models/embed/config",
+        "v2/models/embed/stats",
+        "v2/trace/setting",
+        "v2/logging",
+    ):
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(f"http://{server.http_url}/{path}", timeout=5)
+        assert info.value.code in (401, 403), (path, info.value.code)
+        ok = urllib.request.Request(
+            f"http://{server.http_url}/{path}", headers=server.admin_headers
+        )
+        with urllib.request.urlopen(ok, timeout=5) as resp:
+            assert resp.status == 200
+    with pytest.raises(urllib.error.HTTPError):
+        _post(server, "index", headers={})
+    assert json.loads(_post(server, "index"))
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException, match=r"restricted|expecting header"):
+        client.get_model_config("embed")
+    assert client.get_model_config("embed", headers=server.admin_headers).config.name == "embed"
+    with pytest.raises(InferenceServerException):
+        client.get_system_shared_memory_status()
+    # inference, health and metadata stay open
+    assert client.is_server_ready() and client.get_model_metadata("embed").name == "embed"
+    # loopback only; metrics on their own port, not on the HTTP port
+    listening = {
+        c.laddr
+        for c in psutil.Process(server.pid).net_connections(kind="inet")
+        if c.status == "LISTEN"
+    }
+    assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+    with urllib.request.urlopen(server.metrics_url, timeout=5) as resp:
+        assert b"nv_inference_request_success" in resp.read()
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=5)
+    assert ADMIN_HEADER == "x-tritonforge-admin"
