@@ -33,7 +33,7 @@ from typing import Any
 
 from loadtest import corpus
 from loadtest.run import locust_command
-from runtime.server import free_port, serving
+from runtime.server import ADMIN_HEADER, free_port, serving
 
 HERE = Path(__file__).resolve().parent
 NO_SLO = ["--slo-p95-ms", "1e9", "--slo-p99-ms", "1e9", "--slo-min-rps", "0"]
@@ -233,7 +233,7 @@ def analyse(
         return None
 
     def verdict(ok: bool) -> str:
-        return "MET   " if ok else "MISSED"
+        return "MET   " if ok else "MISSED"  # NaN compares False: shown as MISSED with "nan"
 
     lines = []
     top = max((r["concurrency"] for r in rows), default=16)
@@ -245,6 +245,13 @@ def analyse(
         lines.append(
             f"{verdict(x >= 1.10)} fp32 ensemble {protocol} @{top}: {x:.2f}x in-process batch-16 "
             "(target >= 1.10x)"
+        )
+        ip_best = max(
+            (r["sentences_per_s"] for r in inproc if r["variant"] == "fp32"), default=math.nan
+        )
+        lines.append(
+            f"(info) fp32 ensemble {protocol} @{top}: "
+            f"{_ratio(fp32['sentences_per_s'], ip_best):.2f}x the best in-process batch size"
         )
         one = get("ensemble", "fp32", protocol, 1)
         if one is not None:
@@ -389,6 +396,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--variants", type=_csv, default=["fp32", "int8"])
     parser.add_argument("--protocols", type=_csv, default=["http", "grpc"])
     parser.add_argument("--skip-fastapi", action="store_true")
+    parser.add_argument(
+        "--perf-analyzer",
+        action="store_true",
+        help="also measure each Triton target with NVIDIA perf_analyzer at the top concurrency "
+        "(python -m loadtest.perf_analyzer install)",
+    )
     parser.add_argument("--skip-inprocess", action="store_true")
     parser.add_argument("--reports-dir", type=Path, default=Path("reports"))
     args = parser.parse_args(argv)
@@ -404,8 +417,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         inproc = measure_inprocess(args.model_repository, args.variants, texts, args.inprocess_s)
 
     cells: list[Cell] = []
+    pa_rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tritonforge-bench-") as tmp:
         workdir = Path(tmp)
+
+        def second_opinion(
+            targets: list[Target], http: str, grpc_url: str, headers: dict[str, str]
+        ) -> None:
+            from client.settings import route
+            from loadtest import perf_analyzer
+
+            top = max(args.concurrency)
+            print(f"==> perf_analyzer (second opinion) at concurrency {top}", flush=True)
+            for target in targets:
+                model, parameters = route(target.pipeline, target.variant)
+                try:
+                    r = perf_analyzer.measure(
+                        model=model, url=http if target.protocol == "http" else grpc_url,
+                        protocol=target.protocol, concurrency=top, texts=texts,
+                        window_ms=int(args.duration_s * 1000), workdir=workdir,
+                        parameters=parameters, headers=headers,
+                    )  # fmt: skip
+                except perf_analyzer.PerfAnalyzerError as e:
+                    print(f"   {target.label}: {e}")
+                    continue
+                print(
+                    f"   {target.label:<24} @{top:<3} {r['infer_per_s']:7.1f} sent/s  "
+                    f"p50 {r['p50_ms']:7.1f}  p99 {r['p99_ms']:7.1f} ms",
+                    flush=True,
+                )
+                pa_rows.append({"label": target.label, "concurrency": top, **r})
 
         def sweep(targets: list[Target], host: str, grpc_url: str) -> None:
             for target in targets:
@@ -439,10 +480,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 grpc = args.grpc_url or f"{http.rsplit(':', 1)[0]}:8001"
                 print(f"==> Triton at {http} / {grpc}", flush=True)
                 sweep(targets, f"http://{http}", grpc)
+                if args.perf_analyzer:
+                    key = os.environ.get("TRITONFORGE_ADMIN_KEY")
+                    second_opinion(targets, http, grpc, {ADMIN_HEADER: key} if key else {})
             else:
                 print(f"==> embedded Triton on {args.model_repository}", flush=True)
                 with serving(args.model_repository) as server:
                     sweep(targets, f"http://{server.http_url}", server.grpc_url)
+                    if args.perf_analyzer:
+                        second_opinion(
+                            targets, server.http_url, server.grpc_url, server.admin_headers
+                        )
 
     rows, verdicts = analyse(cells, inproc)
     print()
@@ -460,6 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "inprocess": inproc,
         "cells": rows,
         "targets": verdicts,
+        "perf_analyzer": pa_rows,
     }
     json_path = args.reports_dir / f"bench-{stamp}.json"
     json_path.write_text(json.dumps(report, indent=2, default=str))
