@@ -91,8 +91,11 @@ def ort_runner(path: Path, threads: int = 0) -> Runner:
     return run
 
 
-def build_cases(spec: ExportSpec, reference: Runner, seed: int = 0) -> list[Case]:
-    """Grid shapes (full rows) and padded mixed-length batches, with PyTorch's outputs."""
+def build_cases(spec: ExportSpec, reference: Runner, seed: int = 0) -> tuple[list[Case], list[str]]:
+    """Grid shapes (full rows) and padded mixed-length batches, with PyTorch's outputs.
+
+    Returns ``(cases, failures)``: a shape PyTorch itself cannot run is a failure, not a case.
+    """
     rng = np.random.default_rng(seed)
     shapes: list[tuple[str, tuple[int, ...]]] = [
         (f"batch={b} seq={s}", (s,) * b) for b, s in spec.grid
@@ -101,11 +104,14 @@ def build_cases(spec: ExportSpec, reference: Runner, seed: int = 0) -> list[Case
         (f"padded batch={len(ls)} lengths={min(ls)}..{max(ls)}", tuple(ls))
         for ls in spec.mixed_batches
     ]
-    cases = []
+    cases, failures = [], []
     for label, lengths in shapes:
         inputs = spec.example_inputs(lengths, rng)
-        cases.append(Case(label, lengths, inputs, reference(inputs)))
-    return cases
+        try:
+            cases.append(Case(label, lengths, inputs, reference(inputs)))
+        except Exception as e:
+            failures.append(f"PyTorch eager {label}: {type(e).__name__}: {e}"[:500])
+    return cases, failures
 
 
 def compare(

@@ -168,11 +168,6 @@ def _build(
     with steps("build PyTorch module"):
         module = spec.build_module().eval()
         reference = parity.torch_runner(module, spec)
-    with steps("PyTorch reference outputs on the shape grid"):
-        cases = parity.build_cases(spec, reference)
-        pad = parity.padding_failures(spec, reference, cases)
-        failures += pad
-        report["padding_invariance_failures"] = pad
     staged: dict[str, tuple[Path, ArtifactIO, str]] = {}  # model -> (file, io, backend)
 
     def grid(label: str, runner: parity.Runner) -> None:
@@ -186,16 +181,22 @@ def _build(
                 f"(ratio to tolerance {worst.worst_ratio:.3f}), {len(result.failures)} failure(s)"
             )
 
+    raw = work / "raw.onnx"
     if "onnx" in options.formats:
-        raw = work / "raw.onnx"
         with steps("ONNX export"):
             export_onnx(module, spec, raw)
         with steps("ONNX graph checks (checker, shape inference, dynamic axes)"):
             problems = onnx_checks.check_graph(raw, spec)
             report["graph_checks"]["fp32"] = problems
             failures += problems
-        if problems:
+        if problems:  # no point running a broken graph
             raise VerificationError(failures, f"spec {spec.name}")
+    with steps("PyTorch reference outputs on the shape grid"):
+        cases, eager_failures = parity.build_cases(spec, reference)
+        pad = parity.padding_failures(spec, reference, cases)
+        failures += eager_failures + pad
+        report["padding_invariance_failures"] = pad
+    if "onnx" in options.formats:
         with steps("ONNX Runtime vs PyTorch on the grid"):
             grid("fp32", parity.ort_runner(raw))
         deployed = raw
