@@ -409,19 +409,24 @@ class EmbeddedServer:
                 continue
         return alive
 
-    def stub_pids(self) -> dict[str, int]:
-        """Model instance name -> PID of its Python backend stub."""
-        result: dict[str, int] = {}
+    def stubs(self) -> dict[str, tuple[int, str]]:
+        """Model instance name (e.g. ``tokenizer_0_0``) -> (PID of its Python stub, model name)."""
+        result: dict[str, tuple[int, str]] = {}
         for pid in self.leftover_processes():
             try:
                 args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            # 2.51 stub argv: stub, model path, shm region, sizes, parent pid, lib dir, ipc handle,
-            # instance name (e.g. "tokenizer_0"), python-based backend dir
+            # 2.51 stub argv: stub, <repo>/<model>/<version>/<file>, shm region, sizes, parent pid,
+            # lib dir, ipc handle, instance name, python-based backend dir
             if args and args[0].endswith(b"triton_python_backend_stub") and len(args) > 8:
-                result[args[8].decode()] = pid
+                model = Path(args[1].decode()).parent.parent.name
+                result[args[8].decode()] = (pid, model)
         return result
+
+    def stub_pids(self) -> dict[str, int]:
+        """Model instance name -> PID of its Python backend stub."""
+        return {name: pid for name, (pid, _) in self.stubs().items()}
 
     def shm_regions(self) -> list[Path]:
         return sorted(SHM_DIR.glob(f"{self.shm_prefix}*")) if SHM_DIR.exists() else []

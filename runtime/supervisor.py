@@ -108,6 +108,7 @@ class Supervisor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stubs: dict[str, int] = {}
+        self._stub_models: dict[str, str] = {}
 
     # -- checks ------------------------------------------------------------------------------
     def canary(self) -> dict[str, str]:
@@ -144,8 +145,13 @@ class Supervisor:
             return Health(**vars(self._health))
 
     # -- loop --------------------------------------------------------------------------------
+    def _snapshot_stubs(self) -> None:
+        stubs = self.server.stubs()
+        self._stubs = {name: pid for name, (pid, _) in stubs.items()}
+        self._stub_models = {name: model for name, (_, model) in stubs.items()}
+
     def start(self) -> Supervisor:
-        self._stubs = self.server.stub_pids()
+        self._snapshot_stubs()
         self._record(self.canary())
         self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
         self._thread.start()
@@ -188,7 +194,7 @@ class Supervisor:
         serving); False when that is not possible or fails."""
         if self.server.settings.model_control_mode != "explicit" or not dead:
             return False
-        models = sorted({instance.rsplit("_", 1)[0] for instance in dead})
+        models = sorted({self._stub_models[i] for i in dead if i in self._stub_models})
         try:
             for model in models:
                 self.server.load_model(model)
@@ -204,7 +210,7 @@ class Supervisor:
             self.on_restart(reason)
         try:
             if self._reload(dead):
-                self._stubs = self.server.stub_pids()
+                self._snapshot_stubs()
                 with self._lock:
                     self._health.restarts += 1
                     self._health.last_restart_reason = f"{reason}; reloaded the model"
@@ -215,7 +221,7 @@ class Supervisor:
             with self._lock:
                 self._health.last_restart_reason = f"{reason}; restart failed: {e}"
             return
-        self._stubs = self.server.stub_pids()
+        self._snapshot_stubs()
         with self._lock:
             self._health.restarts += 1
             self._health.last_restart_reason = reason

@@ -305,3 +305,30 @@ def test_cli_sigterm_is_graceful_and_leaves_nothing(tiny_repo: Path) -> None:
     for pid in children:
         assert not Path(f"/proc/{pid}").exists(), f"tritonserver {pid} still running"
     assert shm_of(proc.pid) == []
+
+
+def test_supervisor_restarts_the_server_when_a_stub_dies(tiny_repo: Path) -> None:
+    """Model control ``none``: the supervisor restarts the whole server on the same ports."""
+    from runtime.supervisor import Supervisor
+
+    server = EmbeddedServer(ServerSettings.ephemeral(tiny_repo))
+    server.start().wait_ready()
+    supervisor = Supervisor(server, canary_interval_s=0.5, poll_interval_s=0.1)
+    try:
+        supervisor.start()
+        assert sorted(supervisor.models) == ["tiny_onnx", "tiny_ts"]
+        assert supervisor.health().healthy, supervisor.health()
+        old_pid = server.pid
+        victim = server.stub_pids()["tiny_ts_0_0"]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not (supervisor.health().healthy and supervisor.health().restarts == 1):
+            assert time.monotonic() < deadline, supervisor.health()
+            time.sleep(0.1)
+        assert server.pid != old_pid
+        assert "tiny_ts_0_0" in supervisor.health().last_restart_reason
+        got = infer(grpcclient, server.grpc_url, "tiny_ts", *sample(2, 3, seed=1))
+        assert got[1].shape == (2, 3, 4)
+    finally:
+        supervisor.stop()
+        server.stop()

@@ -41,7 +41,7 @@ def test_killed_stub_fails_fast_and_supervisor_restores_it_within_30s(tmp_path: 
         victim_load = Load(server.grpc_url, "embed_int8", timeout_s=10.0).start()
         other_load = Load(server.grpc_url, "embed", timeout_s=10.0).start()
         victim_load.wait_for(10)
-        victim = server.stub_pids()["encoder_int8_0"]
+        victim = server.stub_pids()["encoder_int8_0_0"]
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         recovered_s = None
@@ -55,7 +55,7 @@ def test_killed_stub_fails_fast_and_supervisor_restores_it_within_30s(tmp_path: 
         victim_load.stop()
         other_load.stop()
         assert recovered_s is not None, f"not recovered within 30 s: {supervisor.health()}"
-        assert server.stub_pids()["encoder_int8_0"] != victim
+        assert server.stub_pids()["encoder_int8_0_0"] != victim
         # nothing hung past the client timeout
         for load in (victim_load, other_load):
             assert max(o.latency_s for o in load.outcomes) < load.timeout_s + 1.0
