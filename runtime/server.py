@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -293,14 +294,24 @@ class EmbeddedServer:
         except urllib.error.HTTPError as e:
             return e.read().decode("utf-8", "replace") or str(e)
 
-    def load_model(self, model: str, timeout_s: float = 120.0) -> None:
+    def load_model(self, model: str, timeout_s: float = 120.0, force: bool = False) -> None:
         """(Re)load ``model`` through the repository API (explicit model control only).
 
         Triton loads the new instances before it retires the old ones, so requests keep being
         served; raises :class:`ModelLoadError` with Triton's error when the load fails (the
-        versions already serving stay).
+        versions already serving stay). Triton skips a load when nothing changed on disk;
+        ``force`` passes the current config as an override so the instances are rebuilt (what a
+        crashed stub needs).
         """
-        error = self.repository_call(f"models/{model}/load", timeout_s=timeout_s)
+        body = b"{}"
+        if force:
+            request = urllib.request.Request(
+                f"http://{self.http_url}/v2/models/{model}/config", headers=self.admin_headers
+            )
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                config = resp.read().decode()
+            body = json.dumps({"parameters": {"config": config}}).encode()
+        error = self.repository_call(f"models/{model}/load", body=body, timeout_s=timeout_s)
         if error:
             raise ModelLoadError({model: error})
 

@@ -197,8 +197,8 @@ class Supervisor:
         models = sorted({self._stub_models[i] for i in dead if i in self._stub_models})
         try:
             for model in models:
-                self.server.load_model(model)
-        except ServerError:
+                self.server.load_model(model, force=True)
+        except (ServerError, OSError):
             return False
         return True
 
