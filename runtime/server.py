@@ -48,6 +48,7 @@ RESTRICTED_APIS = (
     "logging",
 )
 _FAILED_LOAD = re.compile(r"failed to load '(?P<name>[^']+)' version \d+: (?P<reason>.+?)\"?$")
+_FAILED_MODEL = re.compile(r"failed to load model '(?P<name>[^']+)': (?P<reason>.+?)\"?$")
 _POLL_FAILED = re.compile(r"Poll failed for model directory '(?P<name>[^']+)': (?P<reason>.+?)\"?$")
 _TABLE_ROW = re.compile(r"^\|\s*(?P<name>\S+)\s*\|\s*\d+\s*\|\s*UNAVAILABLE: (?P<reason>.*?)\s*\|$")
 
@@ -236,7 +237,7 @@ class EmbeddedServer:
         """Model name -> Triton's error, parsed from the server log."""
         failures: dict[str, str] = {}
         for line in self.log_text().splitlines():
-            for pattern in (_FAILED_LOAD, _POLL_FAILED, _TABLE_ROW):
+            for pattern in (_FAILED_LOAD, _FAILED_MODEL, _POLL_FAILED, _TABLE_ROW):
                 m = pattern.search(line.strip())
                 if m:
                     failures.setdefault(m.group("name"), m.group("reason").strip())
