@@ -1,7 +1,8 @@
 """Atomic writes into the model repository, input fingerprints for skipping, and cleaning.
 
-Everything is built in a staging directory inside the repository (same filesystem), verified
-there, and only then moved in with ``os.replace``. Until :meth:`Staging.commit` runs, the
+Everything is built in a staging directory next to the repository (``<parent>/.tritonforge/
+export-staging/``: same filesystem, but invisible to a Triton server polling the repository),
+verified there, and only then moved in with ``os.replace``. Until :meth:`Staging.commit` runs, the
 repository is untouched; an exception before it leaves it byte-for-byte as it was.
 """
 
@@ -22,12 +23,16 @@ from export.spec import ExportSpec, digest_json
 from tritonforge.errors import ArtifactIntegrityError
 from tritonforge.integrity import sha256_file, verify_sidecar, write_sidecar
 
-STAGING_PREFIX = ".export-"
+STAGING_PREFIX = "export-"
 EXPORTER_VERSION = "1"
 REPORT_JSON = "export_report.json"
 REPORT_MD = "export_report.md"
 LIBRARIES = ("torch", "onnx", "onnxruntime", "numpy", "tokenizers", "tritonclient")
 EXPORT_ROOT = Path(__file__).resolve().parent
+
+
+def staging_parent(repo: Path) -> Path:
+    return repo.resolve().parent / ".tritonforge" / "export-staging"
 
 
 def library_versions() -> dict[str, str]:
@@ -96,7 +101,9 @@ class Staging:
     def __init__(self, repo: Path) -> None:
         repo.mkdir(parents=True, exist_ok=True)
         self.repo = repo
-        self.root = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=repo))
+        parent = staging_parent(repo)
+        parent.mkdir(parents=True, exist_ok=True)
+        self.root = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent))
         self.whole_dirs: list[str] = []
 
     def path(self, rel: str | Path) -> Path:
@@ -159,7 +166,7 @@ def clean(repo: Path, specs: Iterable[ExportSpec]) -> list[str]:
     removed: list[str] = []
     if not repo.exists():
         return removed
-    for stale in repo.glob(f"{STAGING_PREFIX}*"):
+    for stale in staging_parent(repo).glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(stale, ignore_errors=True)
         removed.append(stale.name)
     for spec in specs:

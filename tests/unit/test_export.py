@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from export.errors import QuantAuditError, VerificationError
 from export.pipeline import Options, run_export
 from export.quantize import audit_qdq, quantize_int8
+from export.repository import staging_parent
 from export.spec import BATCH_AXIS, ExportSpec, Inputs, Quantization, Serving, TensorDecl
 from export.tritonconfig import check_repository, cross_check, onnx_io
 from tritonforge.integrity import verify_sidecar
@@ -95,7 +96,7 @@ def test_tiny_export_writes_verified_artifacts_and_skips_rerun(populated_repo: P
     assert verify_sidecar(onnx_path, required=True)
     assert verify_sidecar(repo / "tiny_torchscript" / "1" / "model.pt", required=True)
     assert (repo / "tiny_fp32" / "1" / "export_report.md").exists()
-    assert not list(repo.glob(".export-*")), "staging directory left behind"
+    assert not list(staging_parent(repo).glob("*")), "staging directory left behind"
     config = pbtxt_to_dict((repo / "tiny_fp32" / "config.pbtxt").read_text())
     assert [t["dims"] for t in config["input"]] == [[-1, 4]]
     assert check_repository(repo, [tiny_spec(Pooled)]) == []
@@ -125,7 +126,7 @@ def test_verification_failure_mid_export_leaves_repository_unchanged(
     assert "fp32 batch=8 seq=2: output 'y'" in str(info.value)
     assert "torchscript batch=8 seq=2: output 'y'" in str(info.value)
     assert snapshot(populated_repo) == before
-    assert not list(populated_repo.glob(".export-*"))
+    assert not list(staging_parent(populated_repo).glob("*"))
 
 
 def test_config_cross_check_names_the_mismatch(populated_repo: Path) -> None:
