@@ -248,3 +248,64 @@ def test_hardened_defaults(pipeline_server: EmbeddedServer) -> None:
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=5)
     assert ADMIN_HEADER == "x-tritonforge-admin"
+
+
+def _burst(
+    url: str, model: str, requests: int, texts_per_request: int, timeout_s: float
+) -> list[tuple[float, str]]:
+    """Fire ``requests`` concurrent async requests; returns (latency_s, error) per request."""
+    client = grpcclient.InferenceServerClient(url)
+    done = threading.Semaphore(0)
+    results: list[tuple[float, str]] = []
+    lock = threading.Lock()
+
+    def callback(start: float):  # type: ignore[no-untyped-def]
+        def on_done(result: object, error: object) -> None:
+            with lock:
+                results.append((time.monotonic() - start, str(error) if error else ""))
+            done.release()
+
+        return on_done
+
+    text = [
+        "an overloaded server must refuse the excess quickly and serve the rest"
+    ] * texts_per_request
+    for _ in range(requests):
+        client.async_infer(
+            model, text_inputs(text), callback(time.monotonic()), client_timeout=timeout_s
+        )
+    for _ in range(requests):
+        assert done.acquire(timeout=timeout_s + 30), "a request never completed"
+    client.close()
+    return results
+
+
+def test_overload_rejects_the_excess_fast_and_serves_the_rest(
+    pipeline_server: EmbeddedServer,
+) -> None:
+    """embed_bls queues at most ``max_queue_size`` requests (config.pbtxt): a burst of several
+    times that gets fast UNAVAILABLE for the excess; every accepted request succeeds in time."""
+    from tritonforge.repository import load_model_config
+
+    config = load_model_config(Path(pipeline_server.settings.model_repository), "embed_bls")
+    policy = config.raw["dynamic_batching"]["default_queue_policy"]
+    queue_size = int(policy["max_queue_size"])
+    queue_timeout_s = int(policy["default_timeout_microseconds"]) / 1e6
+    results = _burst(pipeline_server.grpc_url, "embed_bls", 8 * queue_size, 8, timeout_s=60.0)
+    rejected = [(t, e) for t, e in results if e]
+    accepted = [t for t, e in results if not e]
+    assert rejected and accepted, f"{len(rejected)} rejected, {len(accepted)} accepted"
+    for latency_s, error in rejected:
+        assert "UNAVAILABLE" in error and "queue" in error.lower(), error
+        assert latency_s < queue_timeout_s, (latency_s, error)
+    # refused on arrival, not after waiting out the queue timeout
+    median_rejection_s = sorted(t for t, _ in rejected)[len(rejected) // 2]
+    assert median_rejection_s < queue_timeout_s / 2, (
+        f"median rejection took {median_rejection_s:.2f} s"
+    )
+    # nobody waited in the queue past its timeout (queue timeout + one execution)
+    assert max(accepted) < queue_timeout_s + 10, max(accepted)
+    client = grpcclient.InferenceServerClient(pipeline_server.grpc_url)
+    assert client.infer("embed_bls", text_inputs(["after the storm"])).as_numpy(
+        "embedding"
+    ).shape == (1, 384)
