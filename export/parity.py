@@ -183,12 +183,18 @@ def padding_failures(spec: ExportSpec, reference: Runner, cases: Sequence[Case])
     return failures
 
 
-def median_latency_ms(runner: Runner, inputs: Inputs, repeats: int = 10, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        runner(inputs)
-    times = []
+def median_latency_ms(
+    runners: dict[str, Runner], inputs: Inputs, repeats: int = 12, warmup: int = 2
+) -> dict[str, float]:
+    """Median latency of each runner on ``inputs``, runs interleaved (A B C A B C ...) so that
+    load from other processes on a shared machine hits every runner alike."""
+    for runner in runners.values():
+        for _ in range(warmup):
+            runner(inputs)
+    times: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        runner(inputs)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        for name, runner in runners.items():
+            t0 = time.perf_counter()
+            runner(inputs)
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}

@@ -212,8 +212,10 @@ def _build(
                 steps.note(f"fused operators: {fused}")
             with steps("optimised graph vs PyTorch on the grid"):
                 grid("fp32_optimized", parity.ort_runner(opt))
-                t_raw = parity.median_latency_ms(parity.ort_runner(raw), bench)
-                t_opt = parity.median_latency_ms(parity.ort_runner(opt), bench)
+                lat = parity.median_latency_ms(
+                    {"raw": parity.ort_runner(raw), "opt": parity.ort_runner(opt)}, bench
+                )
+                t_raw, t_opt = lat["raw"], lat["opt"]
                 report["optimization"] = {
                     "fused": fused,
                     "latency_ms": {"fp32": round(t_raw, 2), "fp32_optimized": round(t_opt, 2)},
@@ -329,9 +331,10 @@ def _int8(
         steps.note(f"{counts}, {len(problems)} problem(s)")
     with steps("int8 speed vs fp32 + grid cosine"):
         int8 = parity.ort_runner(target)
-        t8 = parity.median_latency_ms(int8, bench)
-        t32 = parity.median_latency_ms(fp32, bench)
-        t_opt = parity.median_latency_ms(parity.ort_runner(fp32_deployed), bench)
+        lat = parity.median_latency_ms(
+            {"int8": int8, "fp32": fp32, "opt": parity.ort_runner(fp32_deployed)}, bench
+        )
+        t8, t32, t_opt = lat["int8"], lat["fp32"], lat["opt"]
         grid_cos = [
             float(cosines(int8(c.inputs)[gate.output], c.expected[gate.output]).min())
             for c in cases
