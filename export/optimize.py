@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import io
 import logging
 from pathlib import Path
 
-import onnx
-
 from export.errors import ExportError
 from export.spec import GraphOptimization
-
-
-def op_counts(path: Path) -> dict[str, int]:
-    model = onnx.load(str(path), load_external_data=False)
-    return dict(collections.Counter(n.op_type for n in model.graph.node))
 
 
 def optimize_graph(src: Path, dst: Path, settings: GraphOptimization) -> dict[str, int]:

@@ -18,11 +18,10 @@ from typing import Any
 import numpy as np
 
 from export import onnx_checks, parity
-from export.errors import ExportError, QuantAuditError, SpecError, VerificationError
+from export.errors import QuantAuditError, SpecError, VerificationError
 from export.onnx_export import export_onnx
 from export.report import write_report
 from export.repository import (
-    REPORT_JSON,
     Staging,
     fingerprint,
     library_versions,
@@ -373,14 +372,3 @@ def _int8(
         "grid_min_cosine_vs_pytorch": min(grid_cos),
     }
     return problems
-
-
-def read_report(repo: Path, model: str, version: int) -> dict[str, Any]:
-    import json
-
-    path = repo / model / str(version) / REPORT_JSON
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ExportError(f"{path}: no readable export report; run `make export`") from e
-    return data

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from export.errors import QuantAuditError, VerificationError
 from export.pipeline import Options, run_export
 from export.quantize import audit_qdq, quantize_int8
-from export.repository import staging_parent
+from export.repository import clean, staging_parent
 from export.spec import BATCH_AXIS, ExportSpec, Inputs, Quantization, Serving, TensorDecl
 from export.tritonconfig import check_repository, cross_check, onnx_io
 from tritonforge.integrity import verify_sidecar
@@ -103,6 +103,12 @@ def test_tiny_export_writes_verified_artifacts_and_skips_rerun(populated_repo: P
     before = snapshot(repo)
     outcome = run_export(tiny_spec(Pooled), Options(repo=repo), progress=lambda _: None)
     assert outcome.skipped and snapshot(repo) == before
+
+
+def test_clean_removes_only_generated_models(populated_repo: Path) -> None:
+    removed = clean(populated_repo, [tiny_spec(Pooled)])
+    assert sorted(removed) == ["tiny_fp32", "tiny_torchscript"]
+    assert sorted(p.name for p in populated_repo.iterdir()) == ["other"]
 
 
 def test_baked_batch_size_fails_naming_tensor_and_axis(populated_repo: Path) -> None:
