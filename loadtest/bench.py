@@ -7,10 +7,14 @@ One run, one machine, one load generator (Locust, closed loop, 1 text per reques
 2. the usual alternative: FastAPI + uvicorn (one worker) + PyTorch eager (:mod:`loadtest.fastapi_app`);
 3. our pipelines (ensemble and BLS x fp32 and int8) over HTTP and gRPC on the embedded Triton,
 
-at each concurrency (default 1, 4, 16). Prints a table with ratios to the in-process limit (served
-throughput / in-process batch-16 throughput, served p50 / in-process batch-1 p50, same variant) and
-to FastAPI (same concurrency), the issue's targets as met/missed, and writes JSON + a PNG chart
-under ``--reports-dir``. Numbers are reported, never asserted. Default total ~8-10 minutes.
+at each concurrency (default 1, 4, 16). All services are started first, then every configuration
+is measured in ``--repeats`` interleaved rounds (a noisy neighbour on a shared machine then hits
+every target alike) and the table shows per-cell medians. Ratios: served throughput / in-process
+batch-16 throughput and served p50 / in-process batch-1 p50 (same variant), and throughput / p99
+against FastAPI at the same concurrency. The issue's targets are printed as met/missed (never
+asserted). Writes JSON (medians and every round) + a PNG chart under ``--reports-dir``. Defaults
+(2 rounds x 27 cells x ~10 s) take about 10 minutes; ``--duration-s``, ``--repeats``,
+``--concurrency``, ``--pipelines``, ``--variants``, ``--protocols`` shorten it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import corpus
-from loadtest.run import locust_command
+from loadtest.run import exit_on_sigterm, locust_command
 from runtime.server import ADMIN_HEADER, free_port, serving
 
 HERE = Path(__file__).resolve().parent
@@ -161,18 +166,27 @@ def fastapi_service() -> Iterator[str]:
             proc.wait()
 
 
-def measure_inprocess(
-    repo: Path, variants: Sequence[str], texts: Sequence[str], duration_s: float
-) -> list[dict[str, Any]]:
-    from loadtest.inprocess import InProcessEmbedder, measure, tokenizer_path
+def load_embedders(repo: Path, variants: Sequence[str]) -> dict[str, Any]:
+    """One in-process embedder per variant whose ONNX file exists."""
+    from loadtest.inprocess import InProcessEmbedder, tokenizer_path
 
-    results = []
+    embedders: dict[str, Any] = {}
     for variant in variants:
         onnx = repo / f"encoder_{variant}" / "1" / "model.onnx"
         if not onnx.exists():
             print(f"   (no {onnx}: in-process {variant} skipped; run `make export`)")
             continue
-        embedder = InProcessEmbedder(onnx, tokenizer_path(repo))
+        embedders[variant] = InProcessEmbedder(onnx, tokenizer_path(repo))
+    return embedders
+
+
+def measure_inprocess(
+    embedders: dict[str, Any], texts: Sequence[str], duration_s: float
+) -> list[dict[str, Any]]:
+    from loadtest.inprocess import measure
+
+    results = []
+    for variant, embedder in embedders.items():
         for batch in (1, 16):
             r = measure(embedder, texts, variant=variant, batch=batch, duration_s=duration_s)
             print(
@@ -183,6 +197,37 @@ def measure_inprocess(
             )
             results.append(r.as_dict())
     return results
+
+
+def _median_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per numeric field, the median over repeats (counts are summed); other fields from the first."""
+    out = dict(rows[0])
+    for key, value in rows[0].items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            values = [float(r[key]) for r in rows]
+            if key in ("requests", "failures", "calls", "sentences"):
+                out[key] = int(sum(values))
+            else:
+                out[key] = float(statistics.median(values))
+    out["repeats"] = len(rows)
+    return out
+
+
+def aggregate(
+    cells: list[Cell], inproc: list[dict[str, Any]]
+) -> tuple[list[Cell], list[dict[str, Any]]]:
+    """Medians over the interleaved rounds, per (target, concurrency) and (variant, batch)."""
+    by_cell: dict[tuple[Target, int], list[Cell]] = {}
+    for c in cells:
+        by_cell.setdefault((c.target, c.concurrency), []).append(c)
+    merged = [
+        Cell(t, conc, _median_rows([c.summary for c in group]), max(c.exit_code for c in group))
+        for (t, conc), group in by_cell.items()
+    ]
+    by_ip: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in inproc:
+        by_ip.setdefault((r["variant"], r["batch"]), []).append(r)
+    return merged, [_median_rows(group) for group in by_ip.values()]
 
 
 def _ratio(a: float, b: float | None) -> float:
@@ -384,17 +429,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--duration-s",
         type=float,
-        default=float(os.environ.get("TRITONFORGE_BENCH_DURATION_S", "10")),
+        default=float(os.environ.get("TRITONFORGE_BENCH_DURATION_S", "5")),
         help="measured seconds per cell (after --warmup-s)",
     )
     parser.add_argument("--warmup-s", type=float, default=2.0)
-    parser.add_argument("--inprocess-s", type=float, default=6.0, help="seconds per in-process run")
+    parser.add_argument("--inprocess-s", type=float, default=4.0, help="seconds per in-process run")
     parser.add_argument(
         "--concurrency", type=lambda v: [int(x) for x in _csv(v)], default=[1, 4, 16]
     )
     parser.add_argument("--pipelines", type=_csv, default=["ensemble", "bls"])
     parser.add_argument("--variants", type=_csv, default=["fp32", "int8"])
     parser.add_argument("--protocols", type=_csv, default=["http", "grpc"])
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=int(os.environ.get("TRITONFORGE_BENCH_REPEATS", "2")),
+        help="interleaved rounds over all targets; the table shows medians",
+    )
     parser.add_argument("--skip-fastapi", action="store_true")
     parser.add_argument(
         "--perf-analyzer",
@@ -405,6 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip-inprocess", action="store_true")
     parser.add_argument("--reports-dir", type=Path, default=Path("reports"))
     args = parser.parse_args(argv)
+    exit_on_sigterm()
 
     texts = corpus.generate()
     args.reports_dir.mkdir(parents=True, exist_ok=True)
@@ -412,13 +464,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     info = machine()
     print(f"==> bench on {info['cpu']} x{info['logical_cpus']}, corpus {corpus.describe(texts)}")
     inproc: list[dict[str, Any]] = []
-    if not args.skip_inprocess:
-        print("==> in-process limit (tokenize + ONNX Runtime + pool, no server)", flush=True)
-        inproc = measure_inprocess(args.model_repository, args.variants, texts, args.inprocess_s)
-
     cells: list[Cell] = []
     pa_rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="tritonforge-bench-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="tritonforge-bench-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
         workdir = Path(tmp)
 
         def second_opinion(
@@ -448,18 +499,39 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 pa_rows.append({"label": target.label, "concurrency": top, **r})
 
-        def sweep(targets: list[Target], host: str, grpc_url: str) -> None:
-            for target in targets:
+        # Everything is started first and measured in interleaved rounds, so that a noisy
+        # neighbour on a shared machine hits every target alike (medians over --repeats rounds).
+        plan: list[tuple[Target, str]] = []
+        if not args.skip_fastapi:
+            print("==> starting FastAPI + uvicorn (1 worker) + PyTorch eager", flush=True)
+            plan.append((Target("fastapi", "http"), stack.enter_context(fastapi_service())))
+        targets = targets_from(args)
+        http = grpc = ""
+        headers: dict[str, str] = {}
+        if targets:
+            if args.url:
+                http = args.url.removeprefix("http://")
+                grpc = args.grpc_url or f"{http.rsplit(':', 1)[0]}:8001"
+                key = os.environ.get("TRITONFORGE_ADMIN_KEY")
+                headers = {ADMIN_HEADER: key} if key else {}
+                print(f"==> Triton at {http} / {grpc}", flush=True)
+            else:
+                print(f"==> starting the embedded Triton on {args.model_repository}", flush=True)
+                server = stack.enter_context(serving(args.model_repository))
+                http, grpc, headers = server.http_url, server.grpc_url, server.admin_headers
+            plan += [(t, f"http://{http}") for t in targets]
+        embedders = (
+            {} if args.skip_inprocess else load_embedders(args.model_repository, args.variants)
+        )
+        for round_ in range(1, args.repeats + 1):
+            print(f"==> round {round_}/{args.repeats}", flush=True)
+            inproc += measure_inprocess(embedders, texts, args.inprocess_s)
+            for target, host in plan:
                 for conc in args.concurrency:
                     cell = run_cell(
-                        target,
-                        conc,
-                        host=host,
-                        grpc_url=grpc_url,
-                        duration_s=args.duration_s,
-                        warmup_s=args.warmup_s,
-                        workdir=workdir,
-                    )
+                        target, conc, host=host, grpc_url=grpc, duration_s=args.duration_s,
+                        warmup_s=args.warmup_s, workdir=workdir,
+                    )  # fmt: skip
                     s = cell.summary
                     print(
                         f"   {target.label:<24} @{conc:<3} {s['sentences_per_s']:7.1f} sent/s  "
@@ -468,30 +540,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         flush=True,
                     )
                     cells.append(cell)
+        if args.perf_analyzer and targets:
+            second_opinion(targets, http, grpc, headers)
 
-        if not args.skip_fastapi:
-            print("==> FastAPI + uvicorn (1 worker) + PyTorch eager", flush=True)
-            with fastapi_service() as base:
-                sweep([Target("fastapi", "http")], base, "")
-        targets = targets_from(args)
-        if targets:
-            if args.url:
-                http = args.url.removeprefix("http://")
-                grpc = args.grpc_url or f"{http.rsplit(':', 1)[0]}:8001"
-                print(f"==> Triton at {http} / {grpc}", flush=True)
-                sweep(targets, f"http://{http}", grpc)
-                if args.perf_analyzer:
-                    key = os.environ.get("TRITONFORGE_ADMIN_KEY")
-                    second_opinion(targets, http, grpc, {ADMIN_HEADER: key} if key else {})
-            else:
-                print(f"==> embedded Triton on {args.model_repository}", flush=True)
-                with serving(args.model_repository) as server:
-                    sweep(targets, f"http://{server.http_url}", server.grpc_url)
-                    if args.perf_analyzer:
-                        second_opinion(
-                            targets, server.http_url, server.grpc_url, server.admin_headers
-                        )
-
+    raw_cells = [
+        {"label": c.target.label, "concurrency": c.concurrency, **c.summary} for c in cells
+    ]
+    raw_inproc = list(inproc)
+    cells, inproc = aggregate(cells, inproc)
     rows, verdicts = analyse(cells, inproc)
     print()
     print(table(rows, inproc))
@@ -509,6 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cells": rows,
         "targets": verdicts,
         "perf_analyzer": pa_rows,
+        "rounds": {"cells": raw_cells, "inprocess": raw_inproc},
     }
     json_path = args.reports_dir / f"bench-{stamp}.json"
     json_path.write_text(json.dumps(report, indent=2, default=str))

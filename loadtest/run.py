@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -58,6 +59,16 @@ def locust_command(
     ]
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so ``with serving(...)`` stops the embedded server (its own
+    process group would otherwise outlive us)."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 @contextlib.contextmanager
 def target(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
     """(HTTP host:port, gRPC host:port) of the server to load: given, or an embedded one."""
@@ -95,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for slo in ("p95-ms", "p99-ms", "min-rps", "max-fail-ratio"):
         parser.add_argument(f"--slo-{slo}", type=float, default=None)
     args, passthrough = parser.parse_known_args(argv)
+    exit_on_sigterm()
 
     args.reports_dir.mkdir(parents=True, exist_ok=True)
     prefix = args.reports_dir / args.name

@@ -67,7 +67,7 @@ def test_bench_smoke_writes_rows_with_ratios(
             "--grpc-url", pipeline_server.grpc_url, "--reports-dir", str(tmp_path),
             "--duration-s", "3", "--warmup-s", "1", "--inprocess-s", "1", "--concurrency", "1",
             "--pipelines", "ensemble", "--variants", "fp32", "--protocols", "grpc",
-            "--skip-fastapi",
+            "--skip-fastapi", "--repeats", "2",
         ],
         capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=240, check=False,
     )  # fmt: skip
@@ -76,6 +76,7 @@ def test_bench_smoke_writes_rows_with_ratios(
     data = json.loads(report.read_text())
     (row,) = data["cells"]
     assert row["label"] == "ensemble fp32 grpc" and row["requests"] > 0 and row["failures"] == 0
+    assert row["repeats"] == 2 and len(data["rounds"]["cells"]) == 2
     assert row["x_inprocess_throughput"] > 0 and row["x_inprocess_p50"] > 0
     assert {r["batch"] for r in data["inprocess"]} == {1, 16}
     assert list(tmp_path.glob("bench-*.png"))
