@@ -82,6 +82,10 @@ class Serving:
     torchscript_name: str | None = None
     preferred_batch_sizes: tuple[int, ...] = (4, 8, 16)
     max_queue_delay_us: int = 2000
+    # Overload protection: at most this many requests wait; the excess is refused at once
+    # (UNAVAILABLE) and none waits longer than the timeout (0 = unbounded queue).
+    max_queue_size: int = 64
+    queue_timeout_us: int = 10_000_000
     instance_count: int = 1
     intra_op_threads: int = 2
     inter_op_threads: int = 1

@@ -139,6 +139,13 @@ def build_config(
             "preferred_batch_size": [b for b in preferred if b <= spec.max_batch],
             "max_queue_delay_microseconds": serving.max_queue_delay_us,
         }
+        if serving.max_queue_size > 0:
+            config["dynamic_batching"]["default_queue_policy"] = {
+                "max_queue_size": serving.max_queue_size,
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": serving.queue_timeout_us,
+                "allow_timeout_override": True,
+            }
     if gpu and backend == "onnxruntime":
         precision = "INT8" if quantized else ("FP16" if serving.gpu_fp16 else "FP32")
         config["optimization"] = {
