@@ -280,18 +280,23 @@ def _burst(
     return results
 
 
+@pytest.mark.parametrize(
+    ("model", "queue_owner"),
+    [("embed_bls", "embed_bls"), ("embed", "encoder_fp32")],
+    ids=["bls", "ensemble-via-encoder-queue"],
+)
 def test_overload_rejects_the_excess_fast_and_serves_the_rest(
-    pipeline_server: EmbeddedServer,
+    pipeline_server: EmbeddedServer, model: str, queue_owner: str
 ) -> None:
-    """embed_bls queues at most ``max_queue_size`` requests (config.pbtxt): a burst of several
-    times that gets fast UNAVAILABLE for the excess; every accepted request succeeds in time."""
+    """The queue owner holds at most ``max_queue_size`` requests (its config.pbtxt): a burst of
+    several times that gets fast UNAVAILABLE for the excess; every accepted request succeeds."""
     from tritonforge.repository import load_model_config
 
-    config = load_model_config(Path(pipeline_server.settings.model_repository), "embed_bls")
+    config = load_model_config(Path(pipeline_server.settings.model_repository), queue_owner)
     policy = config.raw["dynamic_batching"]["default_queue_policy"]
     queue_size = int(policy["max_queue_size"])
     queue_timeout_s = int(policy["default_timeout_microseconds"]) / 1e6
-    results = _burst(pipeline_server.grpc_url, "embed_bls", 8 * queue_size, 8, timeout_s=60.0)
+    results = _burst(pipeline_server.grpc_url, model, 6 * queue_size, 8, timeout_s=60.0)
     rejected = [(t, e) for t, e in results if e]
     accepted = [t for t, e in results if not e]
     assert rejected and accepted, f"{len(rejected)} rejected, {len(accepted)} accepted"
