@@ -203,6 +203,8 @@ def _median_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per numeric field, the median over repeats (counts are summed); other fields from the first."""
     out = dict(rows[0])
     for key, value in rows[0].items():
+        if key in ("batch", "concurrency"):
+            continue
         if isinstance(value, int | float) and not isinstance(value, bool):
             values = [float(r[key]) for r in rows]
             if key in ("requests", "failures", "calls", "sentences"):
