@@ -111,8 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     health.set_defaults(func=cmd_health)
     args = parser.parse_args(argv)
     try:
-        print(json.dumps(args.func(args), indent=None if args.command == "embed" else 2))
+        result = args.func(args)
+        print(json.dumps(result, indent=None if args.command == "embed" else 2))
     except ClientError as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    return 0
+    # health: exit status 1 unless the server is ready (usable from scripts and probes)
+    return 1 if args.command == "health" and not result["ready"] else 0
