@@ -169,3 +169,12 @@ def test_cli_reports_errors_with_exit_status_1() -> None:
     done = _cli("embed", "x", "--url", f"127.0.0.1:{free_port()}", "--deadline-s", "0.5")
     assert done.returncode == 1
     assert "ConnectionFailedError" in done.stderr
+
+
+def test_cli_health_exit_status_follows_readiness(pipeline_server: EmbeddedServer) -> None:
+    up = _cli("health", "--url", pipeline_server.grpc_url, "--protocol", "grpc")
+    assert up.returncode == 0, up.stderr
+    report = json.loads(up.stdout)
+    assert report["live"] and report["ready"] and report["metadata"]["name"] == "embed"
+    down = _cli("health", "--url", f"127.0.0.1:{free_port()}")
+    assert down.returncode == 1 and json.loads(down.stdout)["ready"] is False
