@@ -12,7 +12,7 @@ from pathlib import Path
 from types import FrameType
 
 from runtime.errors import ServerError
-from runtime.server import ADMIN_HEADER, EmbeddedServer, ServerSettings
+from runtime.server import ADMIN_HEADER, GRPC_ADMIN_HEADER, EmbeddedServer, ServerSettings
 from runtime.supervisor import HealthEndpoint, Supervisor
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
@@ -107,7 +107,7 @@ def _print_admin(server: EmbeddedServer) -> None:
     if server.settings.restrict_apis:
         print(
             f"==> admin APIs (repository, config, shm, stats, trace, logging) need the header "
-            f"'{ADMIN_HEADER}: <key>'; key from $TRITONFORGE_ADMIN_KEY "
+            f"'{ADMIN_HEADER}: <key>' (gRPC: '{GRPC_ADMIN_HEADER}'); key from $TRITONFORGE_ADMIN_KEY "
             f"({'set' if os.environ.get('TRITONFORGE_ADMIN_KEY') else 'unset: a random key was used'})",
             flush=True,
         )

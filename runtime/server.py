@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import NoReturn
 
 from runtime.errors import ModelLoadError, ServerStartError
 from runtime.locate import (
@@ -39,6 +40,7 @@ from runtime.locate import (
 
 SHM_DIR = Path("/dev/shm")
 ADMIN_HEADER = "x-tritonforge-admin"
+GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 RESTRICTED_APIS = (
     "model-repository",
     "model-config",
@@ -135,8 +137,13 @@ class EmbeddedServer:
 
     @property
     def admin_headers(self) -> dict[str, str]:
-        """Headers (HTTP) / metadata (gRPC) that unlock the restricted APIs."""
+        """HTTP headers that unlock the restricted APIs."""
         return {ADMIN_HEADER: self.settings.admin_key}
+
+    @property
+    def admin_grpc_headers(self) -> dict[str, str]:
+        """gRPC metadata that unlocks the restricted APIs (Triton prefixes the key for gRPC)."""
+        return {GRPC_ADMIN_HEADER: self.settings.admin_key}
 
     @property
     def pid(self) -> int | None:
@@ -259,27 +266,25 @@ class EmbeddedServer:
                 return self
             if self.returncode is not None:
                 self._drain()
-                failures = self.load_failures()
-                tail = self.log_text(last=40)
-                self._cleanup()
-                if failures:
-                    raise ModelLoadError(failures, tail)
-                raise ServerStartError(
-                    f"tritonserver exited with status {self.returncode} before becoming ready:\n"
-                    f"{tail}"
+                self._fail(
+                    f"tritonserver exited with status {self.returncode} before becoming ready"
                 )
             if self.is_ready():
                 return self
             time.sleep(0.2)
+        self._fail(
+            f"tritonserver was not ready after {timeout_s:.0f} s (raise --ready-timeout-s for "
+            "slow models)"
+        )
+
+    def _fail(self, why: str) -> NoReturn:
+        """Stop, then raise :class:`ModelLoadError` naming failed models, else ServerStartError."""
         failures = self.load_failures()
         tail = self.log_text(last=40)
         self.stop()
         if failures:
             raise ModelLoadError(failures, tail)
-        raise ServerStartError(
-            f"tritonserver was not ready after {timeout_s:.0f} s (raise --ready-timeout-s for "
-            f"slow models); last log lines:\n{tail}"
-        )
+        raise ServerStartError(f"{why}; last log lines:\n{tail}")
 
     def repository_call(self, path: str, body: bytes = b"{}", timeout_s: float = 120.0) -> str:
         """POST to the model-repository API (with the admin header); returns the error text or ""."""

@@ -76,12 +76,18 @@ class TextTokenizer:
     The padding/truncation stored in tokenizer.json (fixed 128 for all-MiniLM-L6-v2) is replaced.
     """
 
-    def __init__(self, path: Path | str, max_length: int) -> None:
+    def __init__(self, path: Path | str, max_length: int, pad_to_multiple_of: int = 1) -> None:
         from tokenizers import Tokenizer
 
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2 (room for [CLS]/[SEP]), got {max_length}")
+        if pad_to_multiple_of < 1 or max_length % pad_to_multiple_of:
+            raise ValueError(
+                f"pad_to_multiple_of ({pad_to_multiple_of}) must be >= 1 and divide max_length "
+                f"({max_length})"
+            )
         self.max_length = max_length
+        self.pad_to_multiple_of = pad_to_multiple_of
         self._tokenizer = Tokenizer.from_file(str(path))
         padding = self._tokenizer.padding or {}
         self._tokenizer.enable_truncation(max_length=max_length)
@@ -89,6 +95,7 @@ class TextTokenizer:
             pad_id=int(padding.get("pad_id", 0)),
             pad_type_id=int(padding.get("pad_type_id", 0)),
             pad_token=str(padding.get("pad_token", "[PAD]")),
+            pad_to_multiple_of=pad_to_multiple_of if pad_to_multiple_of > 1 else None,
         )
 
     def encode(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
@@ -104,12 +111,17 @@ class TextTokenizer:
 
 
 def split_tokens(
-    tokens: dict[str, np.ndarray], counts: Sequence[int], mask_name: str = "attention_mask"
+    tokens: dict[str, np.ndarray],
+    counts: Sequence[int],
+    mask_name: str = "attention_mask",
+    pad_to_multiple_of: int = 1,
 ) -> list[dict[str, np.ndarray]]:
     """Cut a batch tokenized together back into per-request parts of ``counts`` rows each.
 
-    Each part is trimmed to its own longest sequence (the max of its rows' mask sums), so a
-    request's tensors do not depend on what it was batched with.
+    Each part is trimmed to its own longest sequence (the max of its rows' mask sums) rounded up
+    to ``pad_to_multiple_of``, so a request's tensors do not depend on what it was batched with.
+    Rounding puts requests of similar length into the same shape, which Triton's dynamic batcher
+    needs to batch them for the encoder (it only batches equal shapes); the padding is masked.
     """
     total = sum(counts)
     mask = tokens[mask_name]
@@ -120,6 +132,7 @@ def split_tokens(
     for count in counts:
         stop = start + count
         length = int(mask[start:stop].sum(axis=1).max()) if count else 0
+        length = min(-(-length // pad_to_multiple_of) * pad_to_multiple_of, mask.shape[1])
         parts.append(
             {name: np.ascontiguousarray(arr[start:stop, :length]) for name, arr in tokens.items()}
         )

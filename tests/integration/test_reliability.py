@@ -231,7 +231,9 @@ def test_hardened_defaults(pipeline_server: EmbeddedServer) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     with pytest.raises(InferenceServerException, match=r"restricted|expecting header"):
         client.get_model_config("embed")
-    assert client.get_model_config("embed", headers=server.admin_headers).config.name == "embed"
+    assert (
+        client.get_model_config("embed", headers=server.admin_grpc_headers).config.name == "embed"
+    )
     with pytest.raises(InferenceServerException):
         client.get_system_shared_memory_status()
     # inference, health and metadata stay open
@@ -242,7 +244,9 @@ def test_hardened_defaults(pipeline_server: EmbeddedServer) -> None:
         for c in psutil.Process(server.pid).net_connections(kind="inet")
         if c.status == "LISTEN"
     }
-    assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+    assert listening and all(
+        addr.ip.removeprefix("::ffff:") == "127.0.0.1" for addr in listening
+    ), listening
     with urllib.request.urlopen(server.metrics_url, timeout=5) as resp:
         assert b"nv_inference_request_success" in resp.read()
     with pytest.raises(urllib.error.HTTPError):

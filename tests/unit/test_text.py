@@ -145,3 +145,20 @@ def test_cosine_helpers() -> None:
     assert sim[0, 2] == pytest.approx(np.sqrt(0.5), rel=1e-6)
     assert nearest_neighbours(sim, k=1) == [[2], [2], [0]]
     np.testing.assert_allclose(rowwise_cosine(a, 2 * a), 1.0, rtol=1e-6)
+
+
+def test_pad_to_multiple_of_rounds_each_request_up_and_stays_masked() -> None:
+    from tritonforge.text import TextTokenizer, split_tokens
+
+    tokenizer = TextTokenizer(TOKENIZER_JSON, max_length=32, pad_to_multiple_of=8)
+    texts = ["a", "a much longer sentence with quite a few more words in it", "two words"]
+    encoded = tokenizer.encode(texts)
+    assert encoded["input_ids"].shape[1] % 8 == 0
+    parts = split_tokens(encoded, [1, 1, 1], pad_to_multiple_of=8)
+    for part in parts:
+        width = part["input_ids"].shape[1]
+        assert width % 8 == 0
+        assert part["attention_mask"].sum() <= width < part["attention_mask"].sum() + 8
+    assert parts[0]["input_ids"].shape == parts[2]["input_ids"].shape == (1, 8)
+    with pytest.raises(ValueError, match="must be >= 1 and divide max_length"):
+        TextTokenizer(TOKENIZER_JSON, max_length=30, pad_to_multiple_of=8)

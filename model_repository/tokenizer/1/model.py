@@ -26,7 +26,8 @@ class TritonPythonModel:
         )
         path = model_dir / args["model_version"] / self.config.param("tokenizer_file")
         verify_sidecar(path)  # written by `make export`; a mismatch fails the load
-        self.tokenizer = TextTokenizer(path, self.config.param("max_length", kind=int))
+        self.pad_to = self.config.param("pad_to_multiple_of", 1, int)
+        self.tokenizer = TextTokenizer(path, self.config.param("max_length", kind=int), self.pad_to)
 
     def execute(self, requests):
         responses = [None] * len(requests)
@@ -42,7 +43,10 @@ class TritonPythonModel:
             members.append((i, len(batch)))
         if members:
             try:
-                parts = split_tokens(self.tokenizer.encode(texts), [n for _, n in members])
+                counts = [n for _, n in members]
+                parts = split_tokens(
+                    self.tokenizer.encode(texts), counts, pad_to_multiple_of=self.pad_to
+                )
                 for (i, _), tokens in zip(members, parts, strict=True):
                     responses[i] = encode_response(pb_utils, tokens, self.config)
             except Exception as e:
