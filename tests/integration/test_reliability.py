@@ -318,3 +318,51 @@ def test_overload_rejects_the_excess_fast_and_serves_the_rest(
     assert client.infer("embed_bls", text_inputs(["after the storm"])).as_numpy(
         "embedding"
     ).shape == (1, 384)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_client_retries_real_unavailable_with_backoff_but_never_restricted_or_4xx(
+    tmp_path: Path, protocol: str
+) -> None:
+    """A stage that is not loaded answers UNAVAILABLE (503): the client retries it with backoff
+    until its deadline. Triton's own "restricted" UNAVAILABLE and 4xx are never retried."""
+    from client.errors import InvalidRequestError, ServerUnavailableError
+    from client.retry import translate
+    from client.sync import EmbeddingClient
+
+    # embed_bls declares an int8 route, but encoder_int8 is not in this repository
+    repo = linked_repository(tmp_path / "repo", (*MINIMAL, "embed_bls"))
+    server = EmbeddedServer(ServerSettings.ephemeral(repo))
+    server.start().wait_ready()
+    try:
+        url = server.http_url if protocol == "http" else server.grpc_url
+        with EmbeddingClient(
+            url, protocol, pipeline="bls", variant="int8", max_attempts=4, deadline_s=30
+        ) as c:
+            started = time.monotonic()
+            with pytest.raises(ServerUnavailableError) as unavailable:
+                c.embed(["needs the int8 encoder"])
+            elapsed_s = time.monotonic() - started
+            assert unavailable.value.attempts == 4, unavailable.value
+            assert "encoder_int8" in str(unavailable.value)
+            # it backed off between the tries: at least the smallest jittered waits
+            assert elapsed_s >= sum(c.policy.backoff_s(r, rand=lambda: 1.0) for r in (1, 2, 3))
+        with EmbeddingClient(url, protocol, pipeline="bls", max_attempts=4) as c:
+            with pytest.raises(InvalidRequestError) as invalid:
+                c.embed([" "])
+            assert invalid.value.attempts == 1
+        # the real "restricted" answer of this server is classified as permanent
+        module = httpclient_or_grpc(protocol)
+        raw = module.InferenceServerClient(url)
+        with pytest.raises(InferenceServerException) as restricted:
+            raw.get_model_config("embed")
+        error = translate(restricted.value, "get_model_config('embed')")
+        assert not error.transient, error
+    finally:
+        server.stop()
+
+
+def httpclient_or_grpc(protocol: str) -> object:
+    import tritonclient.http as httpclient
+
+    return httpclient if protocol == "http" else grpcclient
