@@ -283,12 +283,17 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
     ]:
         if flags.get(flag) != want:
             out.append(f"k8s: triton needs {flag}={want}")
-    for probe, path in [
-        ("readinessProbe", "/v2/health/ready"),
-        ("livenessProbe", "/v2/health/live"),
-    ]:
-        if ((triton.get(probe) or {}).get("httpGet") or {}).get("path") != path:
-            out.append(f"k8s: {probe} must GET {path}")
+    if ((triton.get("readinessProbe") or {}).get("httpGet") or {}).get(
+        "path"
+    ) != "/v2/health/ready":
+        out.append("k8s: readinessProbe must GET /v2/health/ready")
+    # liveness: /v2/health/live, or (better, server#8604) an exec canary inference
+    liveness = triton.get("livenessProbe") or {}
+    canary = " ".join(str(a) for a in (liveness.get("exec") or {}).get("command", []))
+    if (liveness.get("httpGet") or {}).get("path") != "/v2/health/live" and "/infer" not in canary:
+        out.append("k8s: livenessProbe must GET /v2/health/live or run a canary inference")
+    if not ((triton.get("lifecycle") or {}).get("preStop") or {}).get("exec"):
+        out.append("k8s: triton needs a preStop hook (drain before SIGTERM, server#6287)")
     limits = (triton.get("resources") or {}).get("limits") or {}
     if int(limits.get("nvidia.com/gpu", 0)) < 1:
         out.append("k8s: triton needs an nvidia.com/gpu limit")

@@ -162,6 +162,8 @@ def test_k8s_deployment_has_what_production_needs(k8s_docs: list[dict[str, Any]]
         (lambda pod, ctr: pod["securityContext"].pop("runAsNonRoot"), "runAsNonRoot"),
         (lambda pod, ctr: ctr["resources"]["limits"].pop("nvidia.com/gpu"), "nvidia.com/gpu"),
         (lambda pod, ctr: ctr["readinessProbe"]["httpGet"].update(path="/"), "readinessProbe"),
+        (lambda pod, ctr: ctr["livenessProbe"]["exec"].update(command=["true"]), "livenessProbe"),
+        (lambda pod, ctr: ctr.pop("lifecycle"), "preStop"),
         (lambda pod, ctr: pod["volumes"][2]["emptyDir"].pop("medium"), "/dev/shm"),
         (lambda pod, ctr: ctr["volumeMounts"][0].pop("readOnly"), "/models"),
         (lambda pod, ctr: ctr["args"].append("--model-config-name=config"), "--model-config-name"),
