@@ -179,6 +179,29 @@ def _give_up(err: ClientError, attempt: int, elapsed_s: float, why: str) -> Clie
     return err
 
 
+def _retry_delay(
+    e: BaseException,
+    attempt: int,
+    elapsed: float,
+    policy: RetryPolicy,
+    context: str,
+    rand: Callable[[], float],
+) -> float:
+    """Seconds to wait before the next attempt after ``e``; re-raises when giving up (the
+    translated error, ``from e``) or when ``e`` is not ours to retry (e.g. KeyboardInterrupt)."""
+    if not _retryable_exception(e):
+        raise e
+    err = translate(e, context)
+    if not err.transient:
+        raise _give_up(err, attempt, elapsed, "not transient") from e
+    if attempt >= policy.max_attempts:
+        raise _give_up(err, attempt, elapsed, f"max_attempts {policy.max_attempts}") from e
+    delay = policy.backoff_s(attempt, rand)
+    if elapsed + delay >= policy.deadline_s:
+        raise _give_up(err, attempt, elapsed, f"deadline {policy.deadline_s:g} s") from e
+    return delay
+
+
 def call_with_retry(
     fn: Callable[[float], T],
     policy: RetryPolicy,
@@ -200,18 +223,7 @@ def call_with_retry(
         try:
             return fn(max(0.0, policy.deadline_s - (clock() - start)))
         except BaseException as e:
-            if not _retryable_exception(e):
-                raise
-            err = translate(e, context)
-            elapsed = clock() - start
-            if not err.transient:
-                raise _give_up(err, attempt, elapsed, "not transient") from e
-            if attempt >= policy.max_attempts:
-                raise _give_up(err, attempt, elapsed, f"max_attempts {policy.max_attempts}") from e
-            delay = policy.backoff_s(attempt, rand)
-            if elapsed + delay >= policy.deadline_s:
-                raise _give_up(err, attempt, elapsed, f"deadline {policy.deadline_s:g} s") from e
-            sleep(delay)
+            sleep(_retry_delay(e, attempt, clock() - start, policy, context, rand))
 
 
 async def call_with_retry_async(
@@ -230,15 +242,4 @@ async def call_with_retry_async(
         try:
             return await fn(max(0.0, policy.deadline_s - (clock() - start)))
         except BaseException as e:
-            if not _retryable_exception(e):
-                raise
-            err = translate(e, context)
-            elapsed = clock() - start
-            if not err.transient:
-                raise _give_up(err, attempt, elapsed, "not transient") from e
-            if attempt >= policy.max_attempts:
-                raise _give_up(err, attempt, elapsed, f"max_attempts {policy.max_attempts}") from e
-            delay = policy.backoff_s(attempt, rand)
-            if elapsed + delay >= policy.deadline_s:
-                raise _give_up(err, attempt, elapsed, f"deadline {policy.deadline_s:g} s") from e
-            await asyncio.sleep(delay)
+            await asyncio.sleep(_retry_delay(e, attempt, clock() - start, policy, context, rand))

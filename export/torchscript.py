@@ -5,13 +5,12 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from export.errors import ExportError
 from export.onnx_export import trace_inputs
-from export.parity import Runner
-from export.spec import ExportSpec, Inputs
+from export.parity import Runner, torch_runner
+from export.spec import ExportSpec
 
 
 def export_torchscript(module: torch.nn.Module, spec: ExportSpec, path: Path) -> None:
@@ -27,15 +26,4 @@ def export_torchscript(module: torch.nn.Module, spec: ExportSpec, path: Path) ->
 
 def torchscript_runner(path: Path, spec: ExportSpec) -> Runner:
     """Reload ``path`` from disk and call it positionally, like the native PyTorch backend."""
-    module = torch.jit.load(str(path), map_location="cpu").eval()
-    names = [t.name for t in spec.inputs]
-    out_names = [t.name for t in spec.outputs]
-
-    def run(inputs: Inputs) -> dict[str, np.ndarray]:
-        with torch.inference_mode():
-            result = module(*(torch.from_numpy(inputs[n]) for n in names))
-        if isinstance(result, torch.Tensor):
-            result = (result,)
-        return {n: t.numpy() for n, t in zip(out_names, result, strict=True)}
-
-    return run
+    return torch_runner(torch.jit.load(str(path), map_location="cpu").eval(), spec)
