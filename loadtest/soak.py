@@ -1,7 +1,7 @@
 """``python -m loadtest.soak`` (``make soak``): a bounded leak soak against the embedded Triton.
 
-After a warm-up, ``--concurrency`` workers send the corpus through ``embed`` and ``embed_bls``
-(gRPC and HTTP alternately) for ``--duration-s``. Every ``--sample-s`` it records the RSS of
+After a warm-up, ``--concurrency`` workers send the corpus through the ensembles and
+``embed_bls``, every encoder variant, gRPC and HTTP alternately, for ``--duration-s``. Every ``--sample-s`` it records the RSS of
 tritonserver and of each Python stub and the bytes of the server's ``/dev/shm`` regions. The run
 fails (exit 1) when any process grows by ``--max-growth-mb`` or more per 10k requests after
 warm-up, or when shared memory has not returned to its post-warm-up baseline once the load stops.
@@ -26,6 +26,7 @@ from loadtest.corpus import generate
 from runtime.server import EmbeddedServer, ServerSettings
 
 MB = 1024 * 1024
+VARIANTS = ("fp32", "int8", "torchscript")
 
 
 @dataclass
@@ -75,23 +76,23 @@ class Traffic:
     def _work(self, worker: int) -> None:
         protocol = "grpc" if worker % 2 == 0 else "http"
         url = self.server.grpc_url if protocol == "grpc" else self.server.http_url
-        clients = {
-            p: EmbeddingClient(url, protocol, pipeline=p, timeout_s=30) for p in ("ensemble", "bls")
-        }
+        client = EmbeddingClient(url, protocol, timeout_s=30)
         i = worker
         while not self._stop.is_set():
             batch = [self.texts[(i + k) % len(self.texts)] for k in range(1 + i % 4)]
+            # every variant through both orchestrations, so every stub sees traffic
+            pipeline = "bls" if i % 2 else "ensemble"
+            variant = VARIANTS[(i // 2) % len(VARIANTS)]
             ok = True
             try:
-                clients["bls" if i % 3 == 0 else "ensemble"].embed(batch)
+                client.embed(batch, variant=variant, pipeline=pipeline)
             except Exception:  # counted; the soak is about memory, failures are reported
                 ok = False
             with self._lock:
                 self.requests += 1
                 self.failures += 0 if ok else 1
             i += 1
-        for client in clients.values():
-            client.close()
+        client.close()
 
     def run_until(self, requests: int | None = None, deadline_s: float | None = None) -> None:
         start = time.monotonic()
