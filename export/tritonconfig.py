@@ -100,6 +100,10 @@ def build_config(
         )
         params["INTRA_OP_THREAD_COUNT"] = str(serving.intra_op_threads)
         params["INTER_OP_THREAD_COUNT"] = str(serving.inter_op_threads)
+        # Variable-length inputs: the JIT's profiling executor specialises and caches a graph per
+        # shape seen, which grows memory for a long time (measured by `make soak`); the native
+        # PyTorch backend and ours both read this key.
+        params["DISABLE_OPTIMIZED_EXECUTION"] = "true"
     else:
         params["intra_op_thread_count"] = str(serving.intra_op_threads)
         params["inter_op_thread_count"] = str(serving.inter_op_threads)

@@ -114,6 +114,17 @@ class Traffic:
             t.join(timeout=60)
 
 
+def warm_up_peak(server: EmbeddedServer, longest: str, rows: int = 64) -> None:
+    """Send max-batch requests of max-length text through every pipeline and variant, so that
+    allocator arenas (ONNX Runtime, PyTorch) grow to their peak before measuring starts: their
+    one-time growth is not a leak."""
+    text = " ".join([longest] * 4)  # longer than max_length: truncated to it
+    with EmbeddingClient(server.grpc_url, "grpc", timeout_s=120, batch_size=rows) as client:
+        for pipeline in ("ensemble", "bls"):
+            for variant in VARIANTS:
+                client.embed([text] * rows, variant=variant, pipeline=pipeline)
+
+
 def growth_per_10k(requests: Sequence[int], rss_mb: Sequence[float]) -> float:
     """Least-squares slope of RSS over requests, in MB per 10k requests (robust to sampling noise;
     a one-off arena step early in the run counts once, not extrapolated from two points)."""
@@ -134,7 +145,10 @@ def soak(
     max_growth_mb: float,
 ) -> SoakResult:
     result = SoakResult()
-    traffic = Traffic(server, concurrency, generate(size=512)).start()
+    texts = generate(size=512)
+    print("==> warm-up: the largest shapes first (memory arenas reach their peak), then traffic")
+    warm_up_peak(server, max(texts, key=len))
+    traffic = Traffic(server, concurrency, texts).start()
     print(f"==> warm-up: {warmup_requests} requests")
     traffic.run_until(requests=warmup_requests)
     t0 = time.monotonic()

@@ -2,7 +2,8 @@
 
 Same contract as the NVIDIA container's native PyTorch backend: ``default_model_filename``
 (``model.pt``), inputs ``INPUT__<i>`` passed positionally by index, outputs ``OUTPUT__<i>``,
-``parameters.INTRA_OP_THREAD_COUNT`` / ``INTER_OP_THREAD_COUNT``. ``parameters.pad_values`` and
+``parameters.INTRA_OP_THREAD_COUNT`` / ``INTER_OP_THREAD_COUNT`` / ``DISABLE_OPTIMIZED_EXECUTION`` /
+``ENABLE_JIT_PROFILING`` / ``ENABLE_JIT_EXECUTOR``. ``parameters.pad_values`` and
 ``parameters.axis_names`` say which axes may be padded when batching requests of different shapes.
 """
 
@@ -38,13 +39,22 @@ class TritonPythonModel:
         if intra > 0:
             torch.set_num_threads(intra)
         self.module = torch.jit.load(str(path), map_location="cpu").eval()
+        # The native backend's switches: optimized execution (the profiling executor caches a
+        # specialised graph per input shape) and the JIT executor/profiling modes.
+        self.optimized = not self.config.param("DISABLE_OPTIMIZED_EXECUTION", False, bool)
+        if "ENABLE_JIT_PROFILING" in self.config.parameters:
+            torch._C._jit_set_profiling_mode(self.config.param("ENABLE_JIT_PROFILING", True, bool))
+        if "ENABLE_JIT_EXECUTOR" in self.config.parameters:
+            torch._C._jit_set_profiling_executor(
+                self.config.param("ENABLE_JIT_EXECUTOR", True, bool)
+            )
         self.input_order = sorted((s.name for s in self.config.inputs), key=_index)
         self.output_order = sorted((s.name for s in self.config.outputs), key=_index)
         self.pad_values = pad_values_from(self.config)
         self.axis_names = parse_axis_names(self.config.parameters.get("axis_names", ""))
 
     def _infer(self, inputs):
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.jit.optimized_execution(self.optimized):
             result = self.module(*(torch.from_numpy(inputs[n]) for n in self.input_order))
         if isinstance(result, torch.Tensor):
             result = (result,)
