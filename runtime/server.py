@@ -205,6 +205,11 @@ class EmbeddedServer:
         env[PYTHONPATH_ENV] = os.pathsep.join(venv_paths())
         # Models run their own thread pools; keep BLAS from oversubscribing the cores.
         env.setdefault("OMP_NUM_THREADS", "1")
+        # Large blocks straight from mmap, returned on free: PyTorch's variable-shape activations
+        # otherwise fragment glibc's heap and the TorchScript stub's RSS creeps up (`make soak`:
+        # 9.9 -> 1.8 MB per 10k requests).
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
+        env.setdefault("MALLOC_TRIM_THRESHOLD_", "131072")
         return env
 
     def start(self) -> EmbeddedServer:
