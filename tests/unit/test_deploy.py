@@ -421,7 +421,7 @@ def test_gpu_check_main_exits_2_when_no_gpu(capsys: pytest.CaptureFixture[str]) 
     import onnxruntime as ort
 
     if any(p in ort.get_available_providers() for p in gpu_check.GPU_PROVIDERS):
-        pytest.skip("this machine has a GPU execution provider")
+        pytest.skip(reason="this machine has a GPU execution provider")
     assert gpu_check.main(["--models", "encoder_fp32"]) == gpu_check.EXIT_NO_GPU
     assert "no GPU execution provider" in capsys.readouterr().err
 
