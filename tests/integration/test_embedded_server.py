@@ -274,7 +274,10 @@ def test_cli_broken_repository_exits_nonzero_naming_the_model(tmp_path: Path) ->
     (tmp_path / "bad_model" / "1").mkdir(parents=True)
     (tmp_path / "bad_model" / "config.pbtxt").write_text('name: "bad_model"\nbackend: "nope"\n')
     proc, _ = serve_cli(tmp_path)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        _terminate(proc)
     assert proc.returncode != 0
     assert "bad_model" in out and "failed to load" in out
 
@@ -283,23 +286,38 @@ def shm_of(pid: int) -> list[str]:
     return [p for p in os.listdir("/dev/shm") if p.startswith(f"tritonforge_{pid}_")]
 
 
+def _terminate(proc: subprocess.Popen[str]) -> None:
+    """Cleanup after a failed assertion: SIGTERM lets the launcher stop its server too."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def test_cli_sigterm_is_graceful_and_leaves_nothing(tiny_repo: Path) -> None:
     proc, http_port = serve_cli(tiny_repo)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1):
-                break
-        except OSError:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            time.sleep(0.3)
-    else:
-        pytest.fail("server did not become ready")
-    assert shm_of(proc.pid), "expected the Python backend's shared-memory regions while serving"
-    children = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-    assert len(children) >= 2, "expected tritonserver and its Python stubs"
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1
+                ):
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                time.sleep(0.3)
+        else:
+            pytest.fail("server did not become ready")
+        assert shm_of(proc.pid), "expected the Python backend's shared-memory regions while serving"
+        children = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        assert len(children) >= 2, "expected tritonserver and its Python stubs"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        _terminate(proc)
     assert proc.returncode == 0, out
     assert "leftover processes: []" in out
     for pid in children:
