@@ -126,7 +126,23 @@ def run_cell(
         duration_s=duration_s + warmup_s,
         extra=[*extra, "--loglevel", "WARNING"],
     )
-    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    # Bounded: a Locust run that outlives its duration by a minute is killed and tried once more
+    # (a rare stall at shutdown on this shared machine must not hang the whole bench).
+    limit_s = duration_s + warmup_s + 60
+    for attempt in (1, 2):
+        try:
+            proc = subprocess.run(
+                command, capture_output=True, text=True, check=False, timeout=limit_s
+            )
+            break
+        except subprocess.TimeoutExpired as e:
+            print(
+                f"    locust exceeded {limit_s:.0f} s (attempt {attempt}); killed", file=sys.stderr
+            )
+            proc = subprocess.CompletedProcess(
+                command, -9, str(e.stdout or ""), str(e.stderr or "")
+            )
+            samples.unlink(missing_ok=True)
     try:
         summary = json.loads(samples.read_text())
     except (OSError, ValueError):
