@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from runtime.errors import ServerError
+from runtime.errors import ServerError, ServerStartError
 from runtime.server import ADMIN_HEADER, GRPC_ADMIN_HEADER, EmbeddedServer, ServerSettings
 from runtime.supervisor import HealthEndpoint, Supervisor
 
@@ -97,7 +97,18 @@ def _supervise(server: EmbeddedServer, args: argparse.Namespace) -> HealthEndpoi
             canary_interval_s=args.canary_interval_s,
             on_restart=lambda why: print(f"==> supervisor: recovering ({why})", flush=True),
         ).start()
-    endpoint = HealthEndpoint(server, server.settings.host, args.health_port, supervisor).start()
+    try:
+        endpoint = HealthEndpoint(server, server.settings.host, args.health_port, supervisor)
+    except OSError as e:
+        if supervisor is not None:
+            supervisor.stop()
+        server.stop()
+        raise ServerStartError(
+            f"cannot listen on {server.settings.host}:{args.health_port} for the pipeline health "
+            f"endpoint ({e}); pass --health-port (0 picks a free port) or set "
+            "TRITONFORGE_HEALTH_PORT"
+        ) from e
+    endpoint.start()
     canaries = ", ".join(supervisor.models) if supervisor else "none: --no-supervise"
     print(f"==> pipeline health: {endpoint.url} (canaries: {canaries})", flush=True)
     return endpoint

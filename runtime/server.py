@@ -95,14 +95,9 @@ class ServerSettings:
     @classmethod
     def ephemeral(cls, model_repository: Path, **kwargs: object) -> ServerSettings:
         """Settings on free loopback ports, for tests and benchmarks."""
-        return cls(
-            model_repository=model_repository,
-            host="127.0.0.1",
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            **kwargs,  # type: ignore[arg-type]
-        )
+        for key in ("http_port", "grpc_port", "metrics_port"):
+            kwargs.setdefault(key, free_port())
+        return cls(model_repository=model_repository, host="127.0.0.1", **kwargs)  # type: ignore[arg-type]
 
 
 class EmbeddedServer:
@@ -289,7 +284,13 @@ class EmbeddedServer:
         self.stop()
         if failures:
             raise ModelLoadError(failures, tail)
-        raise ServerStartError(f"{why}; last log lines:\n{tail}")
+        hint = ""
+        if "already in use" in tail.lower():
+            hint = (
+                " (a port is taken: pass --http-port/--grpc-port/--metrics-port or set "
+                "TRITONFORGE_HTTP_PORT/_GRPC_PORT/_METRICS_PORT)"
+            )
+        raise ServerStartError(f"{why}{hint}; last log lines:\n{tail}")
 
     def repository_call(self, path: str, body: bytes = b"{}", timeout_s: float = 120.0) -> str:
         """POST to the model-repository API (with the admin header); returns the error text or ""."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from runtime.errors import ModelLoadError
+from runtime.errors import ModelLoadError, ServerStartError
 from runtime.server import EmbeddedServer, ServerSettings, free_port
 from tests.conftest import PROJECT_ROOT
 
@@ -255,7 +256,7 @@ def test_broken_config_fails_fast_naming_the_model(tiny_repo: Path, tmp_path: Pa
     assert server.shm_regions() == []
 
 
-def serve_cli(repo: Path) -> tuple[subprocess.Popen[str], int]:
+def serve_cli(repo: Path, health_port: int = 0) -> tuple[subprocess.Popen[str], int]:
     http_port = free_port()
     args = [
         sys.executable, "-m", "runtime", "serve", "--quiet",
@@ -263,6 +264,7 @@ def serve_cli(repo: Path) -> tuple[subprocess.Popen[str], int]:
         "--http-port", str(http_port),
         "--grpc-port", str(free_port()),
         "--metrics-port", str(free_port()),
+        "--health-port", str(health_port),
     ]  # fmt: skip
     proc = subprocess.Popen(
         args, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -350,3 +352,25 @@ def test_supervisor_restarts_the_server_when_a_stub_dies(tiny_repo: Path) -> Non
     finally:
         supervisor.stop()
         server.stop()
+
+
+def test_cli_taken_ports_say_which_flag_to_change(tiny_repo: Path) -> None:
+    """A taken health port or HTTP port: exit 1 naming the flag, and no server left running."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc, http_port = serve_cli(tiny_repo, health_port=port)
+        try:
+            out, _ = proc.communicate(timeout=90)
+        finally:
+            _terminate(proc)
+        assert proc.returncode == 1, out
+        assert "--health-port" in out and "Traceback" not in out, out
+        with pytest.raises(OSError):  # the server it had started was stopped
+            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/live", timeout=2)
+
+        busy = EmbeddedServer(ServerSettings.ephemeral(tiny_repo, http_port=port))
+        with pytest.raises(ServerStartError, match="--http-port"):
+            busy.start().wait_ready()
+        assert busy.leftover_processes() == []
