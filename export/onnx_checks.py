@@ -58,6 +58,12 @@ def _check_decl(
             )
         elif isinstance(want, int) and isinstance(got, int) and want != got:
             failures.append(f"{where} {decl.name!r} axis {axis}: size {got}, spec says {want}")
+        elif isinstance(want, int) and not isinstance(got, int):
+            failures.append(
+                f"{where} {decl.name!r} axis {axis} is symbolic ({got!r}) but the spec fixes it "
+                f"to {want}: the derived Triton config would say -1 (e.g. an expand_as lost the "
+                "static size; use broadcasting ops)"
+            )
 
 
 def check_graph(path: Path, spec: ExportSpec) -> list[str]:

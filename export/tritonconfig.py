@@ -107,6 +107,8 @@ def build_config(
     else:
         params["intra_op_thread_count"] = str(serving.intra_op_threads)
         params["inter_op_thread_count"] = str(serving.inter_op_threads)
+        if not gpu:
+            params.update(serving.session_config)
     preferred = serving.gpu_preferred_batch_sizes if gpu else serving.preferred_batch_sizes
     config: dict[str, Any] = {
         "name": name,
@@ -140,9 +142,14 @@ def build_config(
     }
     if batched:
         config["dynamic_batching"] = {
-            "preferred_batch_size": [b for b in preferred if b <= spec.max_batch],
-            "max_queue_delay_microseconds": serving.max_queue_delay_us,
+            "max_queue_delay_microseconds": serving.gpu_max_queue_delay_us
+            if gpu
+            else serving.max_queue_delay_us,
         }
+        if any(b <= spec.max_batch for b in preferred):
+            config["dynamic_batching"]["preferred_batch_size"] = [
+                b for b in preferred if b <= spec.max_batch
+            ]
         if serving.max_queue_size > 0:
             config["dynamic_batching"]["default_queue_policy"] = {
                 "max_queue_size": serving.max_queue_size,

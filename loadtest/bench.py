@@ -1,20 +1,23 @@
 """``python -m loadtest.bench`` (``make bench``): in-process limit vs FastAPI vs our Triton pipelines.
 
-One run, one machine, one load generator (Locust, closed loop, 1 text per request):
+One run, one machine, closed-loop load (no think time), 1 text per request:
 
-1. the in-process limit: tokenize + ONNX Runtime + pool (+ normalise) in this process, batch 1 and
-   batch 16 (naive padding to the longest text), for each encoder variant;
+1. the in-process limit: tokenize + ONNX Runtime (pooling and normalisation in the graph) in this
+   process, batch 1 and batch 16 (naive padding to the longest text), for each encoder variant;
 2. the usual alternative: FastAPI + uvicorn (one worker) + PyTorch eager (:mod:`loadtest.fastapi_app`);
-3. our pipelines (ensemble and BLS x fp32 and int8) over HTTP and gRPC on the embedded Triton,
+3. our pipelines (ensemble and BLS x fp32 and int8) on the embedded Triton, loaded by two
+   generators: Locust over HTTP (the same generator as FastAPI's, for the like-for-like ratios) and
+   NVIDIA perf_analyzer over gRPC (C++, a fraction of Locust's CPU on 2 cores);
 
 at each concurrency (default 1, 4, 16). All services are started first, then every configuration
 is measured in ``--repeats`` interleaved rounds (a noisy neighbour on a shared machine then hits
-every target alike) and the table shows per-cell medians. Ratios: served throughput / in-process
-batch-16 throughput and served p50 / in-process batch-1 p50 (same variant), and throughput / p99
-against FastAPI at the same concurrency. The issue's targets are printed as met/missed (never
-asserted). Writes JSON (medians and every round) + a PNG chart under ``--reports-dir``. Defaults
-(2 rounds x 27 cells x ~10 s) take about 10 minutes; ``--duration-s``, ``--repeats``,
-``--concurrency``, ``--pipelines``, ``--variants``, ``--protocols`` shorten it.
+every target alike) and the table shows per-cell medians, each generator's own CPU share, and a
+status: a stalled or failed cell is reported as such, and the table, JSON and PNG are still
+written. Triton's per-model statistics around each cell give the per-stage breakdown. The issue's
+targets are printed as met/missed (never asserted). Writes JSON (medians and every round) + a PNG
+chart under ``--reports-dir``. Defaults take about 10 minutes; ``--duration-s``, ``--repeats``,
+``--concurrency``, ``--pipelines``, ``--variants``, ``--locust-protocols``, ``--pa-protocols``
+shorten or widen it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import json
 import math
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,7 +36,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,28 +49,49 @@ NO_SLO = ["--slo-p95-ms", "1e9", "--slo-p99-ms", "1e9", "--slo-min-rps", "0"]
 NO_SLO += ["--slo-max-fail-ratio", "1"]
 
 
+GENERATORS = ("locust", "perf_analyzer")
+
+
 @dataclass(frozen=True)
 class Target:
-    """One served configuration to load."""
+    """One served configuration to load, and the load generator that loads it."""
 
     system: str  # "triton" | "fastapi"
     protocol: str  # "http" | "grpc"
     pipeline: str = "-"
     variant: str = "fp32"
+    generator: str = "locust"  # "locust" | "perf_analyzer"
 
     @property
     def label(self) -> str:
+        gen = "pa" if self.generator == "perf_analyzer" else "locust"
         if self.system == "fastapi":
-            return "fastapi+torch http"
-        return f"{self.pipeline} {self.variant} {self.protocol}"
+            return f"fastapi+torch http/{gen}"
+        return f"{self.pipeline} {self.variant} {self.protocol}/{gen}"
 
 
 @dataclass
 class Cell:
+    """One measured (target, concurrency) run. ``status`` is "ok", or says what went wrong
+    (a stalled or failed run is reported, never dropped)."""
+
     target: Target
     concurrency: int
-    summary: dict[str, float]
+    summary: dict[str, Any]
     exit_code: int
+    status: str = "ok"
+    generator_cpu_share: float = math.nan  # the generator's CPU time / (wall time x cores)
+    server_stats: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+EMPTY_SUMMARY: dict[str, Any] = {
+    "requests": 0,
+    "failures": 0,
+    "sentences_per_s": math.nan,
+    "p50_ms": math.nan,
+    "p95_ms": math.nan,
+    "p99_ms": math.nan,
+}
 
 
 def machine() -> dict[str, Any]:
@@ -98,7 +123,16 @@ def machine() -> dict[str, Any]:
     }
 
 
-def run_cell(
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cpu_share(cpu_s: float, wall_s: float) -> float:
+    return cpu_s / wall_s / (os.cpu_count() or 1) if wall_s > 0 else math.nan
+
+
+def run_locust_cell(
     target: Target,
     concurrency: int,
     *,
@@ -129,11 +163,14 @@ def run_cell(
     # Bounded: a Locust run that outlives its duration by a minute is killed and tried once more
     # (a rare stall at shutdown on this shared machine must not hang the whole bench).
     limit_s = duration_s + warmup_s + 60
+    status = "ok"
+    cpu0, t0 = _children_cpu_s(), time.monotonic()
     for attempt in (1, 2):
         try:
             proc = subprocess.run(
                 command, capture_output=True, text=True, check=False, timeout=limit_s
             )
+            status = "ok" if attempt == 1 else "ok (after a stalled attempt)"
             break
         except subprocess.TimeoutExpired as e:
             print(
@@ -142,14 +179,55 @@ def run_cell(
             proc = subprocess.CompletedProcess(
                 command, -9, str(e.stdout or ""), str(e.stderr or "")
             )
+            status = f"stalled twice (killed after {limit_s:.0f} s)"
             samples.unlink(missing_ok=True)
+    share = _cpu_share(_children_cpu_s() - cpu0, time.monotonic() - t0)
     try:
-        summary = json.loads(samples.read_text())
+        summary = {**EMPTY_SUMMARY, **json.loads(samples.read_text())}
     except (OSError, ValueError):
         print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
-        summary = {"requests": 0, "failures": -1, "sentences_per_s": 0.0}
-        summary.update({k: math.nan for k in ("p50_ms", "p95_ms", "p99_ms")})
-    return Cell(target, concurrency, summary, proc.returncode)
+        summary = dict(EMPTY_SUMMARY)
+        if status == "ok":
+            status = f"failed (locust exit {proc.returncode}, no samples)"
+    return Cell(target, concurrency, summary, proc.returncode, status, share)
+
+
+def run_perf_analyzer_cell(
+    target: Target,
+    concurrency: int,
+    *,
+    url: str,
+    texts: Sequence[str],
+    duration_s: float,
+    workdir: Path,
+    headers: dict[str, str],
+) -> Cell:
+    """One bounded perf_analyzer run (C++ client, far cheaper than Locust on 2 cores)."""
+    from client.settings import route
+    from loadtest import perf_analyzer
+
+    model, parameters = route(target.pipeline, target.variant)
+    cpu0, t0 = _children_cpu_s(), time.monotonic()
+    try:
+        r = perf_analyzer.measure(
+            model=model, url=url, protocol=target.protocol, concurrency=concurrency,
+            texts=texts, window_ms=max(1000, int(duration_s * 1000 / 2)), workdir=workdir,
+            parameters=parameters, headers=headers, timeout_s=4 * duration_s + 60,
+        )  # fmt: skip
+    except perf_analyzer.PerfAnalyzerError as e:
+        share = _cpu_share(_children_cpu_s() - cpu0, time.monotonic() - t0)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return Cell(target, concurrency, dict(EMPTY_SUMMARY), 1, f"failed: {first[:120]}", share)
+    share = _cpu_share(_children_cpu_s() - cpu0, time.monotonic() - t0)
+    summary = {
+        **EMPTY_SUMMARY,
+        "requests": int(r.get("requests", 0)),
+        "sentences_per_s": r["infer_per_s"],
+        "p50_ms": r["p50_ms"],
+        "p95_ms": r["p95_ms"],
+        "p99_ms": r["p99_ms"],
+    }
+    return Cell(target, concurrency, summary, 0, "ok", share)
 
 
 def _wait_http(url: str, timeout_s: float) -> None:
@@ -215,20 +293,38 @@ def measure_inprocess(
     return results
 
 
+def _median(values: Sequence[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return float(statistics.median(finite)) if finite else math.nan
+
+
 def _median_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per numeric field, the median over repeats (counts are summed); other fields from the first."""
+    """Per numeric field, the median over repeats (counts are summed; a key missing from a
+    round, e.g. a failed one, counts as NaN); other fields from the first."""
     out = dict(rows[0])
-    for key, value in rows[0].items():
-        if key in ("batch", "concurrency"):
+    keys = dict.fromkeys(k for r in rows for k in r)
+    for key in keys:
+        value = next((r[key] for r in rows if key in r), None)
+        if key in ("batch", "concurrency") or isinstance(value, bool):
             continue
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            values = [float(r[key]) for r in rows]
+        if isinstance(value, int | float):
+            values = [float(r.get(key, math.nan)) for r in rows]
             if key in ("requests", "failures", "calls", "sentences"):
-                out[key] = int(sum(values))
+                out[key] = int(sum(v for v in values if not math.isnan(v)))
             else:
-                out[key] = float(statistics.median(values))
+                out[key] = _median(values)
     out["repeats"] = len(rows)
     return out
+
+
+def _sum_stats(parts: Sequence[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    total: dict[str, dict[str, float]] = {}
+    for part in parts:
+        for model, values in part.items():
+            into = total.setdefault(model, {})
+            for k, v in values.items():
+                into[k] = into.get(k, 0.0) + v
+    return total
 
 
 def aggregate(
@@ -238,10 +334,21 @@ def aggregate(
     by_cell: dict[tuple[Target, int], list[Cell]] = {}
     for c in cells:
         by_cell.setdefault((c.target, c.concurrency), []).append(c)
-    merged = [
-        Cell(t, conc, _median_rows([c.summary for c in group]), max(c.exit_code for c in group))
-        for (t, conc), group in by_cell.items()
-    ]
+    merged = []
+    for (t, conc), group in by_cell.items():
+        bad = [c.status for c in group if c.status != "ok"]
+        status = "ok" if not bad else f"{len(bad)}/{len(group)} rounds: {bad[0]}"
+        merged.append(
+            Cell(
+                t,
+                conc,
+                _median_rows([c.summary for c in group]),
+                max(c.exit_code for c in group),
+                status,
+                _median([c.generator_cpu_share for c in group]),
+                _sum_stats([c.server_stats for c in group]),
+            )
+        )
     by_ip: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in inproc:
         by_ip.setdefault((r["variant"], r["batch"]), []).append(r)
@@ -254,123 +361,196 @@ def _ratio(a: float, b: float | None) -> float:
     return a / b
 
 
+def _get(rows: list[dict[str, Any]], **want: Any) -> dict[str, Any] | None:
+    for r in rows:
+        if all(r.get(k) == v for k, v in want.items()):
+            return r
+    return None
+
+
+def _verdict(ok: bool) -> str:
+    return "MET   " if ok else "MISSED"  # NaN compares False: shown as MISSED with "nan"
+
+
+def _target_lines(rows: list[dict[str, Any]], generator: str, protocol: str) -> list[str]:
+    """The issue's targets for one (generator, protocol) pair of Triton rows."""
+    tag = f"{protocol}/{'pa' if generator == 'perf_analyzer' else 'locust'}"
+
+    def at(pipeline: str, variant: str, conc: int) -> dict[str, Any] | None:
+        return _get(
+            rows, system="triton", pipeline=pipeline, variant=variant, protocol=protocol,
+            generator=generator, concurrency=conc,
+        )  # fmt: skip
+
+    lines = []
+    concs = sorted({r["concurrency"] for r in rows if r["system"] == "triton"})
+    top = max(concs, default=16)
+    for variant in ("fp32", "int8"):
+        for conc in concs:
+            bls, ens = at("bls", variant, conc), at("ensemble", variant, conc)
+            if bls is None or ens is None:
+                continue
+            xb = _ratio(bls["sentences_per_s"], ens["sentences_per_s"])
+            xp = _ratio(bls["p99_ms"], ens["p99_ms"])
+            lines.append(
+                f"{_verdict(xb >= 0.9 and xp <= 1.2)} BLS {variant} {tag} @{conc}: "
+                f"{xb:.2f}x the ensemble's throughput (target >= 0.90x), p99 {xp:.2f}x "
+                "(target <= 1.20x)"
+            )
+    one = at("ensemble", "fp32", 1)
+    if one is not None:
+        d = one["p50_minus_inprocess_ms"]
+        lines.append(
+            f"{_verdict(d <= 3.0)} fp32 ensemble {tag} @1: p50 {one['p50_ms']:.1f} ms = "
+            f"in-process batch-1 p50 {d:+.1f} ms (target <= +3 ms)"
+        )
+    fp32 = at("ensemble", "fp32", top)
+    if fp32 is None:
+        return lines
+    x = fp32["x_inprocess_throughput"]
+    lines.append(
+        f"{_verdict(x >= 0.9)} fp32 ensemble {tag} @{top}: {x:.2f}x the in-process batch-1 "
+        "limit (target >= 0.90x, moonshot >= 1.0x)"
+    )
+    xf = fp32["x_fastapi_p99"]
+    if not math.isnan(xf):
+        lines.append(
+            f"{_verdict(xf <= 0.5)} fp32 ensemble {tag} @{top}: p99 {xf:.2f}x FastAPI's "
+            f"(target <= 0.5x; throughput {fp32['x_fastapi_throughput']:.2f}x)"
+        )
+    int8 = at("ensemble", "int8", top)
+    if int8 is not None:
+        xi = _ratio(int8["sentences_per_s"], fp32["sentences_per_s"])
+        lines.append(
+            f"{_verdict(xi >= 1.5)} int8 ensemble {tag} @{top}: {xi:.2f}x fp32 served "
+            "(target >= 1.5x)"
+        )
+    return lines
+
+
 def analyse(
     cells: list[Cell], inproc: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Rows with ratios, and the issue's targets as lines ``MET``/``MISSED`` with the numbers."""
+    """Rows with ratios, and the issue's targets as lines ``MET``/``MISSED`` with the numbers.
+
+    Ratios: served throughput / in-process batch-1 throughput and served p50 - in-process batch-1
+    p50 (same variant); throughput and p99 against FastAPI at the same concurrency, measured by
+    the same generator (Locust over HTTP).
+    """
     best = {(r["variant"], r["batch"]): r for r in inproc}
     fastapi = {c.concurrency: c.summary for c in cells if c.target.system == "fastapi"}
     rows = []
     for c in cells:
         s = c.summary
-        ip16 = best.get((c.target.variant, 16))
         ip1 = best.get((c.target.variant, 1))
-        fa = fastapi.get(c.concurrency)
+        fa = fastapi.get(c.concurrency) if c.target.generator == "locust" else None
         rows.append(
             {
                 **asdict(c.target),
                 "label": c.target.label,
                 "concurrency": c.concurrency,
                 **s,
+                "status": c.status,
+                "generator_cpu_share": c.generator_cpu_share,
+                "server_stats": c.server_stats,
                 "x_inprocess_throughput": _ratio(
-                    s["sentences_per_s"], ip16["sentences_per_s"] if ip16 else None
+                    s["sentences_per_s"], ip1["sentences_per_s"] if ip1 else None
                 ),
-                "x_inprocess_p50": _ratio(s["p50_ms"], ip1["p50_ms"] if ip1 else None),
+                "p50_minus_inprocess_ms": s["p50_ms"] - ip1["p50_ms"] if ip1 else math.nan,
                 "x_fastapi_throughput": _ratio(
                     s["sentences_per_s"], fa["sentences_per_s"] if fa else None
                 ),
                 "x_fastapi_p99": _ratio(s["p99_ms"], fa["p99_ms"] if fa else None),
             }
         )
-
-    def get(pipeline: str, variant: str, protocol: str, conc: int) -> dict[str, Any] | None:
-        for r in rows:
-            if (r["system"], r["pipeline"], r["variant"], r["protocol"], r["concurrency"]) == (
-                "triton",
-                pipeline,
-                variant,
-                protocol,
-                conc,
-            ):
-                return r
-        return None
-
-    def verdict(ok: bool) -> str:
-        return "MET   " if ok else "MISSED"  # NaN compares False: shown as MISSED with "nan"
-
-    lines = []
-    top = max((r["concurrency"] for r in rows), default=16)
-    for protocol in ("http", "grpc"):
-        fp32 = get("ensemble", "fp32", protocol, top)
-        if fp32 is None:
-            continue
-        x = fp32["x_inprocess_throughput"]
-        lines.append(
-            f"{verdict(x >= 1.10)} fp32 ensemble {protocol} @{top}: {x:.2f}x in-process batch-16 "
-            "(target >= 1.10x)"
-        )
-        ip_best = max(
-            (r["sentences_per_s"] for r in inproc if r["variant"] == "fp32"), default=math.nan
-        )
-        lines.append(
-            f"(info) fp32 ensemble {protocol} @{top}: "
-            f"{_ratio(fp32['sentences_per_s'], ip_best):.2f}x the best in-process batch size"
-        )
-        one = get("ensemble", "fp32", protocol, 1)
-        if one is not None:
-            x1 = one["x_inprocess_p50"]
-            lines.append(
-                f"{verdict(x1 <= 1.15)} fp32 ensemble {protocol} @1: p50 {x1:.2f}x in-process "
-                "batch-1 (target <= 1.15x)"
-            )
-        int8 = get("ensemble", "int8", protocol, top)
-        if int8 is not None:
-            xi = _ratio(int8["sentences_per_s"], fp32["sentences_per_s"])
-            lines.append(
-                f"{verdict(xi >= 1.5)} int8 ensemble {protocol} @{top}: {xi:.2f}x fp32 served "
-                "(target >= 1.5x)"
-            )
-        xf, xp = fp32["x_fastapi_throughput"], fp32["x_fastapi_p99"]
-        if not math.isnan(xf):
-            lines.append(
-                f"{verdict(xf >= 2.5)} fp32 ensemble {protocol} @{top}: {xf:.2f}x FastAPI "
-                "throughput (target >= 2.5x)"
-            )
-            lines.append(
-                f"{verdict(xp <= 0.5)} fp32 ensemble {protocol} @{top}: p99 {xp:.2f}x FastAPI's "
-                "(target <= 0.5x)"
-            )
-        for variant in ("fp32", "int8"):
-            bls, ens = get("bls", variant, protocol, top), get("ensemble", variant, protocol, top)
-            if bls is not None and ens is not None:
-                xb = _ratio(bls["sentences_per_s"], ens["sentences_per_s"])
-                lines.append(
-                    f"{verdict(xb >= 0.9)} BLS {variant} {protocol} @{top}: {xb:.2f}x the ensemble "
-                    "(target >= 0.90x)"
-                )
+    combos = dict.fromkeys((r["generator"], r["protocol"]) for r in rows if r["system"] == "triton")
+    lines = [line for gen, protocol in combos for line in _target_lines(rows, gen, protocol)]
     return rows, lines
 
 
 def table(rows: list[dict[str, Any]], inproc: list[dict[str, Any]]) -> str:
     head = (
-        f"{'target':<26}{'conc':>5}{'sent/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"
-        f"{'fail':>6}{'thr/inproc16':>14}{'p50/inproc1':>13}{'thr/fastapi':>13}{'p99/fastapi':>13}"
+        f"{'target':<30}{'conc':>5}{'sent/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"
+        f"{'fail':>6}{'thr/inproc1':>12}{'p50-inproc1':>12}{'thr/fastapi':>12}"
+        f"{'p99/fastapi':>12}{'gen cpu':>8}  status"
     )
     out = [head, "-" * len(head)]
     for r in inproc:
         out.append(
-            f"{'in-process ' + r['variant'] + ' b' + str(r['batch']):<26}{'-':>5}"
+            f"{'in-process ' + r['variant'] + ' b' + str(r['batch']):<30}{'-':>5}"
             f"{r['sentences_per_s']:9.1f}{r['p50_ms']:9.1f}{r['p95_ms']:9.1f}{r['p99_ms']:9.1f}"
-            f"{0:6d}{'':>14}{'':>13}{'':>13}{'':>13}"
+            f"{0:6d}"
         )
     for r in rows:
         out.append(
-            f"{r['label']:<26}{r['concurrency']:5d}{r['sentences_per_s']:9.1f}{r['p50_ms']:9.1f}"
+            f"{r['label']:<30}{r['concurrency']:5d}{r['sentences_per_s']:9.1f}{r['p50_ms']:9.1f}"
             f"{r['p95_ms']:9.1f}{r['p99_ms']:9.1f}{int(r.get('failures', 0)):6d}"
-            f"{r['x_inprocess_throughput']:14.2f}{r['x_inprocess_p50']:13.2f}"
-            f"{r['x_fastapi_throughput']:13.2f}{r['x_fastapi_p99']:13.2f}"
+            f"{r['x_inprocess_throughput']:12.2f}{r['p50_minus_inprocess_ms']:+12.1f}"
+            f"{r['x_fastapi_throughput']:12.2f}{r['x_fastapi_p99']:12.2f}"
+            f"{r['generator_cpu_share']:8.0%}  {r['status']}"
         )
     return "\n".join(out)
+
+
+def stage_breakdown(rows: list[dict[str, Any]]) -> str:
+    """Where the time goes per stage (Triton's statistics summed over the cell's rounds)."""
+    out = []
+    for r in rows:
+        stats = r.get("server_stats") or {}
+        if not stats:
+            continue
+        out.append(f"{r['label']} @{r['concurrency']}:")
+        for model, v in sorted(stats.items()):
+            n, ex = v.get("inference_count", 0), v.get("execution_count", 0)
+            if not n:
+                continue
+
+            def ms(key: str, v: dict[str, float] = v) -> float:
+                return v.get(f"{key}_ns", 0.0) / max(1.0, v.get(f"{key}_count", 0.0)) / 1e6
+
+            out.append(
+                f"    {model:<22} {int(n):6d} inferences in {int(ex):6d} executions "
+                f"(batch {n / max(ex, 1):4.2f})  queue {ms('queue'):7.2f} ms  "
+                f"compute in {ms('compute_input'):5.2f} infer {ms('compute_infer'):6.2f} "
+                f"out {ms('compute_output'):5.2f} ms"
+            )
+    return "\n".join(out)
+
+
+STAT_KEYS = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+def model_stats(http: str, headers: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Triton's cumulative per-model statistics (a restricted API: the admin header is sent)."""
+    request = urllib.request.Request(f"http://{http}/v2/models/stats", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            data = json.loads(response.read())
+    except (OSError, ValueError):
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for m in data.get("model_stats", []):
+        inf = m.get("inference_stats", {})
+        values = {
+            "inference_count": float(m.get("inference_count", 0)),
+            "execution_count": float(m.get("execution_count", 0)),
+        }
+        for key in STAT_KEYS:
+            values[f"{key}_ns"] = float(inf.get(key, {}).get("ns", 0))
+            values[f"{key}_count"] = float(inf.get(key, {}).get("count", 0))
+        out[m["name"]] = values
+    return out
+
+
+def stats_delta(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Per model, what a cell added to the cumulative statistics (models it did not touch: none)."""
+    return {
+        model: {k: v - before.get(model, {}).get(k, 0.0) for k, v in values.items()}
+        for model, values in after.items()
+        if values.get("inference_count", 0) > before.get(model, {}).get("inference_count", 0)
+    }
 
 
 def chart(rows: list[dict[str, Any]], inproc: list[dict[str, Any]], path: Path) -> None:
@@ -419,11 +599,16 @@ def chart(rows: list[dict[str, Any]], inproc: list[dict[str, Any]], path: Path) 
 
 
 def targets_from(args: argparse.Namespace) -> list[Target]:
+    """Triton targets: each pipeline x variant, over each generator's protocols."""
     out = []
-    for pipeline in args.pipelines:
-        for variant in args.variants:
-            for protocol in args.protocols:
-                out.append(Target("triton", protocol, pipeline, variant))
+    for generator, protocols in (
+        ("locust", args.locust_protocols),
+        ("perf_analyzer", args.pa_protocols),
+    ):
+        for pipeline in args.pipelines:
+            for variant in args.variants:
+                for protocol in protocols:
+                    out.append(Target("triton", protocol, pipeline, variant, generator))
     return out
 
 
@@ -457,7 +642,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--pipelines", type=_csv, default=["ensemble", "bls"])
     parser.add_argument("--variants", type=_csv, default=["fp32", "int8"])
-    parser.add_argument("--protocols", type=_csv, default=["http", "grpc"])
+    parser.add_argument(
+        "--locust-protocols",
+        type=_csv,
+        default=["http"],
+        help="protocols Locust loads Triton over (FastAPI is always Locust/HTTP, so this is the "
+        "same-generator comparison); gRPC under gevent can stall (locust#2369), hence off by default",
+    )
+    parser.add_argument(
+        "--pa-protocols",
+        type=_csv,
+        default=["grpc"],
+        help="protocols NVIDIA perf_analyzer loads Triton over ('' for none)",
+    )
     parser.add_argument(
         "--repeats",
         type=int,
@@ -465,12 +662,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="interleaved rounds over all targets; the table shows medians",
     )
     parser.add_argument("--skip-fastapi", action="store_true")
-    parser.add_argument(
-        "--perf-analyzer",
-        action="store_true",
-        help="also measure each Triton target with NVIDIA perf_analyzer at the top concurrency "
-        "(python -m loadtest.perf_analyzer install)",
-    )
     parser.add_argument("--skip-inprocess", action="store_true")
     parser.add_argument("--reports-dir", type=Path, default=Path("reports"))
     args = parser.parse_args(argv)
@@ -483,46 +674,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"==> bench on {info['cpu']} x{info['logical_cpus']}, corpus {corpus.describe(texts)}")
     inproc: list[dict[str, Any]] = []
     cells: list[Cell] = []
-    pa_rows: list[dict[str, Any]] = []
     with (
         tempfile.TemporaryDirectory(prefix="tritonforge-bench-") as tmp,
         contextlib.ExitStack() as stack,
     ):
         workdir = Path(tmp)
-
-        def second_opinion(
-            targets: list[Target], http: str, grpc_url: str, headers: dict[str, str]
-        ) -> None:
-            from client.settings import route
-            from loadtest import perf_analyzer
-
-            top = max(args.concurrency)
-            print(f"==> perf_analyzer (second opinion) at concurrency {top}", flush=True)
-            for target in targets:
-                model, parameters = route(target.pipeline, target.variant)
-                try:
-                    r = perf_analyzer.measure(
-                        model=model, url=http if target.protocol == "http" else grpc_url,
-                        protocol=target.protocol, concurrency=top, texts=texts,
-                        window_ms=int(args.duration_s * 1000), workdir=workdir,
-                        parameters=parameters, headers=headers,
-                    )  # fmt: skip
-                except perf_analyzer.PerfAnalyzerError as e:
-                    print(f"   {target.label}: {e}")
-                    continue
-                print(
-                    f"   {target.label:<24} @{top:<3} {r['infer_per_s']:7.1f} sent/s  "
-                    f"p50 {r['p50_ms']:7.1f}  p99 {r['p99_ms']:7.1f} ms",
-                    flush=True,
-                )
-                pa_rows.append({"label": target.label, "concurrency": top, **r})
-
         # Everything is started first and measured in interleaved rounds, so that a noisy
         # neighbour on a shared machine hits every target alike (medians over --repeats rounds).
-        plan: list[tuple[Target, str]] = []
+        plan: list[Target] = []
+        fastapi_url = ""
         if not args.skip_fastapi:
             print("==> starting FastAPI + uvicorn (1 worker) + PyTorch eager", flush=True)
-            plan.append((Target("fastapi", "http"), stack.enter_context(fastapi_service())))
+            fastapi_url = stack.enter_context(fastapi_service())
+            plan.append(Target("fastapi", "http"))
         targets = targets_from(args)
         http = grpc = ""
         headers: dict[str, str] = {}
@@ -537,32 +701,57 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"==> starting the embedded Triton on {args.model_repository}", flush=True)
                 server = stack.enter_context(serving(args.model_repository))
                 http, grpc, headers = server.http_url, server.grpc_url, server.admin_headers
-            plan += [(t, f"http://{http}") for t in targets]
+            plan += targets
+        if any(t.generator == "perf_analyzer" for t in plan):
+            from loadtest import perf_analyzer
+
+            if perf_analyzer.binary() is None:
+                print(
+                    "   perf_analyzer is not installed (python -m loadtest.perf_analyzer install): "
+                    "its cells are reported as failed"
+                )
         embedders = (
             {} if args.skip_inprocess else load_embedders(args.model_repository, args.variants)
         )
         for round_ in range(1, args.repeats + 1):
             print(f"==> round {round_}/{args.repeats}", flush=True)
             inproc += measure_inprocess(embedders, texts, args.inprocess_s)
-            for target, host in plan:
+            for target in plan:
                 for conc in args.concurrency:
-                    cell = run_cell(
-                        target, conc, host=host, grpc_url=grpc, duration_s=args.duration_s,
-                        warmup_s=args.warmup_s, workdir=workdir,
-                    )  # fmt: skip
+                    before = model_stats(http, headers) if target.system == "triton" else {}
+                    if target.generator == "perf_analyzer":
+                        cell = run_perf_analyzer_cell(
+                            target, conc, url=http if target.protocol == "http" else grpc,
+                            texts=texts, duration_s=args.duration_s, workdir=workdir,
+                            headers=headers,
+                        )  # fmt: skip
+                    else:
+                        host = fastapi_url if target.system == "fastapi" else f"http://{http}"
+                        cell = run_locust_cell(
+                            target, conc, host=host, grpc_url=grpc, duration_s=args.duration_s,
+                            warmup_s=args.warmup_s, workdir=workdir,
+                        )  # fmt: skip
+                    if target.system == "triton":
+                        cell.server_stats = stats_delta(before, model_stats(http, headers))
                     s = cell.summary
                     print(
-                        f"   {target.label:<24} @{conc:<3} {s['sentences_per_s']:7.1f} sent/s  "
+                        f"   {target.label:<30} @{conc:<3} {s['sentences_per_s']:7.1f} sent/s  "
                         f"p50 {s['p50_ms']:7.1f}  p99 {s['p99_ms']:7.1f} ms  "
-                        f"failures {int(s.get('failures', 0))}",
+                        f"failures {int(s.get('failures', 0))}  generator cpu "
+                        f"{cell.generator_cpu_share:.0%}  {cell.status}",
                         flush=True,
                     )
                     cells.append(cell)
-        if args.perf_analyzer and targets:
-            second_opinion(targets, http, grpc, headers)
 
     raw_cells = [
-        {"label": c.target.label, "concurrency": c.concurrency, **c.summary} for c in cells
+        {
+            "label": c.target.label,
+            "concurrency": c.concurrency,
+            **c.summary,
+            "status": c.status,
+            "generator_cpu_share": c.generator_cpu_share,
+        }
+        for c in cells
     ]
     raw_inproc = list(inproc)
     cells, inproc = aggregate(cells, inproc)
@@ -572,6 +761,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\nTargets (reported, not asserted):")
     for line in verdicts:
         print(f"  {line}")
+    breakdown = stage_breakdown([r for r in rows if r["concurrency"] in (1, max(args.concurrency))])
+    if breakdown:
+        print("\nWhere the time goes (Triton statistics per stage, summed over rounds):")
+        print(breakdown)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     report = {
         "machine": info,
@@ -582,7 +775,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "inprocess": inproc,
         "cells": rows,
         "targets": verdicts,
-        "perf_analyzer": pa_rows,
         "rounds": {"cells": raw_cells, "inprocess": raw_inproc},
     }
     json_path = args.reports_dir / f"bench-{stamp}.json"

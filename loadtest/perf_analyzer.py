@@ -84,6 +84,7 @@ def measure(
     workdir: Path,
     parameters: dict[str, str] | None = None,
     headers: dict[str, str] | None = None,
+    timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """perf_analyzer's throughput (infer/s), p50/p95/p99 (ms) and server-side breakdown (queue,
     compute per composing model) at one concurrency. Stability checks are off (the machine is
@@ -112,7 +113,12 @@ def measure(
         name = f"triton-grpc-protocol-{key}" if protocol == "grpc" else key
         command += ["-H", f"{name}:{value}"]
     env = {**os.environ, "LD_LIBRARY_PATH": str(TOOL_DIR / "lib")}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, env=env, check=False, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired as e:
+        raise PerfAnalyzerError(f"perf_analyzer stalled: killed after {timeout_s:.0f} s") from e
     if done.returncode != 0 or not out.exists():
         raise PerfAnalyzerError(
             f"perf_analyzer failed ({done.returncode}): {done.stdout[-1500:]}{done.stderr[-1500:]}"

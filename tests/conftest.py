@@ -37,7 +37,7 @@ def serve() -> Iterator[ServeFn]:
 
 @pytest.fixture(scope="session")
 def pipeline_server() -> Iterator[EmbeddedServer]:
-    """The real model repository (tokenizer, encoders, postprocess, ensembles, embed_bls) served
+    """The real model repository (tokenizer, encoders, ensembles, embed_bls) served
     once per session; fails with the lint's problems if it is not ready (run `make export`)."""
     from runtime.lint import lint_repository
 

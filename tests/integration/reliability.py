@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.conftest import PIPELINE_REPOSITORY
 
-MINIMAL = ("tokenizer", "encoder_fp32", "postprocess", "embed")
+MINIMAL = ("tokenizer", "encoder_fp32", "embed")
 
 
 def linked_repository(

@@ -224,7 +224,7 @@ def test_unavailable_stage_is_named(serve: Callable[..., EmbeddedServer]) -> Non
     server = serve(
         PIPELINE_REPOSITORY,
         model_control_mode="explicit",
-        load_models=["tokenizer", "encoder_fp32", "postprocess", "embed_bls"],
+        load_models=["tokenizer", "encoder_fp32", "embed_bls"],
     )
     for protocol, status in [("http", "503"), ("grpc", "StatusCode.UNAVAILABLE")]:
         with pytest.raises(InferenceServerException) as info:

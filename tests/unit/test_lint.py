@@ -10,7 +10,7 @@ import pytest
 from runtime.lint import lint_repository
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
-PIPELINE = ["tokenizer", "postprocess", "embed", "embed_int8", "embed_torchscript", "embed_bls"]
+PIPELINE = ["tokenizer", "embed", "embed_int8", "embed_torchscript", "embed_bls"]
 ONNX_INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
 
 
@@ -63,14 +63,14 @@ def test_valid_repository_is_clean(repo: Path) -> None:
 
 
 def test_config_that_does_not_parse(repo: Path) -> None:
-    (repo / "postprocess" / "config.pbtxt").write_text("name: 'postprocess'\nmax_batch_size: {\n")
-    only(lint_repository(repo), "postprocess: ")
+    (repo / "tokenizer" / "config.pbtxt").write_text("name: 'tokenizer'\nmax_batch_size: {\n")
+    only(lint_repository(repo), "tokenizer: ")
     only(lint_repository(repo), "does not parse")
 
 
 def test_name_differs_from_directory(repo: Path) -> None:
-    edit(repo / "postprocess" / "config.pbtxt", 'name: "postprocess"', 'name: "post"')
-    only(lint_repository(repo), "differs from its directory 'postprocess'")
+    edit(repo / "tokenizer" / "config.pbtxt", 'name: "tokenizer"', 'name: "tok"')
+    only(lint_repository(repo), "differs from its directory 'tokenizer'")
 
 
 def test_missing_encoder_says_run_make_export(repo: Path) -> None:
@@ -119,8 +119,17 @@ def test_ensemble_unknown_output_of_step(repo: Path) -> None:
 
 
 def test_bls_target_missing(repo: Path) -> None:
-    edit(repo / "embed_bls" / "config.pbtxt", 'string_value: "postprocess"', 'string_value: "pp"')
-    only(lint_repository(repo), "embed_bls: parameters.postprocess_model target model 'pp'")
+    edit(repo / "embed_bls" / "config.pbtxt", 'string_value: "tokenizer"', 'string_value: "tk"')
+    only(lint_repository(repo), "embed_bls: parameters.tokenizer_model target model 'tk'")
+
+
+def test_bls_encoder_output_must_match_bls_output(repo: Path) -> None:
+    edit(repo / "encoder_int8" / "config.pbtxt", "dims: [ 384 ]", "dims: [ 128 ]")
+    only(
+        lint_repository(repo),
+        "embed_bls: 'embed_bls' variant 'int8': 'encoder_int8' output 'sentence_embedding' is "
+        "TYPE_FP32 [128], 'embed_bls' returns TYPE_FP32 [384]",
+    )
 
 
 def test_bls_variant_chain_does_not_connect(repo: Path) -> None:

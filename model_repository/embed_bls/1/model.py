@@ -1,17 +1,24 @@
-"""BLS orchestrator: text -> tokenizer -> encoder (per-request ``variant``) -> postprocess.
+"""BLS orchestrator: text -> tokenize (here) -> encoder (per-request ``variant``) -> embedding.
 
-``execute`` is a coroutine: the requests of one execute run concurrently, each awaiting its stages
-with ``async_exec``; a bad request fails alone with INVALID_ARG or UNAVAILABLE naming the stage.
+One ``execute`` handles all its requests together: decode and validate each (a bad one fails
+alone), tokenize every text in one batch, run one encoder call per variant and shape, split back.
 """
 
 import triton_python_backend_utils as pb_utils
 
-import asyncio
 from pathlib import Path
 
-from tritonforge.bls import build_plan, request_variant, run_route, text_tensor
+from tritonforge.bls import (
+    build_plan,
+    call_encoder,
+    plan_encoder_calls,
+    request_variant,
+    split_encoder_output,
+)
+from tritonforge.errors import ServingError
+from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
-from tritonforge.text import decode_texts
+from tritonforge.text import TextTokenizer, decode_texts, split_tokens
 from tritonforge.triton import encode_response, error_response
 
 
@@ -19,16 +26,44 @@ class TritonPythonModel:
     def initialize(self, args):
         self.config = ModelConfig.from_json(args["model_config"])
         self.plan = build_plan(self.config, Path(args["model_repository"]).parent)
+        settings = self.plan.tokenizer
+        verify_sidecar(settings.path)  # the tokenizer model's file, written by `make export`
+        self.tokenizer = TextTokenizer(
+            settings.path, settings.max_length, settings.pad_to_multiple_of
+        )
 
-    async def _one(self, request):
-        try:
-            variant = request_variant(request.parameters(), self.plan)
-            values = pb_utils.get_input_tensor_by_name(request, self.plan.text_input).as_numpy()
-            texts = decode_texts(values, self.plan.text_input, self.plan.limits)
-            embedding = await run_route(pb_utils, self.plan, variant, text_tensor(texts))
-            return encode_response(pb_utils, {self.plan.output: embedding}, self.config)
-        except Exception as e:
-            return error_response(pb_utils, e, self.config.name)
+    def _decode(self, request):
+        variant = request_variant(request.parameters(), self.plan)
+        values = pb_utils.get_input_tensor_by_name(request, self.plan.text_input).as_numpy()
+        return variant, decode_texts(values, self.plan.text_input, self.plan.limits)
 
-    async def execute(self, requests):
-        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+    def execute(self, requests):
+        responses = [None] * len(requests)
+        by_variant = {}
+        for i, request in enumerate(requests):
+            try:
+                variant, texts = self._decode(request)
+            except ServingError as e:
+                responses[i] = error_response(pb_utils, e, self.config.name)
+                continue
+            by_variant.setdefault(variant, []).append((i, texts))
+        for variant, members in by_variant.items():
+            route = self.plan.routes[variant]
+            texts = [t for _, ts in members for t in ts]
+            parts = split_tokens(
+                self.tokenizer.encode(texts),
+                [len(ts) for _, ts in members],
+                pad_to_multiple_of=self.tokenizer.pad_to_multiple_of,
+            )
+            indexed = [(i, part) for (i, _), part in zip(members, parts, strict=True)]
+            for batch in plan_encoder_calls(indexed, route):
+                try:
+                    out = call_encoder(pb_utils, route, batch.inputs, self.plan.stage_timeout_ms)
+                    for i, rows in split_encoder_output(out, batch, route):
+                        responses[i] = encode_response(
+                            pb_utils, {self.plan.output: rows}, self.config
+                        )
+                except Exception as e:
+                    for m in batch.members:
+                        responses[m.request_index] = error_response(pb_utils, e, self.config.name)
+        return responses

@@ -3,7 +3,8 @@
 Serves every model whose config says ``backend: "onnxruntime"`` (the NVIDIA container's native
 backend serves the same config). Reads everything from the config: ``default_model_filename``,
 tensor names/dtypes, ``max_batch_size``, ``parameters.intra_op_thread_count`` /
-``inter_op_thread_count`` (the native backend's keys) and ``pad_values``.
+``inter_op_thread_count`` (the native backend's keys), ONNX Runtime session config entries
+(parameters whose key starts with ``session.``) and ``pad_values``.
 """
 
 import triton_python_backend_utils as pb_utils
@@ -27,6 +28,11 @@ class TritonPythonModel:
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.config.param("intra_op_thread_count", 0, int)
         options.inter_op_num_threads = self.config.param("inter_op_thread_count", 0, int)
+        # ONNX Runtime session config entries ("session.intra_op.allow_spinning" = "0", ...) pass
+        # through as they are; the native backend ignores parameters it does not know.
+        for key, value in self.config.parameters.items():
+            if key.startswith("session."):
+                options.add_session_config_entry(key, value)
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.output_names = [o.name for o in self.config.outputs]
         # Symbolic dims (dim_param) name the axes: outputs are unpadded along the inputs' names.

@@ -1,0 +1,91 @@
+"""The ``embed_bls`` plan and its batching: encoder calls per shape, outputs back per request."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tritonforge.bls import (
+    EncoderRoute,
+    build_plan,
+    plan_encoder_calls,
+    request_variant,
+    split_encoder_output,
+)
+from tritonforge.errors import InvalidInputError, StageUnavailableError
+from tritonforge.repository import load_model_config
+
+REPO = Path(__file__).resolve().parents[2] / "model_repository"
+ROUTE = EncoderRoute("enc", {"ids": "input_ids", "mask": "attention_mask"}, "emb")
+
+
+def tokens(rows: int, length: int, start: int) -> dict[str, np.ndarray]:
+    ids = np.arange(start, start + rows * length, dtype=np.int64).reshape(rows, length)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+
+def fake_encoder(inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """One row per input row that identifies it: (first id, length)."""
+    ids = inputs["ids"]
+    return np.stack([ids[:, 0], np.full(len(ids), ids.shape[1])], axis=1).astype(np.float32)
+
+
+def test_equal_shapes_share_one_call_and_every_request_gets_its_own_rows() -> None:
+    parts = [(0, tokens(1, 16, 1)), (3, tokens(2, 32, 100)), (5, tokens(3, 16, 500))]
+    calls = plan_encoder_calls(parts, ROUTE)
+    assert sorted(c.size for c in calls) == [2, 4]  # the two 16-token requests are merged
+    for call in calls:
+        assert set(call.inputs) == {"ids", "mask"}  # renamed to the encoder's inputs
+    got = {}
+    for call in calls:
+        got.update(split_encoder_output(fake_encoder(call.inputs), call, ROUTE))
+    for index, part in parts:
+        expected = fake_encoder({"ids": part["input_ids"]})
+        np.testing.assert_array_equal(got[index], expected)
+
+
+@pytest.fixture
+def plan_repo(tmp_path: Path) -> Path:
+    """The committed BLS + tokenizer configs, a stand-in tokenizer file, one fp32 encoder."""
+    root = tmp_path / "repo"
+    for name in ("tokenizer", "embed_bls"):
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("*.json"))
+    (root / "encoder_fp32" / "1").mkdir(parents=True)
+    tensors = ", ".join(
+        f'{{ name: "{n}" data_type: TYPE_INT64 dims: [ -1 ] }}'
+        for n in ("input_ids", "attention_mask", "token_type_ids")
+    )
+    (root / "encoder_fp32" / "config.pbtxt").write_text(
+        'name: "encoder_fp32"\nbackend: "onnxruntime"\nmax_batch_size: 64\n'
+        f"input [ {tensors} ]\n"
+        'output [ { name: "sentence_embedding" data_type: TYPE_FP32 dims: [ 384 ] } ]\n'
+    )
+    return root
+
+
+def test_plan_reads_tokenizer_settings_and_marks_unexported_variants(plan_repo: Path) -> None:
+    plan = build_plan(load_model_config(plan_repo, "embed_bls"), plan_repo)
+    tokenizer = load_model_config(plan_repo, "tokenizer")
+    assert plan.tokenizer.path == plan_repo / "tokenizer" / "1" / "tokenizer.json"
+    assert plan.tokenizer.max_length == tokenizer.param("max_length", kind=int)
+    assert plan.tokenizer.pad_to_multiple_of == tokenizer.param("pad_to_multiple_of", kind=int)
+    assert set(plan.routes) == {"fp32"}
+    assert plan.routes["fp32"].output == "sentence_embedding"
+    assert set(plan.missing) == {"int8", "torchscript"}
+    assert request_variant(None, plan) == "fp32"
+    with pytest.raises(StageUnavailableError, match="run `make export`"):
+        request_variant('{"variant": "int8"}', plan)
+
+
+def test_unknown_variant_is_named_but_a_long_one_is_not_echoed(plan_repo: Path) -> None:
+    plan = build_plan(load_model_config(plan_repo, "embed_bls"), plan_repo)
+    with pytest.raises(InvalidInputError, match="'fp16' is unknown"):
+        request_variant({"variant": "fp16"}, plan)
+    with pytest.raises(InvalidInputError) as info:
+        request_variant({"variant": "x" * 10_000}, plan)
+    assert len(str(info.value)) < 200
+    with pytest.raises(InvalidInputError, match="not valid JSON"):
+        request_variant("{", plan)
