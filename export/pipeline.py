@@ -310,7 +310,7 @@ def _int8(
     """Quantize (with the sensitivity search), audit, gate; returns the audit problems."""
     import onnx
 
-    from export.quantize import audit_qdq, cosines, search_exclusions
+    from export.quantize import audit_int8, cosines, search_exclusions
 
     serving, gate = spec.serving, spec.quality_gate
     assert serving is not None and gate is not None and spec.calibration and spec.evaluation
@@ -320,12 +320,13 @@ def _int8(
         evaluation = spec.evaluation()
         fp32 = parity.ort_runner(raw)
         ref = [fp32(b)[gate.output] for b in evaluation]
-    with steps("int8 QDQ quantization + quality gate (greedy sensitivity search)"):
+    method = spec.quantization.method
+    with steps(f"int8 {method} quantization + quality gate (greedy sensitivity search)"):
         result = search_exclusions(
             spec, raw, target, staging.root / ".work", calibration, evaluation, ref, steps.note
         )
-    with steps("int8 audit (every QuantizeLinear/DequantizeLinear) + graph checks"):
-        problems, counts = audit_qdq(onnx.load(str(target)))
+    with steps("int8 audit (every scale and zero point) + graph checks"):
+        problems, counts = audit_int8(onnx.load(str(target)))
         report["graph_checks"]["int8"] = onnx_checks.check_graph(target, spec)
         steps.note(f"{counts}, {len(problems)} problem(s)")
     with steps("int8 speed vs fp32 + grid cosine"):
@@ -347,7 +348,7 @@ def _int8(
         "calibration_batches": len(calibration),
         "evaluation_source": spec.evaluation_source,
         "settings": {
-            "format": "QDQ",
+            "method": method,
             "per_channel": spec.quantization.per_channel,
             "activation_type": spec.quantization.activation_type,
             "weight_type": spec.quantization.weight_type,

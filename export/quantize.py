@@ -1,5 +1,6 @@
-"""int8 QDQ static quantization: calibration, the Q/DQ audit, the cosine gate and the greedy
-sensitivity search that finds which weight groups must stay in fp32."""
+"""int8 quantization (dynamic, or static QDQ with calibration), the scale/zero-point audit of
+either format, the cosine gate and the greedy sensitivity search that finds which weight groups
+must stay in fp32."""
 
 from __future__ import annotations
 
@@ -60,16 +61,36 @@ def quantize_int8(
     cache: Path,
     exclude: Sequence[str] = (),
 ) -> None:
-    """QDQ static quantization of ``src``; calibration ranges are computed once into ``cache``."""
+    """int8 quantization of ``src`` by ``settings.method``; for static QDQ the calibration
+    ranges are computed once into ``cache`` (dynamic quantization needs no calibration)."""
     from onnxruntime.quantization import (
         CalibrationMethod,
         QuantFormat,
         QuantType,
+        quantize_dynamic,
         quantize_static,
     )
 
     names = {i.name for i in onnx.load(str(src), load_external_data=False).graph.input}
     logging.getLogger().setLevel(logging.ERROR)
+    if settings.method not in ("dynamic", "static_qdq"):
+        raise ValueError(f"quantization method {settings.method!r}: use dynamic or static_qdq")
+    if settings.method == "dynamic":
+        with contextlib.redirect_stdout(io.StringIO()):
+            quantize_dynamic(
+                str(src),
+                str(dst),
+                op_types_to_quantize=list(settings.op_types),
+                per_channel=settings.per_channel,
+                weight_type=QuantType[settings.weight_type],
+                nodes_to_exclude=list(exclude),
+                # The source may hold ORT's fused contrib ops (no ONNX shape inference for them).
+                extra_options={
+                    "MatMulConstBOnly": settings.weights_only,
+                    "DefaultTensorType": onnx.TensorProto.FLOAT,
+                },
+            )
+        return
     with contextlib.redirect_stdout(io.StringIO()):
         quantize_static(
             str(src),
@@ -218,6 +239,93 @@ def audit_qdq(model: onnx.ModelProto) -> tuple[list[str], dict[str, int]]:
                     f"Q/DQ pair {node.name} -> {user.name}: scale/zero point/axis differ"
                 )
     return problems, counts
+
+
+def _check_scale(label: str, name: str, scale: np.ndarray, problems: list[str]) -> None:
+    s = scale.astype(np.float64)
+    bad = ~np.isfinite(s)
+    if bad.any():
+        problems.append(f"{label}: scale {name!r} has {int(bad.sum())} non-finite value(s)")
+    finite = s[np.isfinite(s)]
+    if (finite <= 0).any():
+        problems.append(f"{label}: scale {name!r} has {int((finite <= 0).sum())} value(s) <= 0")
+    tiny = (finite > 0) & (finite < MIN_SCALE)
+    if tiny.any():
+        problems.append(
+            f"{label}: scale {name!r} has {int(tiny.sum())} value(s) below {MIN_SCALE:g} "
+            "(denormal range)"
+        )
+
+
+def audit_dynamic(model: onnx.ModelProto) -> tuple[list[str], dict[str, int]]:
+    """Check every MatMulInteger of a dynamically quantized graph; ``(problems, counts)``.
+
+    Weight: a constant 2-D integer tensor. Weight zero point: constant, integer, within range,
+    one value or one per output channel. Weight scale (the constant factor of the
+    ``a_scale * b_scale`` Mul that rescales the int32 result): finite, > 0, >= 1e-8, one value or
+    one per output channel, as many as the zero points. Activations: quantized at run time by a
+    DynamicQuantizeLinear (its scale/zero point are computed, not stored).
+    """
+    problems: list[str] = []
+    constants = _constants(model)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMulInteger"]
+    counts = {
+        "MatMulInteger": len(matmuls),
+        "DynamicQuantizeLinear": sum(
+            n.op_type == "DynamicQuantizeLinear" for n in model.graph.node
+        ),
+    }
+    for index, node in enumerate(matmuls):
+        label = f"MatMulInteger {node.name or f'#{index}'}"
+        a_src = producer.get(node.input[0])
+        if a_src is None or a_src.op_type != "DynamicQuantizeLinear":
+            problems.append(f"{label}: activation is not quantized by a DynamicQuantizeLinear")
+        weight = constants.get(node.input[1])
+        if weight is None or weight.dtype.kind not in "iu" or weight.ndim != 2:
+            problems.append(f"{label}: weight {node.input[1]!r} is not a constant 2-D int tensor")
+            continue
+        channels = weight.shape[1]
+        zp = constants.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+        if zp is None:
+            problems.append(f"{label}: weight zero point is missing or not a constant")
+        else:
+            if zp.dtype != weight.dtype:
+                problems.append(f"{label}: zero point dtype {zp.dtype} != weight {weight.dtype}")
+            if zp.size not in (1, channels):
+                problems.append(f"{label}: {zp.size} zero points for {channels} channels")
+        cast = next(iter(consumers.get(node.output[0], [])), None)
+        rescale = next(iter(consumers.get(cast.output[0], []))) if cast is not None else None
+        if cast is None or cast.op_type != "Cast" or rescale is None or rescale.op_type != "Mul":
+            problems.append(f"{label}: result is not rescaled by Cast -> Mul")
+            continue
+        factor = next((producer.get(i) for i in rescale.input if producer.get(i) is not cast), None)
+        scales = [
+            constants[i] for i in (factor.input if factor is not None else ()) if i in constants
+        ]
+        if factor is None or factor.op_type != "Mul" or len(scales) != 1:
+            problems.append(f"{label}: no constant weight scale in the rescaling Mul")
+            continue
+        _check_scale(label, factor.input[-1], scales[0], problems)
+        if scales[0].size not in (1, channels) or (zp is not None and zp.size != scales[0].size):
+            problems.append(
+                f"{label}: {scales[0].size} scales for {channels} channels"
+                + (f" and {zp.size} zero points" if zp is not None else "")
+            )
+    return problems, counts
+
+
+def audit_int8(model: onnx.ModelProto) -> tuple[list[str], dict[str, int]]:
+    """Both audits (QDQ pairs and dynamic MatMulInteger); a graph has the nodes of one format."""
+    qdq, qdq_counts = audit_qdq(model)
+    dyn, dyn_counts = audit_dynamic(model)
+    if not any((*qdq_counts.values(), *dyn_counts.values())):
+        return ["no quantized node in the int8 graph"], {**qdq_counts, **dyn_counts}
+    return qdq + dyn, {**qdq_counts, **dyn_counts}
 
 
 # -- quality gate and search ------------------------------------------------------------------

@@ -61,7 +61,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         chosen = q["search"]["chosen"]
         lines += [
             "",
-            "## int8 QDQ",
+            f"## int8 ({q['settings'].get('method', 'static_qdq')})",
             "",
             f"- audit: {q['audit']['counts']}, problems: {len(q['audit']['problems'])}",
             f"- quality (held-out {q['quality']['sentences']} sentences): mean cosine "

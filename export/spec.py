@@ -51,8 +51,14 @@ class QualityGate:
 
 @dataclass(frozen=True)
 class Quantization:
-    """Static QDQ int8 settings (onnxruntime.quantization)."""
+    """int8 settings (onnxruntime.quantization).
 
+    ``method``: ``"dynamic"`` quantizes the weights per channel offline and the activations per
+    tensor at run time (MatMulInteger: ONNX Runtime's VNNI/AMX int8 kernels on x86), or
+    ``"static_qdq"``, calibrated QuantizeLinear/DequantizeLinear pairs (what TensorRT consumes).
+    """
+
+    method: str = "static_qdq"
     op_types: tuple[str, ...] = ("MatMul",)
     weights_only: bool = True  # MatMulConstBOnly: quantize MatMuls with a constant weight only
     per_channel: bool = True

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from export.errors import QuantAuditError, VerificationError
 from export.pipeline import Options, run_export
-from export.quantize import audit_qdq, quantize_int8
+from export.quantize import audit_dynamic, audit_int8, audit_qdq, quantize_int8
 from export.repository import clean, staging_parent
 from export.spec import BATCH_AXIS, ExportSpec, Inputs, Quantization, Serving, TensorDecl
 from export.tritonconfig import check_repository, cross_check, onnx_io
@@ -220,3 +220,55 @@ def test_audit_flags_tiny_scale_and_bad_axis(quantized: onnx.ModelProto) -> None
     problems, _ = audit_qdq(quantized)
     assert any(node1 in p and "below 1e-08" in p for p in problems)
     assert any(node2 in p and "axis 5 invalid for rank 2" in p for p in problems)
+
+
+@pytest.fixture
+def dynamic(tmp_path: Path) -> onnx.ModelProto:
+    src, dst = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
+    _matmul_graph(src)
+    quantize_int8(src, dst, Quantization(method="dynamic"), [], tmp_path / "cache.json")
+    return onnx.load(str(dst))
+
+
+def _weight_scale(model: onnx.ModelProto, weight: str) -> onnx.TensorProto:
+    inits = {i.name: i for i in model.graph.initializer}
+    return next(t for name, t in inits.items() if name.startswith(weight) and "scale" in name)
+
+
+def test_dynamic_audit_accepts_real_graph_and_checks_every_matmul(
+    dynamic: onnx.ModelProto,
+) -> None:
+    problems, counts = audit_int8(dynamic)
+    assert problems == []
+    assert counts["MatMulInteger"] == 2 and counts["DynamicQuantizeLinear"] == 2
+    assert counts["QuantizeLinear"] == 0
+
+
+@pytest.mark.parametrize("bad", [0.0, float("nan"), 1e-12])
+def test_dynamic_audit_names_the_matmul_with_a_broken_weight_scale(
+    dynamic: onnx.ModelProto, bad: float
+) -> None:
+    scale = _weight_scale(dynamic, "W2")
+    values = numpy_helper.to_array(scale).copy()
+    values.reshape(-1)[0] = bad
+    scale.CopyFrom(numpy_helper.from_array(values, scale.name))
+    problems, _ = audit_dynamic(dynamic)
+    assert problems, "a broken scale passed the audit"
+    assert all("mm2" in p for p in problems), problems
+
+
+def test_dynamic_audit_flags_zero_points_that_do_not_match_the_channels(
+    dynamic: onnx.ModelProto,
+) -> None:
+    inits = {i.name: i for i in dynamic.graph.initializer}
+    zp = next(t for name, t in inits.items() if name.startswith("W1") and "zero_point" in name)
+    values = numpy_helper.to_array(zp)
+    zp.CopyFrom(numpy_helper.from_array(np.concatenate([values, values[:1]]), zp.name))
+    problems, _ = audit_dynamic(dynamic)
+    assert any("mm1" in p and "zero points for 16 channels" in p for p in problems), problems
+
+
+def test_int8_audit_refuses_a_graph_with_nothing_quantized(tmp_path: Path) -> None:
+    _matmul_graph(tmp_path / "fp32.onnx")
+    problems, _ = audit_int8(onnx.load(str(tmp_path / "fp32.onnx")))
+    assert problems == ["no quantized node in the int8 graph"]
