@@ -67,7 +67,8 @@ test-unit: $(STAMP)
 test-integration: $(STAMP)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
-bench: export  ## throughput/latency table: in-process limit vs FastAPI vs Triton pipelines
+bench: export  ## throughput/latency table: in-process limit vs FastAPI vs Triton pipelines (Locust + perf_analyzer)
+	@$(PY) -m loadtest.perf_analyzer path >/dev/null 2>&1 || $(PY) -m loadtest.perf_analyzer install
 	$(PY) -m loadtest.bench --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
 
 loadtest: export  ## bounded Locust run with SLO gates (embedded server, or URL=host:8000 of a running one)

@@ -713,12 +713,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         embedders = (
             {} if args.skip_inprocess else load_embedders(args.model_repository, args.variants)
         )
+        warned = False
         for round_ in range(1, args.repeats + 1):
             print(f"==> round {round_}/{args.repeats}", flush=True)
             inproc += measure_inprocess(embedders, texts, args.inprocess_s)
             for target in plan:
                 for conc in args.concurrency:
                     before = model_stats(http, headers) if target.system == "triton" else {}
+                    if target.system == "triton" and not before and not warned:
+                        warned = True
+                        print(
+                            "   (Triton's statistics API did not answer: no per-stage breakdown; "
+                            "for a running server set TRITONFORGE_ADMIN_KEY)"
+                        )
                     if target.generator == "perf_analyzer":
                         cell = run_perf_analyzer_cell(
                             target, conc, url=http if target.protocol == "http" else grpc,

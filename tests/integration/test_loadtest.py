@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,26 +59,40 @@ def test_impossible_thresholds_fail_with_exit_1_naming_each(
     assert "grpc embed_bls[int8]" in names
 
 
-def test_bench_smoke_writes_rows_with_ratios(
+def test_bench_smoke_writes_rows_with_ratios_and_reports_a_failed_generator(
     pipeline_server: EmbeddedServer, tmp_path: Path
 ) -> None:
+    """Locust over HTTP measures; perf_analyzer is made unavailable (an empty tool dir): its cell
+    is reported as failed and the table, JSON and PNG are still written (exit 0)."""
+    env = {
+        **os.environ,
+        "TRITONFORGE_PERF_ANALYZER_DIR": str(tmp_path / "no-tool"),
+        "TRITONFORGE_ADMIN_KEY": next(iter(pipeline_server.admin_headers.values())),
+    }
     done = subprocess.run(
         [
             sys.executable, "-m", "loadtest.bench", "--url", pipeline_server.http_url,
             "--grpc-url", pipeline_server.grpc_url, "--reports-dir", str(tmp_path),
             "--duration-s", "3", "--warmup-s", "1", "--inprocess-s", "1", "--concurrency", "1",
-            "--pipelines", "ensemble", "--variants", "fp32", "--protocols", "grpc",
-            "--skip-fastapi", "--repeats", "2",
+            "--pipelines", "ensemble", "--variants", "fp32", "--locust-protocols", "http",
+            "--pa-protocols", "grpc", "--skip-fastapi", "--repeats", "2",
         ],
-        capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=240, check=False,
+        capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=240, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     (report,) = tmp_path.glob("bench-*.json")
     data = json.loads(report.read_text())
-    (row,) = data["cells"]
-    assert row["label"] == "ensemble fp32 grpc" and row["requests"] > 0 and row["failures"] == 0
-    assert row["repeats"] == 2 and len(data["rounds"]["cells"]) == 2
-    assert row["x_inprocess_throughput"] > 0 and row["x_inprocess_p50"] > 0
+    rows = {r["label"]: r for r in data["cells"]}
+    ok = rows["ensemble fp32 http/locust"]
+    assert ok["status"] == "ok" and ok["requests"] > 0 and ok["failures"] == 0
+    assert ok["repeats"] == 2 and len(data["rounds"]["cells"]) == 4
+    (inproc1,) = [r for r in data["inprocess"] if r["batch"] == 1]
+    assert ok["x_inprocess_throughput"] > 0
+    assert ok["p50_minus_inprocess_ms"] == pytest.approx(ok["p50_ms"] - inproc1["p50_ms"])
+    assert 0 < ok["generator_cpu_share"] <= 1
+    assert ok["server_stats"]["encoder_fp32"]["inference_count"] > 0  # per-stage breakdown
+    failed = rows["ensemble fp32 grpc/pa"]
+    assert failed["status"].startswith("2/2 rounds: failed: perf_analyzer is not installed")
     assert {r["batch"] for r in data["inprocess"]} == {1, 16}
     assert list(tmp_path.glob("bench-*.png"))
-    assert "thr/inproc16" in done.stdout
+    assert "thr/inproc1" in done.stdout and "Where the time goes" in done.stdout

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from loadtest import corpus
+from loadtest.bench import EMPTY_SUMMARY, Cell, Target, aggregate, analyse, table
 from loadtest.slo import SloThresholds, ValidationError, check_slos, summarize, validate
 
 LIMITS = SloThresholds(p95_ms=100, p99_ms=200, min_rps=10, max_fail_ratio=0.01)
@@ -79,3 +80,41 @@ def test_corpus_is_deterministic_with_the_documented_mix() -> None:
     assert abs(np.mean(words <= mix.query_words[1]) - 0.3) < 0.05
     assert abs(np.mean(words >= mix.passage_words[0]) - 0.2) < 0.05
     assert all(t.strip() for t in texts)
+
+
+def _cell(target: Target, summary: dict[str, float], status: str = "ok") -> Cell:
+    return Cell(target, 16, summary, 0 if status == "ok" else 1, status, 0.1)
+
+
+def test_bench_aggregates_a_failed_round_without_losing_the_cell() -> None:
+    """The KeyError('window_s') crash: a failed round has none of the sample keys."""
+    ens = Target("triton", "grpc", "ensemble", "fp32", "perf_analyzer")
+    bls = Target("triton", "grpc", "bls", "fp32", "perf_analyzer")
+    good = {"requests": 100, "failures": 0, "sentences_per_s": 50.0, "p50_ms": 10.0,
+            "p95_ms": 20.0, "p99_ms": 30.0, "window_s": 5.0}  # fmt: skip
+    stalled = {"requests": 0, "failures": -1, "sentences_per_s": 0.0}  # the old failure summary
+    cells = [
+        _cell(ens, good),
+        _cell(ens, dict(EMPTY_SUMMARY), "failed: perf_analyzer stalled: killed after 80 s"),
+        _cell(bls, good),
+        _cell(bls, stalled, "stalled twice (killed after 67 s)"),
+    ]
+    inproc = [{"variant": "fp32", "batch": 1, "sentences_per_s": 100.0, "p50_ms": 5.0,
+               "p95_ms": 6.0, "p99_ms": 7.0}]  # fmt: skip
+    merged, ip = aggregate(cells, inproc)
+    by = {c.target: c for c in merged}
+    assert by[ens].summary["sentences_per_s"] == 50.0  # the NaN round does not drag the median
+    assert by[ens].summary["window_s"] == 5.0
+    assert by[ens].status == "1/2 rounds: failed: perf_analyzer stalled: killed after 80 s"
+    assert by[bls].status.startswith("1/2 rounds: stalled twice")
+    rows, lines = analyse(merged, ip)
+    assert any(line.startswith("MISSED") and "BLS fp32 grpc/pa @16" in line for line in lines)
+    assert any("0.50x the in-process batch-1 limit" in line for line in lines)
+    text = table(rows, ip)
+    assert "1/2 rounds: failed" in text and "ensemble fp32 grpc/pa" in text
+
+
+def test_bench_reports_a_cell_that_never_answered_as_nan() -> None:
+    ens = Target("triton", "grpc", "ensemble", "fp32", "perf_analyzer")
+    merged, _ = aggregate([_cell(ens, dict(EMPTY_SUMMARY), "failed: x")], [])
+    assert math.isnan(merged[0].summary["p99_ms"]) and merged[0].status == "1/1 rounds: failed: x"
