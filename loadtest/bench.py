@@ -208,17 +208,24 @@ def run_perf_analyzer_cell(
 
     model, parameters = route(target.pipeline, target.variant)
     cpu0, t0 = _children_cpu_s(), time.monotonic()
-    try:
-        r = perf_analyzer.measure(
-            model=model, url=url, protocol=target.protocol, concurrency=concurrency,
-            texts=texts, window_ms=max(1000, int(duration_s * 1000 / 2)), workdir=workdir,
-            parameters=parameters, headers=headers, timeout_s=4 * duration_s + 60,
-        )  # fmt: skip
-    except perf_analyzer.PerfAnalyzerError as e:
-        share = _cpu_share(_children_cpu_s() - cpu0, time.monotonic() - t0)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return Cell(target, concurrency, dict(EMPTY_SUMMARY), 1, f"failed: {first[:120]}", share)
+    status = "ok"
+    for attempt in (1, 2):  # a failed run (e.g. "no stable measurement") is tried once more
+        try:
+            r = perf_analyzer.measure(
+                model=model, url=url, protocol=target.protocol, concurrency=concurrency,
+                texts=texts, window_ms=max(1000, int(duration_s * 1000 / 2)), workdir=workdir,
+                parameters=parameters, headers=headers, timeout_s=4 * duration_s + 60,
+            )  # fmt: skip
+            status = "ok" if attempt == 1 else "ok (after a failed attempt)"
+            break
+        except perf_analyzer.PerfAnalyzerError as e:
+            status = f"failed: {_reason(str(e))}"
+            print(f"    perf_analyzer attempt {attempt}: {status}", file=sys.stderr)
+            if "not installed" in str(e):
+                break
     share = _cpu_share(_children_cpu_s() - cpu0, time.monotonic() - t0)
+    if status.startswith("failed"):
+        return Cell(target, concurrency, dict(EMPTY_SUMMARY), 1, status, share)
     summary = {
         **EMPTY_SUMMARY,
         "requests": int(r.get("requests", 0)),
@@ -227,7 +234,16 @@ def run_perf_analyzer_cell(
         "p95_ms": r["p95_ms"],
         "p99_ms": r["p99_ms"],
     }
-    return Cell(target, concurrency, summary, 0, "ok", share)
+    return Cell(target, concurrency, summary, 0, status, share)
+
+
+def _reason(message: str) -> str:
+    """The line of a tool's output that says what went wrong (else its last line), shortened."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return "no output"
+    named = [line for line in lines if "rror" in line or "ailed" in line or "stalled" in line]
+    return (named[-1] if named else lines[-1])[:160]
 
 
 def _wait_http(url: str, timeout_s: float) -> None:
