@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from client.settings import route
 from loadtest import corpus
 from loadtest.run import exit_on_sigterm, locust_command
 from runtime.server import ADMIN_HEADER, free_port, serving
@@ -82,6 +83,9 @@ class Cell:
     status: str = "ok"
     generator_cpu_share: float = math.nan  # the generator's CPU time / (wall time x cores)
     server_stats: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Server CPU time per request (tritonserver + stubs): robust on a loaded machine, unlike
+    # throughput; NaN against a server not started by the bench.
+    server_cpu_ms_per_request: float = math.nan
 
 
 EMPTY_SUMMARY: dict[str, Any] = {
@@ -121,6 +125,25 @@ def machine() -> dict[str, Any]:
         "locust": locust.__version__,
         "load_average_at_start": os.getloadavg(),
     }
+
+
+def tree_cpu_s(pid: int | None) -> float:
+    """CPU seconds used so far by process ``pid`` and its descendants (tritonserver + stubs)."""
+    import psutil
+
+    if pid is None:
+        return math.nan
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return math.nan
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
 
 
 def _children_cpu_s() -> float:
@@ -203,7 +226,6 @@ def run_perf_analyzer_cell(
     headers: dict[str, str],
 ) -> Cell:
     """One bounded perf_analyzer run (C++ client, far cheaper than Locust on 2 cores)."""
-    from client.settings import route
     from loadtest import perf_analyzer
 
     model, parameters = route(target.pipeline, target.variant)
@@ -363,6 +385,7 @@ def aggregate(
                 status,
                 _median([c.generator_cpu_share for c in group]),
                 _sum_stats([c.server_stats for c in group]),
+                _median([c.server_cpu_ms_per_request for c in group]),
             )
         )
     by_ip: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -469,6 +492,7 @@ def analyse(
                 "status": c.status,
                 "generator_cpu_share": c.generator_cpu_share,
                 "server_stats": c.server_stats,
+                "server_cpu_ms_per_request": c.server_cpu_ms_per_request,
                 "x_inprocess_throughput": _ratio(
                     s["sentences_per_s"], ip1["sentences_per_s"] if ip1 else None
                 ),
@@ -488,7 +512,7 @@ def table(rows: list[dict[str, Any]], inproc: list[dict[str, Any]]) -> str:
     head = (
         f"{'target':<30}{'conc':>5}{'sent/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"
         f"{'fail':>6}{'thr/inproc1':>12}{'p50-inproc1':>12}{'thr/fastapi':>12}"
-        f"{'p99/fastapi':>12}{'gen cpu':>8}  status"
+        f"{'p99/fastapi':>12}{'gen cpu':>8}{'srv ms/req':>11}  status"
     )
     out = [head, "-" * len(head)]
     for r in inproc:
@@ -503,7 +527,7 @@ def table(rows: list[dict[str, Any]], inproc: list[dict[str, Any]]) -> str:
             f"{r['p95_ms']:9.1f}{r['p99_ms']:9.1f}{int(r.get('failures', 0)):6d}"
             f"{r['x_inprocess_throughput']:12.2f}{r['p50_minus_inprocess_ms']:+12.1f}"
             f"{r['x_fastapi_throughput']:12.2f}{r['x_fastapi_p99']:12.2f}"
-            f"{r['generator_cpu_share']:8.0%}  {r['status']}"
+            f"{r['generator_cpu_share']:8.0%}{r['server_cpu_ms_per_request']:11.1f}  {r['status']}"
         )
     return "\n".join(out)
 
@@ -706,6 +730,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         targets = targets_from(args)
         http = grpc = ""
         headers: dict[str, str] = {}
+        server_pid: int | None = None
         if targets:
             if args.url:
                 http = args.url.removeprefix("http://")
@@ -717,6 +742,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"==> starting the embedded Triton on {args.model_repository}", flush=True)
                 server = stack.enter_context(serving(args.model_repository))
                 http, grpc, headers = server.http_url, server.grpc_url, server.admin_headers
+                server_pid = server.pid
             plan += targets
         if any(t.generator == "perf_analyzer" for t in plan):
             from loadtest import perf_analyzer
@@ -736,6 +762,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for target in plan:
                 for conc in args.concurrency:
                     before = model_stats(http, headers) if target.system == "triton" else {}
+                    cpu_before = tree_cpu_s(server_pid)
                     if target.system == "triton" and not before and not warned:
                         warned = True
                         print(
@@ -756,12 +783,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         )  # fmt: skip
                     if target.system == "triton":
                         cell.server_stats = stats_delta(before, model_stats(http, headers))
+                        model, _ = route(target.pipeline, target.variant)
+                        served = cell.server_stats.get(model, {}).get("inference_count", 0.0)
+                        used = tree_cpu_s(server_pid) - cpu_before
+                        cell.server_cpu_ms_per_request = (
+                            used * 1000 / served if served else math.nan
+                        )
                     s = cell.summary
                     print(
                         f"   {target.label:<30} @{conc:<3} {s['sentences_per_s']:7.1f} sent/s  "
                         f"p50 {s['p50_ms']:7.1f}  p99 {s['p99_ms']:7.1f} ms  "
                         f"failures {int(s.get('failures', 0))}  generator cpu "
-                        f"{cell.generator_cpu_share:.0%}  {cell.status}",
+                        f"{cell.generator_cpu_share:.0%}  server "
+                        f"{cell.server_cpu_ms_per_request:.1f} CPU ms/request  {cell.status}",
                         flush=True,
                     )
                     cells.append(cell)

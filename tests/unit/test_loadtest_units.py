@@ -83,7 +83,7 @@ def test_corpus_is_deterministic_with_the_documented_mix() -> None:
 
 
 def _cell(target: Target, summary: dict[str, float], status: str = "ok") -> Cell:
-    return Cell(target, 16, summary, 0 if status == "ok" else 1, status, 0.1)
+    return Cell(target, 16, summary, 0 if status == "ok" else 1, status, 0.1, {}, 12.5)
 
 
 def test_bench_aggregates_a_failed_round_without_losing_the_cell() -> None:
@@ -112,6 +112,7 @@ def test_bench_aggregates_a_failed_round_without_losing_the_cell() -> None:
     assert any("0.50x the in-process batch-1 limit" in line for line in lines)
     text = table(rows, ip)
     assert "1/2 rounds: failed" in text and "ensemble fp32 grpc/pa" in text
+    assert rows[0]["server_cpu_ms_per_request"] == 12.5
 
 
 def test_bench_reports_a_cell_that_never_answered_as_nan() -> None:
