@@ -88,7 +88,7 @@ def measure(
 ) -> dict[str, Any]:
     """perf_analyzer's throughput (infer/s), p50/p95/p99 (ms) and server-side breakdown (queue,
     compute per composing model) at one concurrency. Stability checks are off (the machine is
-    shared and noisy): the last of ``--max-trials`` windows is reported.
+    shared and noisy): perf_analyzer stops after 3 windows (at most 6) and reports the last.
 
     ``headers`` unlock restricted APIs (perf_analyzer reads the model config); over gRPC Triton
     expects them as ``triton-grpc-protocol-<name>`` metadata.
@@ -105,7 +105,7 @@ def measure(
         str(exe), "-m", model, "-u", url, "-i", protocol, "-b", "1",
         "--concurrency-range", str(concurrency), "--input-data", str(data),
         "--measurement-interval", str(window_ms), "--stability-percentage", "999",
-        "--max-trials", "3", "--percentile", "95", "-f", str(out),
+        "--max-trials", "6", "--percentile", "95", "-f", str(out),
     ]  # fmt: skip
     for key, value in (parameters or {}).items():
         command += ["--request-parameter", f"{key}:{value}:string"]
