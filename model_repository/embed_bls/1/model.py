@@ -27,7 +27,7 @@ class TritonPythonModel:
         self.config = ModelConfig.from_json(args["model_config"])
         self.plan = build_plan(self.config, Path(args["model_repository"]).parent)
         settings = self.plan.tokenizer
-        verify_sidecar(settings.path)  # the tokenizer model's file, written by `make export`
+        verify_sidecar(settings.path, required=True)  # the tokenizer model's file (make export)
         self.tokenizer = TextTokenizer(
             settings.path, settings.max_length, settings.pad_to_multiple_of
         )

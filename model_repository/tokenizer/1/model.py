@@ -25,7 +25,7 @@ class TritonPythonModel:
             max_text_bytes=self.config.param("max_text_bytes", TextLimits.max_text_bytes, int),
         )
         path = model_dir / args["model_version"] / self.config.param("tokenizer_file")
-        verify_sidecar(path)  # written by `make export`; a mismatch fails the load
+        verify_sidecar(path, required=True)  # written by `make export`; missing/mismatch: no load
         self.pad_to = self.config.param("pad_to_multiple_of", 1, int)
         self.tokenizer = TextTokenizer(path, self.config.param("max_length", kind=int), self.pad_to)
 
