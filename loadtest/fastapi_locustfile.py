@@ -5,10 +5,12 @@ Same corpus, validation, SLO gates and sample output as :mod:`loadtest.locustfil
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from locust import FastHttpUser, constant, task
 
-from loadtest.locust_common import next_texts
+from loadtest.locust_common import bounded_network_timeout, next_texts
 from loadtest.slo import ValidationError, validate
 
 
@@ -16,6 +18,10 @@ class FastApiUser(FastHttpUser):
     """The baseline: POST ``{"texts": [...]}`` to the FastAPI service's ``--embed-path``."""
 
     wait_time = constant(0)
+
+    def __init__(self, environment: Any) -> None:
+        bounded_network_timeout(self, environment)
+        super().__init__(environment)
 
     def on_start(self) -> None:
         options = self.environment.parsed_options

@@ -39,6 +39,13 @@ def next_texts(n: int) -> list[str]:
     return out
 
 
+def bounded_network_timeout(user: Any, environment: Environment) -> None:
+    """Give a FastHttpUser ``--request-timeout-s`` (its client reads it when it is built)."""
+    options = getattr(environment, "parsed_options", None)
+    if options is not None:
+        user.network_timeout = options.request_timeout_s
+
+
 def grpc_target(grpc_url: str, host: str | None) -> str:
     """``--grpc-url``, else the HTTP ``--host``'s hostname on Triton's default gRPC port 8001."""
     if grpc_url:
@@ -84,6 +91,14 @@ def _options(parser: Any) -> None:
         "--slo-max-fail-ratio", type=float, default=0.01, env_var="TRITONFORGE_SLO_MAX_FAIL_RATIO"
     )
     parser.add_argument("--samples-out", default="", help="write exact latencies (JSON) here")
+    parser.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=8.0,
+        env_var="TRITONFORGE_LOADTEST_REQUEST_TIMEOUT_S",
+        help="a request unanswered after this long is a failure; below Locust's 10 s stop "
+        "timeout, so a hung call can no longer stall the run's shutdown",
+    )
     parser.add_argument(
         "--warmup-s",
         type=float,

@@ -26,7 +26,7 @@ import numpy as np
 from locust import FastHttpUser, User, constant, task
 
 from client.settings import INPUT_NAME, OUTPUT_NAME, route
-from loadtest.locust_common import grpc_target, next_texts
+from loadtest.locust_common import bounded_network_timeout, grpc_target, next_texts
 from loadtest.slo import ValidationError, validate
 
 
@@ -53,6 +53,10 @@ class TritonHttpUser(FastHttpUser):
     """POSTs KServe-v2 JSON to ``/v2/models/<model>/infer``."""
 
     wait_time = constant(0)
+
+    def __init__(self, environment: Any) -> None:
+        bounded_network_timeout(self, environment)
+        super().__init__(environment)
 
     def on_start(self) -> None:
         options = self.environment.parsed_options
@@ -98,6 +102,7 @@ class TritonGrpcUser(User):
             grpc_target(options.grpc_url, self.environment.host)
         )
         self.outputs = [grpcclient.InferRequestedOutput(OUTPUT_NAME)]
+        self.timeout_s = options.request_timeout_s
 
     def on_stop(self) -> None:
         self.triton.close()
@@ -113,7 +118,13 @@ class TritonGrpcUser(User):
         exception: BaseException | None = None
         length = 0
         try:
-            result = self.triton.infer(self.model, [infer_input], outputs=self.outputs, **kwargs)
+            result = self.triton.infer(
+                self.model,
+                [infer_input],
+                outputs=self.outputs,
+                client_timeout=self.timeout_s,
+                **kwargs,
+            )
             array = result.as_numpy(OUTPUT_NAME)
             length = int(array.nbytes)
             validate(array, len(texts))

@@ -98,3 +98,58 @@ def test_bench_smoke_writes_rows_with_ratios_and_reports_a_failed_generator(
     assert {r["batch"] for r in data["inprocess"]} == {1, 16}
     assert list(tmp_path.glob("bench-*.png"))
     assert "thr/inproc1" in done.stdout and "Where the time goes" in done.stdout
+
+
+@pytest.mark.parametrize("user_class", ["TritonHttpUser", "TritonGrpcUser"])
+def test_a_server_that_never_answers_fails_requests_instead_of_stalling_the_run(
+    tmp_path: Path, user_class: str
+) -> None:
+    """A listener that accepts and never replies (a hung server): each request fails after
+    --request-timeout-s and Locust stops on time (was: users blocked past the stop timeout)."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = listener.getsockname()[1]
+    samples = tmp_path / "samples.json"
+    from loadtest.run import locust_command
+
+    command = locust_command(
+        locustfile=PROJECT_ROOT / "loadtest" / "locustfile.py",
+        user_classes=[user_class],
+        host=f"http://127.0.0.1:{port}",
+        users=2,
+        duration_s=3,
+        extra=[
+            "--grpc-url", f"127.0.0.1:{port}", "--request-timeout-s", "1",
+            "--samples-out", str(samples), "--slo-max-fail-ratio", "1", "--slo-min-rps", "0",
+        ],
+    )  # fmt: skip
+    started = time.monotonic()
+    try:
+        subprocess.run(
+            command, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=60, check=False
+        )
+    finally:
+        stop.set()
+        for conn in held:
+            conn.close()
+        listener.close()
+    assert time.monotonic() - started < 30
+    summary = json.loads(samples.read_text())
+    assert summary["failures"] > 0 and summary["requests"] == 0  # every request timed out
