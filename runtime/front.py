@@ -40,11 +40,14 @@ from typing import Any
 import aiohttp
 import grpc
 from aiohttp import web
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2
 
 from runtime.errors import FrontError, ServerStartError
 
 GRPC_SERVICE = "/inference.GRPCInferenceService/"
 GRPC_STREAMING = {f"{GRPC_SERVICE}ModelStreamInfer"}
+GRPC_INFER = f"{GRPC_SERVICE}ModelInfer"
 GRPC_RESTRICTED = {
     GRPC_SERVICE + name
     for name in (
@@ -84,6 +87,40 @@ _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 _INFLATE_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_JSON_SHAPE = re.compile(rb'"shape"\s*:\s*\[([^\]]*)\]')
+MAX_ELEMENTS = 2**31 - 1
+"""Triton 2.51 truncates dims to 32 bits: ``[2**32 + 1, 1]`` passes as batch 1 (and skips the
+max_batch_size check). Every dim, and every tensor's element count, must fit."""
+
+
+def check_shape(dims: Iterable[int], where: str) -> None:
+    """Raise :class:`FrontError` (400) for a negative dim or more than ``MAX_ELEMENTS``."""
+    count = 1
+    for d in dims:
+        if not 0 <= d <= MAX_ELEMENTS:
+            raise FrontError(f"{where}: shape dim {d} is outside [0, {MAX_ELEMENTS}]", 400)
+        count *= d
+        if count > MAX_ELEMENTS:
+            raise FrontError(f"{where}: shape has more than {MAX_ELEMENTS} elements", 400)
+
+
+def check_json_shapes(json_part: bytes) -> None:
+    for m in _JSON_SHAPE.finditer(json_part):
+        try:
+            dims = [int(d) for d in m.group(1).split(b",") if d.strip()]
+        except ValueError:
+            continue  # not integers: Triton's own parser answers that
+        check_shape(dims, "input")
+
+
+def check_infer_message(message: bytes) -> None:
+    """Shape checks on a serialized gRPC ``ModelInferRequest`` (parsed by upb: microseconds)."""
+    try:
+        request = service_pb2.ModelInferRequest.FromString(message)
+    except DecodeError as e:
+        raise FrontError(f"not a valid ModelInferRequest ({e})", 400) from e
+    for tensor in request.inputs:
+        check_shape(tensor.shape, f"input {tensor.name[:64]!r}")
 
 
 def json_depth(data: bytes) -> int:
@@ -194,6 +231,7 @@ class HttpFront:
                 f"{self.limits.max_json_depth} allowed",
                 400,
             )
+        check_json_shapes(json_part)
 
     def _restricted(self, request: web.BaseRequest) -> bool:
         raw = request.rel_url.raw_path
@@ -202,13 +240,15 @@ class HttpFront:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
-            if self._restricted(request) and self.admin_key is not None:
-                if not admin_ok(request.headers.get(self.admin_header), self.admin_key):
-                    raise FrontError(
-                        f"this API is restricted: send the admin key in the {self.admin_header} "
-                        "header",
-                        403,
-                    )
+            if (
+                self.admin_key is not None
+                and self._restricted(request)
+                and not admin_ok(request.headers.get(self.admin_header), self.admin_key)
+            ):
+                raise FrontError(
+                    f"this API is restricted: send the admin key in the {self.admin_header} header",
+                    403,
+                )
             body = await self._read_body(request)
             headers = {
                 k: v
@@ -255,7 +295,7 @@ class HttpFront:
                     await response.write(chunk)
                 await response.write_eof()
                 return response
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             return _unavailable(
                 f"no answer from tritonserver within request_timeout_s="
                 f"{self.limits.request_timeout_s:g} (or no free upstream connection within "
@@ -311,8 +351,17 @@ class GrpcFront(grpc.GenericRpcHandler):
 
             async def stream(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
                 metadata = await self._metadata(method, context)
+
+                async def checked() -> AsyncIterator[bytes]:
+                    async for message in requests:
+                        try:
+                            check_infer_message(message)
+                        except FrontError as e:
+                            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                        yield message
+
                 call = self.channel().stream_stream(method)(
-                    requests, metadata=metadata, timeout=context.time_remaining()
+                    checked(), metadata=metadata, timeout=context.time_remaining()
                 )
                 try:
                     async for response in call:
@@ -324,6 +373,11 @@ class GrpcFront(grpc.GenericRpcHandler):
 
         async def unary(request: bytes, context: Any) -> bytes:
             metadata = await self._metadata(method, context)
+            if method == GRPC_INFER:
+                try:
+                    check_infer_message(request)
+                except FrontError as e:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             remaining = context.time_remaining()
             timeout = self.limits.request_timeout_s
             if remaining is not None:
@@ -340,9 +394,12 @@ class GrpcFront(grpc.GenericRpcHandler):
                 if code == grpc.StatusCode.DEADLINE_EXCEEDED and (
                     remaining is None or remaining > timeout
                 ):
-                    code, details = grpc.StatusCode.UNAVAILABLE, (
-                        f"no answer from tritonserver within request_timeout_s="
-                        f"{self.limits.request_timeout_s:g}"
+                    code, details = (
+                        grpc.StatusCode.UNAVAILABLE,
+                        (
+                            f"no answer from tritonserver within request_timeout_s="
+                            f"{self.limits.request_timeout_s:g}"
+                        ),
                     )
                 elif code == grpc.StatusCode.UNAVAILABLE and "connect" in details.lower():
                     details = "tritonserver not reachable (restarting?)"

@@ -129,8 +129,9 @@ def request_variant(parameters_json: str | Mapping[str, Any] | None, plan: BlsPl
     if isinstance(value, str) and value in plan.missing:
         raise StageUnavailableError(f"variant {value!r}: {plan.missing[value]}")
     if not isinstance(value, str) or value not in plan.routes:
+        shown = repr(value) if len(repr(value)) <= 40 else f"<{len(repr(value))} characters>"
         raise InvalidInputError(
-            f"request parameter {VARIANT_PARAMETER!r}={value!r} is unknown; "
+            f"request parameter {VARIANT_PARAMETER!r}={shown} is unknown; "
             f"use one of {sorted([*plan.routes, *plan.missing])}"
         )
     return value
