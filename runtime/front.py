@@ -510,6 +510,19 @@ class Front:
         await self.http.close()
         await self.grpc.close()
 
+    def release_upstream(self) -> None:
+        """Close the idle keep-alive connections to tritonserver (they would hold its shutdown
+        until ``--exit-timeout-secs``); new requests open fresh ones."""
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._release(), self._loop).result(timeout=5)
+
+    async def _release(self) -> None:
+        await self.http.close()
+        self.http._session = None
+        await self.grpc.close()
+        self.grpc._channel = None
+
     def stop(self) -> None:
         if self._thread.is_alive():
             with contextlib.suppress(Exception):

@@ -520,6 +520,8 @@ class EmbeddedServer:
         if proc is None:
             return None
         timeout_s = self.settings.exit_timeout_s + 10 if timeout_s is None else timeout_s
+        if self._front is not None:
+            self._front.release_upstream()
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
