@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import hmac
 import itertools
+import json
 import re
 import threading
 import urllib.parse
@@ -105,12 +106,26 @@ def check_shape(dims: Iterable[int], where: str) -> None:
 
 
 def check_json_shapes(json_part: bytes) -> None:
+    """Shape checks on an HTTP inference header: a regex finds the shapes (fast path); only a bad
+    one costs a JSON parse, to name its tensor (the depth is already bounded)."""
     for m in _JSON_SHAPE.finditer(json_part):
         try:
             dims = [int(d) for d in m.group(1).split(b",") if d.strip()]
+            check_shape(dims, "input")
         except ValueError:
             continue  # not integers: Triton's own parser answers that
-        check_shape(dims, "input")
+        except FrontError:
+            for tensor in _json_tensors(json_part):
+                check_shape(tensor.get("shape", []), f"input {str(tensor.get('name'))[:64]!r}")
+            raise
+
+
+def _json_tensors(json_part: bytes) -> list[dict[str, Any]]:
+    try:
+        inputs = json.loads(json_part).get("inputs", [])
+    except (ValueError, AttributeError):
+        return []
+    return [t for t in inputs if isinstance(t, dict) and isinstance(t.get("shape"), list)]
 
 
 def check_infer_message(message: bytes) -> None:

@@ -259,6 +259,7 @@ class HealthEndpoint:
         host: str,
         port: int,
         supervisor: Supervisor | None = None,
+        idle_timeout_s: float = 10.0,
     ) -> None:
         parent = self
         self.server = server
@@ -266,7 +267,7 @@ class HealthEndpoint:
         self.draining = threading.Event()
 
         class Handler(BaseHTTPRequestHandler):
-            timeout = 10  # seconds an idle or slow connection may hold a handler thread
+            timeout = idle_timeout_s  # an idle or slow connection may not hold a thread longer
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/") not in ("/health/pipeline", "/health"):
