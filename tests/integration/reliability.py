@@ -14,11 +14,14 @@ import time
 import urllib.error
 import urllib.request
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from tests.conftest import PIPELINE_REPOSITORY
 
@@ -70,6 +73,9 @@ class Load:
     workers: int = 2
     timeout_s: float = 10.0
     max_duration_s: float = 120.0
+    protocol: str = "grpc"
+    """grpc or http: raw tritonclient calls; "retrying-grpc": the project's EmbeddingClient
+    (variant from ``model``), which retries transient errors within ``timeout_s``."""
     outcomes: list[Outcome] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -80,19 +86,39 @@ class Load:
         ]
         self.t0 = time.monotonic()
 
+    def _caller(self) -> tuple[Any, Callable[[str], object]]:
+        if self.protocol == "retrying-grpc":
+            from client.sync import EmbeddingClient
+
+            variant = self.model.removeprefix("embed").removeprefix("_") or "fp32"
+            embedder = EmbeddingClient(
+                self.url, "grpc", variant=variant, timeout_s=self.timeout_s, max_attempts=50,
+                deadline_s=self.timeout_s,
+            )  # fmt: skip
+            return embedder, lambda text: embedder.embed([text])
+        if self.protocol == "http":
+            http = httpclient.InferenceServerClient(self.url, network_timeout=self.timeout_s)
+
+            def call_http(text: str) -> object:
+                tensor = httpclient.InferInput("text", [1, 1], "BYTES")
+                tensor.set_data_from_numpy(np.array([[text.encode()]], dtype=np.object_))
+                return http.infer(self.model, [tensor])
+
+            return http, call_http
+        grpc = grpcclient.InferenceServerClient(self.url)
+        return grpc, lambda text: grpc.infer(
+            self.model, text_inputs([text]), client_timeout=self.timeout_s
+        )
+
     def _run(self, worker: int) -> None:
-        client = grpcclient.InferenceServerClient(self.url)
+        client, call = self._caller()
         n = 0
         while not self._stop.is_set() and time.monotonic() - self.t0 < self.max_duration_s:
             n += 1
             start = time.monotonic()
             error = ""
             try:
-                client.infer(
-                    self.model,
-                    text_inputs([f"worker {worker} request {n}: the quick brown fox"]),
-                    client_timeout=self.timeout_s,
-                )
+                call(f"worker {worker} request {n}: the quick brown fox")
             except Exception as e:  # record every failure, whatever its kind
                 error = f"{type(e).__name__}: {e}"
                 time.sleep(0.05)
