@@ -245,6 +245,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["front"]:  # the front alone, as a sidecar: its own flags
+        from runtime.front import main as front_main
+
+        return front_main(args_list[1:])
     parser = argparse.ArgumentParser(prog="python -m runtime", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model repository until SIGINT/SIGTERM")
@@ -257,7 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     lint = sub.add_parser("lint", help="check the model repository's configs")
     lint.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     lint.set_defaults(func=cmd_lint)
-    args = parser.parse_args(argv)
+    sub.add_parser("front", help="only the front, before a tritonserver on Unix sockets (sidecar)")
+    args = parser.parse_args(args_list)
     try:
         return int(args.func(args))
     except ServerError as e:

@@ -46,6 +46,8 @@ from tritonclient.grpc import service_pb2
 
 from runtime.errors import FrontError, ServerStartError
 
+ADMIN_HEADER = "x-tritonforge-admin"
+GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # how Triton prefixes gRPC keys
 GRPC_SERVICE = "/inference.GRPCInferenceService/"
 GRPC_STREAMING = {f"{GRPC_SERVICE}ModelStreamInfer"}
 GRPC_INFER = f"{GRPC_SERVICE}ModelInfer"
@@ -546,3 +548,60 @@ class Front:
             self._thread.join(timeout=10)
         if not self._loop.is_running():
             self._loop.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m runtime front``: the front alone, before a tritonserver started elsewhere with
+    ``--http-address=unix:<dir>/http.sock --grpc-address=unix:<dir>/grpc.sock --grpc-port=1``
+    (a sidecar sharing ``<dir>``, e.g. in Kubernetes). The admin key comes from the environment
+    variable named by ``--admin-key-env`` (never from the command line)."""
+    import argparse
+    import os
+    import signal
+
+    p = argparse.ArgumentParser(prog="python -m runtime front", description=main.__doc__)
+    p.add_argument("--host", default=os.environ.get("TRITONFORGE_HOST", "127.0.0.1"))
+    p.add_argument(
+        "--http-port", type=int, default=int(os.environ.get("TRITONFORGE_HTTP_PORT", 8000))
+    )
+    p.add_argument(
+        "--grpc-port", type=int, default=int(os.environ.get("TRITONFORGE_GRPC_PORT", 8001))
+    )
+    p.add_argument("--socket-dir", type=Path, required=True, help="where Triton's sockets are")
+    p.add_argument("--admin-key-env", default="TRITONFORGE_ADMIN_KEY")
+    defaults = FrontLimits()
+    for name, value in vars(defaults).items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    args = p.parse_args(argv)
+    import secrets
+
+    given = os.environ.get(args.admin_key_env)
+    key = given or secrets.token_urlsafe(18)  # no key set: nobody can call the admin APIs
+    limits = FrontLimits(**{name: getattr(args, name) for name in vars(defaults)})
+    front = Front(
+        args.host,
+        args.http_port,
+        args.grpc_port,
+        http_socket=lambda: args.socket_dir / "http.sock",
+        grpc_target=lambda: f"unix:{args.socket_dir}/grpc.sock:1",
+        admin_key=key,
+        admin_header=ADMIN_HEADER,
+        grpc_admin_headers=(GRPC_ADMIN_HEADER, ADMIN_HEADER),
+        limits=limits,
+    )
+    try:
+        front.start()
+    except ServerStartError as e:
+        print(f"error: {e}", flush=True)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(
+        f"==> front on {args.host}: HTTP {args.http_port}, gRPC {args.grpc_port} -> "
+        f"{args.socket_dir} (admin APIs {'need $' + args.admin_key_env if given else 'closed: no key set'})",
+        flush=True,
+    )
+    stop.wait()
+    front.stop()
+    return 0

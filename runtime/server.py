@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import NoReturn
 
 from runtime.errors import ModelLoadError, ServerStartError
-from runtime.front import Front, FrontLimits
+from runtime.front import ADMIN_HEADER, GRPC_ADMIN_HEADER, Front, FrontLimits
 from runtime.locate import (
     PYTHONPATH_ENV,
     assemble_backend_dir,
@@ -41,8 +41,6 @@ from runtime.locate import (
 
 SHM_DIR = Path("/dev/shm")
 ADMIN_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
-ADMIN_HEADER = "x-tritonforge-admin"
-GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 RESTRICTED_APIS = (
     "model-repository",
     "model-config",

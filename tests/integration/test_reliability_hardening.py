@@ -11,6 +11,8 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -447,3 +449,49 @@ def test_launcher_lifecycle_restarts_isolation_and_no_orphans(tmp_path: Path) ->
             socket.create_connection(("127.0.0.1", server.http_port), timeout=2).close()
     finally:
         server.stop()
+
+
+def test_standalone_front_guards_a_triton_started_elsewhere(
+    stubs_unchanged: EmbeddedServer,
+) -> None:
+    """``python -m runtime front`` (the sidecar form) before the running server's sockets."""
+    from runtime.server import free_port
+
+    server = stubs_unchanged
+    http_port, grpc_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "runtime", "front", "--socket-dir", str(server.socket_dir),
+            "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "TRITONFORGE_ADMIN_KEY"},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert "==> front on" in proc.stdout.readline()
+        base = f"http://127.0.0.1:{http_port}"
+        deep = urllib.request.Request(
+            f"{base}/v2/models/embed/infer", data=b"[" * 10**6 + b"]" * 10**6
+        )
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(deep, timeout=30)
+        assert info.value.code == 400
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(f"{base}/v2/models/embed/config", timeout=30)
+        assert info.value.code == 403  # no key set: the admin APIs are closed
+        ok = urllib.request.Request(
+            f"{base}/v2/models/embed/infer", data=infer_body(["through the sidecar"])
+        )
+        with urllib.request.urlopen(ok, timeout=30) as resp:
+            assert resp.status == 200
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        assert client.infer("embed", text_inputs(["grpc"])).as_numpy("embedding").shape == (1, 384)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
