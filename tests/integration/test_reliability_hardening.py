@@ -495,3 +495,66 @@ def test_standalone_front_guards_a_triton_started_elsewhere(
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+STREAM_CONFIG = """
+name: "stream_echo"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [{ name: "text", data_type: TYPE_STRING, dims: [ 1 ] }]
+output [{ name: "echo", data_type: TYPE_STRING, dims: [ 1 ] }]
+instance_group [{ kind: KIND_CPU, count: 1 }]
+"""
+STREAM_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+import numpy as np
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            text = pb_utils.get_input_tensor_by_name(request, "text").as_numpy()
+            for i in range(3):
+                out = np.array([text[0] + b" %d" % i], dtype=np.object_)
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("echo", out)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def test_streaming_passes_through_the_front(tmp_path: Path) -> None:
+    """Decoupled models stream through the front: gRPC ModelStreamInfer and HTTP generate_stream
+    (SSE) each deliver every response, in order."""
+    import queue
+
+    (tmp_path / "repo" / "stream_echo" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "stream_echo" / "config.pbtxt").write_text(STREAM_CONFIG)
+    (tmp_path / "repo" / "stream_echo" / "1" / "model.py").write_text(STREAM_MODEL)
+    server = EmbeddedServer(ServerSettings.ephemeral(tmp_path / "repo"))
+    server.start().wait_ready()
+    try:
+        got: queue.Queue[object] = queue.Queue()
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        client.start_stream(callback=lambda result, error: got.put(error or result))
+        tensor = grpcclient.InferInput("text", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([b"hi"], dtype=np.object_))
+        client.async_stream_infer("stream_echo", [tensor])
+        echoes = [got.get(timeout=30) for _ in range(3)]
+        client.stop_stream()
+        assert [e.as_numpy("echo")[0] for e in echoes] == [b"hi 0", b"hi 1", b"hi 2"]  # type: ignore[attr-defined]
+        request = urllib.request.Request(
+            f"http://{server.http_url}/v2/models/stream_echo/generate_stream",
+            data=json.dumps({"text": "yo"}).encode(),
+        )
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            events = [
+                json.loads(line[len(b"data: ") :])
+                for line in resp.read().splitlines()
+                if line.startswith(b"data: ")
+            ]
+        assert [e["echo"] for e in events] == ["yo 0", "yo 1", "yo 2"], events
+    finally:
+        server.stop()
