@@ -2,7 +2,7 @@
 
 Serves the same repository twice, behind the front and with Triton on the TCP ports itself
 (``front=False``), and times sequential requests (1 client) to ``embed`` over HTTP and gRPC,
-alternating the two servers in rounds so machine noise hits both alike. Prints p50/mean latency
+alternating the two servers request by request so machine noise hits both alike. Prints p50/mean latency
 per path and the front/direct ratio.
 """
 
@@ -57,7 +57,6 @@ def main() -> None:
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--model", default="embed")
     parser.add_argument("--requests", type=int, default=300, help="per path and server")
-    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     servers = {
         name: EmbeddedServer(ServerSettings.ephemeral(args.model_repository, front=front))
@@ -68,26 +67,22 @@ def main() -> None:
             server.start().wait_ready()
         samples: dict[tuple[str, str], list[float]] = {}
         clients = {n: grpcclient.InferenceServerClient(s.grpc_url) for n, s in servers.items()}
-        per_round = max(1, args.requests // args.rounds)
         for name, server in servers.items():  # warm-up
             _time(lambda s=server: _http_call(s.http_url, args.model), 20)
             _time(lambda n=name: _grpc_call(clients[n], args.model), 20)
-        for _ in range(args.rounds):
-            for name, server in servers.items():
-                samples.setdefault(("http", name), []).extend(
-                    _time(lambda s=server: _http_call(s.http_url, args.model), per_round)
-                )
-                samples.setdefault(("grpc", name), []).extend(
-                    _time(lambda n=name: _grpc_call(clients[n], args.model), per_round)
-                )
-                # no model behind it: what the hop itself costs
-                samples.setdefault(("http-ready", name), []).extend(
-                    _time(lambda s=server: _http_ready(s.http_url), per_round)
-                )
-                samples.setdefault(("grpc-ready", name), []).extend(
-                    _time(lambda n=name: clients[n].is_server_ready(), per_round)
-                )
-        print(f"{args.model}, 1 client, {per_round * args.rounds} requests per cell (ms)")
+        calls = {
+            "http": lambda n: _http_call(servers[n].http_url, args.model),
+            "grpc": lambda n: _grpc_call(clients[n], args.model),
+            # no model behind it: what the hop itself costs
+            "http-ready": lambda n: _http_ready(servers[n].http_url),
+            "grpc-ready": lambda n: clients[n].is_server_ready(),
+        }
+        for _ in range(args.requests):
+            for call, fn in calls.items():
+                for name in servers:  # request by request, so noise hits both paths alike
+                    sample = _time(lambda f=fn, n=name: f(n), 1)
+                    samples.setdefault((call, name), []).extend(sample)
+        print(f"{args.model}, 1 client, {args.requests} requests per cell, interleaved (ms)")
         print(f"{'call':<11}{'path':<8}{'p50':>8}{'mean':>8}{'p99':>8}")
         for (protocol, name), values in sorted(samples.items()):
             p99 = float(np.percentile(values, 99))
