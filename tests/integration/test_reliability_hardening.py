@@ -211,7 +211,7 @@ def test_a_10kb_variant_is_refused_without_echoing_it(
     message = info.value.message() or ""
     status = str(info.value.status())
     assert status in ("StatusCode.INVALID_ARGUMENT", "400"), (status, message[:200])
-    assert "'variant'" in message and "characters" in message and len(message) < 400, message
+    assert "'variant'" in message and "v" * 50 not in message and len(message) < 400, message
 
 
 def test_corrupt_model_without_its_sidecar_refuses_to_load(tmp_path: Path) -> None:
