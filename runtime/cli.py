@@ -99,6 +99,7 @@ def _bind_health(server: EmbeddedServer, args: argparse.Namespace) -> HealthEndp
     try:
         return HealthEndpoint(server, server.settings.host, args.health_port)
     except OSError as e:
+        server.stop()  # nothing runs yet; removes its directories
         raise ServerStartError(
             f"cannot listen on {server.settings.host}:{args.health_port} for the pipeline health "
             f"endpoint ({e}); pass --health-port (0 picks a free port) or set "

@@ -274,9 +274,15 @@ class EmbeddedServer:
         """Launch tritonserver; returns at once (see :meth:`wait_ready`)."""
         if self._proc is not None:
             raise ServerStartError("server already started")
-        self._check_metrics_port()
-        if self.settings.front and self._front is None:
-            self._front = self._make_front().start()  # binds the public ports first: fails fast
+        try:
+            self._check_metrics_port()
+            if self.settings.front and self._front is None:
+                self._front = self._make_front().start()  # binds the public ports first
+        except BaseException:
+            if not self.restarting:  # nothing started: leave no directory behind
+                shutil.rmtree(self.socket_dir, ignore_errors=True)
+                shutil.rmtree(self._workdir, ignore_errors=True)
+            raise
         for stale in self.socket_dir.glob("*.sock*"):
             stale.unlink()
         command = self.command()
@@ -510,6 +516,7 @@ class EmbeddedServer:
             self._front.stop()
             self._front = None
         shutil.rmtree(self.socket_dir, ignore_errors=True)
+        shutil.rmtree(self._workdir, ignore_errors=True)
         return code
 
     def _stop_triton(self, timeout_s: float | None = None) -> int | None:

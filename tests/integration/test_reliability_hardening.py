@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -376,6 +377,7 @@ def test_launcher_lifecycle_restarts_isolation_and_no_orphans(tmp_path: Path) ->
         wait_recovered(url, restarts=0, timeout_s=60)
 
         # a second launcher on the same ports: fails at once, naming the flag, never "ready"
+        socket_dirs = set(Path(tempfile.gettempdir()).glob("tritonforge-sock-*"))
         second = launch(repo, ports=(server.http_port, server.grpc_port, server.metrics_port))
         started = time.monotonic()
         second.proc.wait(timeout=60)
@@ -384,6 +386,7 @@ def test_launcher_lifecycle_restarts_isolation_and_no_orphans(tmp_path: Path) ->
         assert second.proc.returncode == 1, second.output
         assert "--metrics-port" in second.output or "--http-port" in second.output, second.output
         assert "==> ready" not in second.output and "Traceback" not in second.output
+        assert set(Path(tempfile.gettempdir()).glob("tritonforge-sock-*")) == socket_dirs
 
         # another local user
         triton = triton_of(server.proc.pid)
