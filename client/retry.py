@@ -39,6 +39,14 @@ _CONNECTION_HINTS = (
     "dns resolution failed",
     "name resolution",
 )
+# What Triton answers while a model restarts (its stub crashed, the supervisor reloads it): whatever
+# the status code, these are transient.
+_RESTART_HINTS = (
+    "no available versions",
+    "is not healthy",
+    "stub process",
+    "tritonserver not reachable",
+)
 _INVALID_GRPC = {
     "INVALID_ARGUMENT",
     "FAILED_PRECONDITION",
@@ -99,6 +107,8 @@ def _aiohttp_error() -> type[BaseException] | None:
 
 def _from_status(status: str, message: str, context: str) -> ClientError:
     text = f"{context}: {message}"
+    if any(hint in message.lower() for hint in _RESTART_HINTS):
+        return ServerUnavailableError(f"{text} (the model is restarting; retry later)")
     if status.isdigit():
         code = int(status)
         if code == 404:

@@ -25,7 +25,13 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-port", type=int, default=defaults.http_port)
     p.add_argument("--grpc-port", type=int, default=defaults.grpc_port)
     p.add_argument("--metrics-port", type=int, default=defaults.metrics_port)
-    p.add_argument("--model-control-mode", choices=["none", "explicit", "poll"], default="none")
+    p.add_argument(
+        "--model-control-mode",
+        choices=["none", "explicit", "poll"],
+        default="explicit",
+        help="explicit (default; every model loaded at start): the supervisor reloads just the "
+        "model whose stub crashed, the others keep serving; none: it restarts the whole server",
+    )
     p.add_argument("--load-model", action="append", default=[], help="with explicit control")
     p.add_argument("--ready-timeout-s", type=float, default=defaults.ready_timeout_s)
     p.add_argument("--exit-timeout-s", type=float, default=defaults.exit_timeout_s)
@@ -88,8 +94,23 @@ def _install_stop_handlers() -> threading.Event:
     return stop
 
 
-def _supervise(server: EmbeddedServer, args: argparse.Namespace) -> HealthEndpoint:
-    """Start the pipeline health endpoint, with the supervisor behind it when asked."""
+def _bind_health(server: EmbeddedServer, args: argparse.Namespace) -> HealthEndpoint:
+    """Bind the pipeline health endpoint (before Triton starts: a taken port fails at once)."""
+    try:
+        return HealthEndpoint(server, server.settings.host, args.health_port)
+    except OSError as e:
+        server.stop()  # nothing runs yet; removes its directories
+        raise ServerStartError(
+            f"cannot listen on {server.settings.host}:{args.health_port} for the pipeline health "
+            f"endpoint ({e}); pass --health-port (0 picks a free port) or set "
+            "TRITONFORGE_HEALTH_PORT"
+        ) from e
+
+
+def _supervise(
+    server: EmbeddedServer, args: argparse.Namespace, endpoint: HealthEndpoint
+) -> HealthEndpoint:
+    """Serve the pipeline health endpoint, with the supervisor behind it when asked."""
     supervisor = None
     if args.supervise:
         supervisor = Supervisor(
@@ -97,17 +118,7 @@ def _supervise(server: EmbeddedServer, args: argparse.Namespace) -> HealthEndpoi
             canary_interval_s=args.canary_interval_s,
             on_restart=lambda why: print(f"==> supervisor: recovering ({why})", flush=True),
         ).start()
-    try:
-        endpoint = HealthEndpoint(server, server.settings.host, args.health_port, supervisor)
-    except OSError as e:
-        if supervisor is not None:
-            supervisor.stop()
-        server.stop()
-        raise ServerStartError(
-            f"cannot listen on {server.settings.host}:{args.health_port} for the pipeline health "
-            f"endpoint ({e}); pass --health-port (0 picks a free port) or set "
-            "TRITONFORGE_HEALTH_PORT"
-        ) from e
+    endpoint.supervisor = supervisor
     endpoint.start()
     canaries = ", ".join(supervisor.models) if supervisor else "none: --no-supervise"
     print(f"==> pipeline health: {endpoint.url} (canaries: {canaries})", flush=True)
@@ -131,10 +142,11 @@ def _wait_for_signal(
     drain_timeout_s: float = 0.0,
 ) -> int:
     """Serve until ``stop`` is set, then shut down gracefully (exit 0): the health endpoint turns
-    503 at once, in-flight requests drain, then Triton gets SIGTERM. Exit 1 if the server dies."""
-    # A supervised restart replaces the process; only a dead server with no restart is fatal.
+    503 at once, in-flight requests drain, then Triton gets SIGTERM. Unsupervised, exit 1 if the
+    server dies; supervised, the supervisor restarts it (on the same ports)."""
+    supervised = endpoint is not None and endpoint.supervisor is not None
     while not stop.wait(0.5):
-        if server.returncode is not None and not server.restarting:
+        if not supervised and server.returncode is not None and not server.restarting:
             print(f"tritonserver exited unexpectedly ({server.returncode})", file=sys.stderr)
             server.stop()
             if endpoint is not None:
@@ -177,16 +189,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     stop = _install_stop_handlers()
     server = EmbeddedServer(_settings(args))
+    endpoint = _bind_health(server, args)
     print(f"==> starting Triton on {args.host} (model repository {args.model_repository})")
-    server.start()
-    server.wait_ready(cancel=stop)
+    try:
+        server.start()
+        server.wait_ready(cancel=stop)
+    except BaseException:
+        endpoint.stop()
+        raise
+    if stop.is_set():
+        endpoint.stop()
+        return _wait_for_signal(server, stop)
     print(
         f"==> ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
         f"metrics {server.metrics_url}",
         flush=True,
     )
     _print_admin(server)
-    return _wait_for_signal(server, stop, _supervise(server, args), args.drain_timeout_s)
+    return _wait_for_signal(server, stop, _supervise(server, args, endpoint), args.drain_timeout_s)
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -221,10 +241,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         server.stop()
         return 0
     _print_admin(server)
-    return _wait_for_signal(server, stop, _supervise(server, args), args.drain_timeout_s)
+    endpoint = _bind_health(server, args)
+    return _wait_for_signal(server, stop, _supervise(server, args, endpoint), args.drain_timeout_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["front"]:  # the front alone, as a sidecar: its own flags
+        from runtime.front import main as front_main
+
+        return front_main(args_list[1:])
     parser = argparse.ArgumentParser(prog="python -m runtime", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model repository until SIGINT/SIGTERM")
@@ -237,7 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     lint = sub.add_parser("lint", help="check the model repository's configs")
     lint.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     lint.set_defaults(func=cmd_lint)
-    args = parser.parse_args(argv)
+    sub.add_parser("front", help="only the front, before a tritonserver on Unix sockets (sidecar)")
+    args = parser.parse_args(args_list)
     try:
         return int(args.func(args))
     except ServerError as e:

@@ -29,3 +29,11 @@ class ModelLoadError(ServerStartError):
             + "\n".join(lines)
             + "\nFix the model's config.pbtxt or artifacts (run `make export`) and start again."
         )
+
+
+class FrontError(ServerError):
+    """The front refused a request (``status`` is the HTTP status it answers) or cannot bind."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status

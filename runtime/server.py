@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import NoReturn
 
 from runtime.errors import ModelLoadError, ServerStartError
+from runtime.front import ADMIN_HEADER, GRPC_ADMIN_HEADER, Front, FrontLimits
 from runtime.locate import (
     PYTHONPATH_ENV,
     assemble_backend_dir,
@@ -39,8 +40,7 @@ from runtime.locate import (
 )
 
 SHM_DIR = Path("/dev/shm")
-ADMIN_HEADER = "x-tritonforge-admin"
-GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
+ADMIN_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
 RESTRICTED_APIS = (
     "model-repository",
     "model-config",
@@ -89,8 +89,21 @@ class ServerSettings:
     """Require the admin header for the model-repository, model-config, shared-memory, statistics,
     trace and logging APIs on both protocols (Triton 2.51 ``--*-restricted-api``)."""
     admin_key: str = field(
-        default_factory=lambda: os.environ.get("TRITONFORGE_ADMIN_KEY") or secrets.token_urlsafe(18)
+        default_factory=lambda: os.environ.get(ADMIN_KEY_ENV) or secrets.token_urlsafe(18)
     )
+    front: bool = True
+    """Triton listens on Unix sockets in a private (0700) directory; the front (runtime/front.py)
+    owns the public HTTP/gRPC ports, bounds bodies and checks the admin key. False: Triton binds
+    the TCP ports itself (no body bounds; the admin key goes on its command line)."""
+    front_limits: FrontLimits = field(default_factory=FrontLimits)
+    private_shm: bool = True
+    """Run tritonserver in its own mount namespace with a private 0700 tmpfs on /dev/shm (the
+    Python backend creates its regions 0644, readable by every local user, whatever the umask);
+    falls back to the host's /dev/shm, with a warning, where namespaces are not allowed."""
+    shm_limit_bytes: int = field(
+        default_factory=lambda: _env_int("TRITONFORGE_SHM_LIMIT_BYTES", 1 << 30)
+    )
+    """Size of that tmpfs: the bound on all shared-memory regions together."""
 
     @classmethod
     def ephemeral(cls, model_repository: Path, **kwargs: object) -> ServerSettings:
@@ -98,6 +111,27 @@ class ServerSettings:
         for key in ("http_port", "grpc_port", "metrics_port"):
             kwargs.setdefault(key, free_port())
         return cls(model_repository=model_repository, host="127.0.0.1", **kwargs)  # type: ignore[arg-type]
+
+
+_NAMESPACE_SCRIPT = 'mount -t tmpfs -o mode=0700,size={size} tritonforge-shm /dev/shm && exec "$@"'
+
+
+def namespace_prefix(shm_limit_bytes: int) -> list[str]:
+    """argv prefix that runs a command in a new mount namespace (a user namespace too when not
+    root) over a private tmpfs /dev/shm; [] where this system does not allow it."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return []
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    prefix = [
+        unshare, "--mount", *user, "--", "/bin/sh", "-c",
+        _NAMESPACE_SCRIPT.format(size=int(shm_limit_bytes)), "tritonserver",
+    ]  # fmt: skip
+    try:
+        probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return prefix if probe.returncode == 0 else []
 
 
 class EmbeddedServer:
@@ -111,6 +145,12 @@ class EmbeddedServer:
         self._log_lock = threading.Lock()
         self._reader: threading.Thread | None = None
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonforge-"))
+        # Triton's Unix sockets; mkdtemp makes it 0700, so other users cannot connect. Kept across
+        # restarts (the front reads the paths per request).
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="tritonforge-sock-"))
+        self._front: Front | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._namespaced = False
         self.restarting = False
 
     # -- addresses ---------------------------------------------------------------------------
@@ -148,6 +188,16 @@ class EmbeddedServer:
     def returncode(self) -> int | None:
         return self._proc.poll() if self._proc else None
 
+    @property
+    def http_socket(self) -> Path:
+        """Triton's private HTTP socket (behind the front)."""
+        return self.socket_dir / "http.sock"
+
+    @property
+    def grpc_target(self) -> str:
+        """Triton's private gRPC address (2.51 appends ``:<port>`` to the socket path)."""
+        return f"unix:{self.socket_dir}/grpc.sock:1"
+
     def log_text(self, last: int | None = None) -> str:
         with self._log_lock:
             lines = list(self._log)
@@ -163,10 +213,7 @@ class EmbeddedServer:
             str(install.binary),
             f"--model-repository={Path(s.model_repository).resolve()}",
             f"--backend-directory={backend_dir}",
-            f"--http-address={s.host}",
-            f"--http-port={s.http_port}",
-            f"--grpc-address={s.host}",
-            f"--grpc-port={s.grpc_port}",
+            *self._listen_args(),
             f"--metrics-address={s.host}",
             f"--metrics-port={s.metrics_port}",
             "--allow-gpu-metrics=false",
@@ -179,7 +226,7 @@ class EmbeddedServer:
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             "--backend-config=python,shm-default-byte-size=4194304",
         ]
-        if s.restrict_apis:
+        if s.restrict_apis and not s.front:
             apis = ",".join(RESTRICTED_APIS)
             cmd += [
                 f"--http-restricted-api={apis}:{ADMIN_HEADER}={s.admin_key}",
@@ -194,8 +241,24 @@ class EmbeddedServer:
         cmd += list(s.extra_args)
         return cmd
 
+    def _listen_args(self) -> list[str]:
+        s = self.settings
+        if s.front:
+            return [
+                f"--http-address=unix:{self.http_socket}",
+                "--http-port=1",
+                f"--grpc-address={self.grpc_target.rsplit(':', 1)[0]}",
+                "--grpc-port=1",
+            ]
+        return [
+            f"--http-address={s.host}",
+            f"--http-port={s.http_port}",
+            f"--grpc-address={s.host}",
+            f"--grpc-port={s.grpc_port}",
+        ]
+
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k != ADMIN_KEY_ENV}
         env["LD_LIBRARY_PATH"] = library_path(find_triton())
         env[PYTHONPATH_ENV] = os.pathsep.join(venv_paths())
         # Models run their own thread pools; keep BLAS from oversubscribing the cores.
@@ -211,17 +274,78 @@ class EmbeddedServer:
         """Launch tritonserver; returns at once (see :meth:`wait_ready`)."""
         if self._proc is not None:
             raise ServerStartError("server already started")
-        self._proc = subprocess.Popen(
-            self.command(),
-            env=self.environment(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+        try:
+            self._check_metrics_port()
+            if self.settings.front and self._front is None:
+                self._front = self._make_front().start()  # binds the public ports first
+        except BaseException:
+            if not self.restarting:  # nothing started: leave no directory behind
+                shutil.rmtree(self.socket_dir, ignore_errors=True)
+                shutil.rmtree(self._workdir, ignore_errors=True)
+            raise
+        for stale in self.socket_dir.glob("*.sock*"):
+            stale.unlink()
+        command = self.command()
+        if self.settings.private_shm:
+            prefix = namespace_prefix(self.settings.shm_limit_bytes)
+            if not prefix:
+                print(
+                    "warning: cannot create a private mount namespace (unshare); shared-memory "
+                    "regions are in the host's /dev/shm, readable by other local users",
+                    file=sys.stderr,
+                )
+            self._namespaced = bool(prefix)
+            command = prefix + command
+        try:
+            self._proc = subprocess.Popen(
+                command,
+                env=self.environment(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                umask=0o077,  # shm regions, sockets and files: owner only
+            )
+        except BaseException:
+            self.stop()
+            raise
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-m", "runtime.watchdog", str(self._proc.pid), self.shm_prefix,
+             str(self._workdir), str(self.socket_dir)],
+            stdin=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parent.parent,
             start_new_session=True,
-        )
+        )  # fmt: skip
         self._reader = threading.Thread(target=self._pump, name="tritonserver-log", daemon=True)
         self._reader.start()
         return self
+
+    def _make_front(self) -> Front:
+        s = self.settings
+        return Front(
+            s.host,
+            s.http_port,
+            s.grpc_port,
+            http_socket=lambda: self.http_socket,
+            grpc_target=lambda: self.grpc_target,
+            admin_key=s.admin_key if s.restrict_apis else None,
+            admin_header=ADMIN_HEADER,
+            grpc_admin_headers=(GRPC_ADMIN_HEADER, ADMIN_HEADER),
+            limits=s.front_limits,
+        )
+
+    def _check_metrics_port(self) -> None:
+        """Fail at once, naming the flag, when the metrics port is taken."""
+        s = self.settings
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((s.host, s.metrics_port))
+            except OSError as e:
+                raise ServerStartError(
+                    f"cannot listen on {s.host}:{s.metrics_port} for metrics ({e.strerror}); "
+                    "pass --metrics-port or set TRITONFORGE_METRICS_PORT"
+                ) from e
 
     def _pump(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -281,7 +405,10 @@ class EmbeddedServer:
         """Stop, then raise :class:`ModelLoadError` naming failed models, else ServerStartError."""
         failures = self.load_failures()
         tail = self.log_text(last=40)
-        self.stop()
+        if self.restarting:
+            self._stop_triton(timeout_s=5.0)  # keep the front: the supervisor tries again
+        else:
+            self.stop()
         if failures:
             raise ModelLoadError(failures, tail)
         hint = ""
@@ -367,7 +494,7 @@ class EmbeddedServer:
         same ports and settings; returns when ready."""
         self.restarting = True
         try:
-            self.stop(timeout_s=stop_timeout_s)
+            self._stop_triton(timeout_s=stop_timeout_s)
             self._proc = None
             self._workdir = Path(tempfile.mkdtemp(prefix="tritonforge-"))
             self.shm_prefix = f"tritonforge_{os.getpid()}_{secrets.token_hex(4)}_"
@@ -383,11 +510,23 @@ class EmbeddedServer:
             self._reader.join(timeout=5)
 
     def stop(self, timeout_s: float | None = None) -> int | None:
+        """Stop tritonserver (see :meth:`_stop_triton`) and close the front's ports."""
+        code = self._stop_triton(timeout_s)
+        if self._front is not None:
+            self._front.stop()
+            self._front = None
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        shutil.rmtree(self._workdir, ignore_errors=True)
+        return code
+
+    def _stop_triton(self, timeout_s: float | None = None) -> int | None:
         """SIGTERM, wait for a graceful exit, then kill stragglers; remove shared memory."""
         proc = self._proc
         if proc is None:
             return None
         timeout_s = self.settings.exit_timeout_s + 10 if timeout_s is None else timeout_s
+        if self._front is not None:
+            self._front.release_upstream()
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
@@ -413,6 +552,14 @@ class EmbeddedServer:
             with contextlib.suppress(FileNotFoundError):
                 region.unlink()
         shutil.rmtree(self._workdir, ignore_errors=True)
+        if self._watchdog is not None:  # a clean stop: tell the watchdog to leave quietly
+            with contextlib.suppress(OSError):
+                assert self._watchdog.stdin is not None
+                self._watchdog.stdin.write(b"done")
+                self._watchdog.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._watchdog.wait(timeout=5)
+            self._watchdog = None
 
     def leftover_processes(self) -> list[int]:
         """PIDs still alive in the server's process group (stubs included)."""
@@ -451,8 +598,18 @@ class EmbeddedServer:
         """Model instance name -> PID of its Python backend stub."""
         return {name: pid for name, (pid, _) in self.stubs().items()}
 
+    @property
+    def shm_dir(self) -> Path:
+        """Where the server's regions live: its private tmpfs (seen through /proc) or /dev/shm."""
+        if self._namespaced and self._proc is not None:
+            return Path(f"/proc/{self._proc.pid}/root/dev/shm")
+        return SHM_DIR
+
     def shm_regions(self) -> list[Path]:
-        return sorted(SHM_DIR.glob(f"{self.shm_prefix}*")) if SHM_DIR.exists() else []
+        try:
+            return sorted(self.shm_dir.glob(f"{self.shm_prefix}*"))
+        except OSError:  # the namespace is gone with its processes, and its tmpfs with it
+            return []
 
     def __enter__(self) -> EmbeddedServer:
         self.start()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -174,6 +175,12 @@ class Supervisor:
         failures = 0
         next_canary = time.monotonic() + self.canary_interval_s
         while not self._stop.wait(self.poll_interval_s):
+            code = self.server.returncode
+            if code is not None:  # any death: kill -9/-11/-6, an abort inside Triton
+                self._restart(f"tritonserver exited with status {code}")
+                failures = 0
+                next_canary = time.monotonic() + self.canary_interval_s
+                continue
             dead = self.dead_stubs()
             if dead:
                 self._restart(f"stub process of {', '.join(dead)} died", dead)
@@ -228,6 +235,16 @@ class Supervisor:
         self._record(self.canary())
 
 
+class _QuietHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A reset or timed-out client connection is routine: no traceback on stderr."""
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
 class HealthEndpoint:
     """``GET /health/pipeline`` -> 200 + JSON when the pipeline can serve, else 503.
 
@@ -242,6 +259,7 @@ class HealthEndpoint:
         host: str,
         port: int,
         supervisor: Supervisor | None = None,
+        idle_timeout_s: float = 10.0,
     ) -> None:
         parent = self
         self.server = server
@@ -249,6 +267,8 @@ class HealthEndpoint:
         self.draining = threading.Event()
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = idle_timeout_s  # an idle or slow connection may not hold a thread longer
+
             def do_GET(self) -> None:
                 if self.path.rstrip("/") not in ("/health/pipeline", "/health"):
                     self.send_error(404, "try /health/pipeline")
@@ -264,7 +284,7 @@ class HealthEndpoint:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd = _QuietHTTPServer((host, port), Handler)
         self.url = f"http://{host}:{self.httpd.server_address[1]}/health/pipeline"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -286,5 +306,6 @@ class HealthEndpoint:
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
+        if self._thread.is_alive():
+            self.httpd.shutdown()
         self.httpd.server_close()

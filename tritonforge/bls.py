@@ -28,7 +28,6 @@ from tritonforge.repository import feed_mapping, load_model_config, parse_target
 from tritonforge.text import TextLimits
 
 VARIANT_PARAMETER = "variant"
-MAX_VARIANT_CHARS = 64
 
 
 @dataclass(frozen=True)
@@ -160,7 +159,7 @@ def request_variant(parameters_json: str | Mapping[str, Any] | None, plan: BlsPl
     if isinstance(value, str) and value in plan.missing:
         raise StageUnavailableError(f"variant {value!r}: {plan.missing[value]}")
     if not isinstance(value, str) or value not in plan.routes:
-        shown = repr(value) if len(repr(value)) <= MAX_VARIANT_CHARS else "(a long value)"
+        shown = repr(value) if len(repr(value)) <= 40 else f"<{len(repr(value))} characters>"
         raise InvalidInputError(
             f"request parameter {VARIANT_PARAMETER!r}={shown} is unknown; "
             f"use one of {sorted([*plan.routes, *plan.missing])}"

@@ -6,6 +6,7 @@ unit tests call them directly. Only numpy and ``tokenizers`` are needed.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,26 @@ class TextLimits:
 
     max_items: int = 64
     max_text_bytes: int = 16384
+
+
+_ALLOWED_CONTROLS = frozenset("\t\n\r")
+
+
+def check_content(text: str, field: str, index: int) -> None:
+    """Refuse control characters (other than tab/newline/CR) and text with nothing to embed: no
+    letter, digit, punctuation or symbol (only format characters such as U+200B, or separators).
+    Such texts all tokenize to the same empty sequence and would get one identical vector."""
+    for offset, char in enumerate(text):
+        if unicodedata.category(char) == "Cc" and char not in _ALLOWED_CONTROLS:
+            raise InvalidInputError(
+                f"input {field!r} item {index} has control character U+{ord(char):04X} at "
+                f"offset {offset}; send plain text"
+            )
+    if not any(unicodedata.category(c)[0] in "LNPS" for c in text):
+        raise InvalidInputError(
+            f"input {field!r} item {index} has no letter, digit, punctuation or symbol "
+            "(only invisible or separator characters); send real text"
+        )
 
 
 def decode_texts(values: Any, field: str, limits: TextLimits) -> list[str]:
@@ -66,6 +87,7 @@ def decode_texts(values: Any, field: str, limits: TextLimits) -> list[str]:
             raise InvalidInputError(
                 f"input {field!r} item {i} is empty or whitespace-only; send non-blank text"
             )
+        check_content(text, field, i)
         texts.append(text)
     return texts
 

@@ -3,6 +3,7 @@ Python-based backends over HTTP and gRPC, batched, and started/stopped cleanly."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ import tritonclient.http as httpclient
 from runtime.errors import ModelLoadError, ServerStartError
 from runtime.server import EmbeddedServer, ServerSettings, free_port
 from tests.conftest import PROJECT_ROOT
+from tritonforge.integrity import write_sidecar
 
 pytestmark = pytest.mark.integration
 
@@ -90,6 +92,8 @@ def tiny_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (repo / "tiny_ts" / "1").mkdir(parents=True)
     (repo / "tiny_ts" / "config.pbtxt").write_text(TS_CONFIG)
     torch.jit.trace(model, example).save(str(repo / "tiny_ts" / "1" / "model.pt"))
+    write_sidecar(repo / "tiny_onnx" / "1" / "model.onnx")  # the backends refuse artifacts
+    write_sidecar(repo / "tiny_ts" / "1" / "model.pt")  # without a checksum sidecar
     return repo
 
 
@@ -285,7 +289,15 @@ def test_cli_broken_repository_exits_nonzero_naming_the_model(tmp_path: Path) ->
 
 
 def shm_of(pid: int) -> list[str]:
-    return [p for p in os.listdir("/dev/shm") if p.startswith(f"tritonforge_{pid}_")]
+    """The launcher's regions: in /dev/shm, or in its tritonserver's private tmpfs."""
+    dirs = [Path("/dev/shm")]
+    if psutil.pid_exists(pid):
+        dirs += [Path(f"/proc/{c.pid}/root/dev/shm") for c in psutil.Process(pid).children()]
+    found = []
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            found += [p.name for p in d.iterdir() if p.name.startswith(f"tritonforge_{pid}_")]
+    return found
 
 
 def _terminate(proc: subprocess.Popen[str]) -> None:

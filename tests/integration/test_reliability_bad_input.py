@@ -42,6 +42,10 @@ CASES = [
     Case("whitespace text", "text", "BYTES", texts(b" \t\n "), "text"),
     Case("non-UTF-8 text", "text", "BYTES", texts(b"caf\xe9 \xff"), "text"),
     Case("1 MB text", "text", "BYTES", texts(b"word " * 200_000), "text"),
+    # content-free: all tokenized to nothing and got one identical vector
+    Case("NUL text", "text", "BYTES", texts(b"\x00"), "control character U+0000"),
+    Case("zero-width text", "text", "BYTES", texts("\u200b".encode()), "no letter"),
+    Case("control chars", "text", "BYTES", texts(b"\x01\x02\x7f"), "control character"),
     Case(
         "one bad item among good ones", "text", "BYTES", texts(b"fine", b"", b"also fine"), "item 1"
     ),

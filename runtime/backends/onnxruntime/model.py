@@ -24,7 +24,7 @@ class TritonPythonModel:
         self.config = ModelConfig.from_json(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
         path = version_dir / (self.config.default_model_filename or "model.onnx")
-        verify_sidecar(path)
+        verify_sidecar(path, required=True)
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.config.param("intra_op_thread_count", 0, int)
         options.inter_op_num_threads = self.config.param("inter_op_thread_count", 0, int)

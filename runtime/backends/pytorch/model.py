@@ -34,7 +34,7 @@ class TritonPythonModel:
         self.config = ModelConfig.from_json(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
         path = version_dir / (self.config.default_model_filename or "model.pt")
-        verify_sidecar(path)
+        verify_sidecar(path, required=True)
         intra = self.config.param("INTRA_OP_THREAD_COUNT", 0, int)
         if intra > 0:
             torch.set_num_threads(intra)

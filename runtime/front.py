@@ -1,0 +1,607 @@
+"""The front: the only listener unauthenticated clients reach; Triton itself listens on private
+Unix sockets.
+
+Triton 2.51 has no HTTP or gRPC input-size limit (its gRPC server accepts 2 GiB messages), inflates
+``Content-Encoding: gzip`` bodies without a bound and parses JSON recursively (a body nested 1M
+levels deep crashes it), and its ``--*-restricted-api`` keys can only be passed on the command line
+(world-readable in ``/proc/PID/cmdline``). So ``tritonserver`` binds ``unix:`` sockets inside a
+0700 directory, and this front, in the launcher's process, listens on the public HTTP and gRPC
+ports and, before Triton parses anything:
+
+- refuses bodies over ``max_body_bytes`` (HTTP 413 from the ``Content-Length`` alone, or while
+  reading a chunked body; gRPC ``RESOURCE_EXHAUSTED`` from grpcio's own receive limit);
+- inflates gzip/deflate bodies itself with the same bound (stops at ``max_body_bytes + 1``
+  decompressed bytes, so a 2 MB zip bomb costs 2 MB) and forwards them uncompressed;
+- refuses JSON nested deeper than ``max_json_depth`` (400);
+- checks the admin key on the restricted APIs (model repository, config, shared memory,
+  statistics, trace, logging) with a constant-time compare;
+- answers every request: an upstream that is restarting, saturated or silent past
+  ``request_timeout_s`` gets the client a 503 / ``UNAVAILABLE``, never a hang.
+
+aiohttp and grpcio do the protocol work (both ship with tritonclient); the front adds a lookup,
+a length check and a byte scan per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import json
+import re
+import threading
+import urllib.parse
+import zlib
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+from aiohttp import web
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2
+
+from runtime.errors import FrontError, ServerStartError
+
+ADMIN_HEADER = "x-tritonforge-admin"
+GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # how Triton prefixes gRPC keys
+GRPC_SERVICE = "/inference.GRPCInferenceService/"
+GRPC_STREAMING = {f"{GRPC_SERVICE}ModelStreamInfer"}
+GRPC_INFER = f"{GRPC_SERVICE}ModelInfer"
+GRPC_RESTRICTED = {
+    GRPC_SERVICE + name
+    for name in (
+        "RepositoryIndex",
+        "RepositoryModelLoad",
+        "RepositoryModelUnload",
+        "ModelConfig",
+        "ModelStatistics",
+        "SystemSharedMemoryStatus",
+        "SystemSharedMemoryRegister",
+        "SystemSharedMemoryUnregister",
+        "CudaSharedMemoryStatus",
+        "CudaSharedMemoryRegister",
+        "CudaSharedMemoryUnregister",
+        "TraceSetting",
+        "LogSettings",
+    )
+}
+# Triton's restricted HTTP endpoints (model-repository, model-config, shared-memory, statistics,
+# trace, logging), matched on the decoded path so percent-encoding cannot dodge them.
+HTTP_RESTRICTED = re.compile(
+    r"^/v2/(repository|systemsharedmemory|cudasharedmemory|logging|trace)(/|$)"
+    r"|^/v2/models(/.*)?/(config|stats|trace)(/|$)"
+)
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "host",
+    "content-length",
+}
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_INFLATE_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_JSON_SHAPE = re.compile(rb'"shape"\s*:\s*\[([^\]]*)\]')
+MAX_ELEMENTS = 2**31 - 1
+"""Triton 2.51 truncates dims to 32 bits: ``[2**32 + 1, 1]`` passes as batch 1 (and skips the
+max_batch_size check). Every dim, and every tensor's element count, must fit."""
+
+
+def check_shape(dims: Iterable[int], where: str) -> None:
+    """Raise :class:`FrontError` (400) for a negative dim or more than ``MAX_ELEMENTS``."""
+    count = 1
+    for d in dims:
+        if not 0 <= d <= MAX_ELEMENTS:
+            raise FrontError(f"{where}: shape dim {d} is outside [0, {MAX_ELEMENTS}]", 400)
+        count *= d
+        if count > MAX_ELEMENTS:
+            raise FrontError(f"{where}: shape has more than {MAX_ELEMENTS} elements", 400)
+
+
+def check_json_shapes(json_part: bytes) -> None:
+    """Shape checks on an HTTP inference header: a regex finds the shapes (fast path); only a bad
+    one costs a JSON parse, to name its tensor (the depth is already bounded)."""
+    for m in _JSON_SHAPE.finditer(json_part):
+        try:
+            dims = [int(d) for d in m.group(1).split(b",") if d.strip()]
+            check_shape(dims, "input")
+        except ValueError:
+            continue  # not integers: Triton's own parser answers that
+        except FrontError:
+            for tensor in _json_tensors(json_part):
+                check_shape(tensor.get("shape", []), f"input {str(tensor.get('name'))[:64]!r}")
+            raise
+
+
+def _json_tensors(json_part: bytes) -> list[dict[str, Any]]:
+    try:
+        inputs = json.loads(json_part).get("inputs", [])
+    except (ValueError, AttributeError):
+        return []
+    return [t for t in inputs if isinstance(t, dict) and isinstance(t.get("shape"), list)]
+
+
+def check_infer_message(message: bytes) -> None:
+    """Shape checks on a serialized gRPC ``ModelInferRequest`` (parsed by upb: microseconds)."""
+    try:
+        request = service_pb2.ModelInferRequest.FromString(message)
+    except DecodeError as e:
+        raise FrontError(f"not a valid ModelInferRequest ({e})", 400) from e
+    for tensor in request.inputs:
+        check_shape(tensor.shape, f"input {tensor.name[:64]!r}")
+
+
+def json_depth(data: bytes) -> int:
+    """Deepest ``[``/``{`` nesting of a JSON text (brackets inside strings do not count)."""
+    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    if not brackets:
+        return 0
+    return max(itertools.accumulate(_DEPTH_STEP[b] for b in brackets))
+
+
+def inflate(data: bytes, encoding: str, limit_bytes: int) -> bytes:
+    """Decompress a gzip/deflate body, never producing more than ``limit_bytes`` + 1 bytes.
+
+    Raises :class:`FrontError` when the result would exceed ``limit_bytes`` or the data is corrupt.
+    """
+    try:
+        inflater = zlib.decompressobj(_INFLATE_WBITS[encoding])
+        out = inflater.decompress(data, limit_bytes + 1)
+    except zlib.error as e:
+        raise FrontError(f"body is not valid {encoding} data ({e})", 400) from e
+    if len(out) > limit_bytes or inflater.unconsumed_tail:
+        raise FrontError(
+            f"{encoding} body inflates past the {limit_bytes} byte limit (max_body_bytes)", 413
+        )
+    return out
+
+
+def admin_ok(given: str | None, key: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), key.encode())
+
+
+@dataclass(frozen=True)
+class FrontLimits:
+    """What the front bounds. ``max_body_bytes`` applies to the body as sent and inflated."""
+
+    max_body_bytes: int = 2 * 1024 * 1024
+    max_json_depth: int = 32
+    request_timeout_s: float = 60.0
+    queue_timeout_s: float = 10.0
+    max_upstream_connections: int = 64
+    idle_timeout_s: float = 75.0
+
+
+class HttpFront:
+    """aiohttp server on ``host:port`` forwarding to Triton's HTTP Unix socket."""
+
+    def __init__(
+        self,
+        upstream_socket: Callable[[], Path],
+        admin_key: str | None,
+        admin_header: str,
+        limits: FrontLimits,
+    ) -> None:
+        self.upstream_socket = upstream_socket
+        self.admin_key = admin_key
+        self.admin_header = admin_header
+        self.limits = limits
+        self._session: aiohttp.ClientSession | None = None
+        self._session_socket: Path | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        path = self.upstream_socket()
+        if self._session is None or self._session_socket != path:
+            if self._session is not None:
+                asyncio.get_running_loop().create_task(self._session.close())
+            connector = aiohttp.UnixConnector(
+                path=str(path), limit=self.limits.max_upstream_connections
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            )
+            self._session_socket = path
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _read_body(self, request: web.BaseRequest) -> bytes:
+        limit = self.limits.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            raise FrontError(f"body of {length} bytes exceeds max_body_bytes={limit}", 413)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise FrontError(f"body exceeds max_body_bytes={limit}", 413)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _check_json(self, request: web.BaseRequest, body: bytes) -> None:
+        header = request.headers.get("Inference-Header-Content-Length")
+        json_part = body
+        if header is not None:
+            if not header.isdigit() or int(header) > len(body):
+                raise FrontError(
+                    f"Inference-Header-Content-Length {header[:20]!r} is not a length within "
+                    "the body",
+                    400,
+                )
+            json_part = body[: int(header)]
+        depth = json_depth(json_part)
+        if depth > self.limits.max_json_depth:
+            raise FrontError(
+                f"JSON nested {depth} levels deep; at most max_json_depth="
+                f"{self.limits.max_json_depth} allowed",
+                400,
+            )
+        check_json_shapes(json_part)
+
+    def _restricted(self, request: web.BaseRequest) -> bool:
+        raw = request.rel_url.raw_path
+        decoded = urllib.parse.unquote(raw)
+        return any(HTTP_RESTRICTED.search(re.sub("/+", "/", p)) for p in (raw, decoded))
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            if (
+                self.admin_key is not None
+                and self._restricted(request)
+                and not admin_ok(request.headers.get(self.admin_header), self.admin_key)
+            ):
+                raise FrontError(
+                    f"this API is restricted: send the admin key in the {self.admin_header} header",
+                    403,
+                )
+            body = await self._read_body(request)
+            headers = {
+                k: v
+                for k, v in request.headers.items()
+                if k.lower() not in HOP_BY_HOP and k.lower() != self.admin_header
+            }
+            encoding = request.headers.get("Content-Encoding", "").strip().lower()
+            if encoding and encoding != "identity":
+                if encoding not in _INFLATE_WBITS:
+                    raise FrontError(f"Content-Encoding {encoding[:20]!r} not supported", 415)
+                body = inflate(body, encoding, self.limits.max_body_bytes)
+                headers.pop("Content-Encoding", None)
+                headers.pop("content-encoding", None)
+            if body:
+                self._check_json(request, body)
+            return await self._forward(request, headers, body)
+        except FrontError as e:
+            return web.json_response({"error": str(e)}, status=e.status)
+
+    async def _forward(
+        self, request: web.BaseRequest, headers: dict[str, str], body: bytes
+    ) -> web.StreamResponse:
+        timeout = aiohttp.ClientTimeout(
+            total=self.limits.request_timeout_s, connect=self.limits.queue_timeout_s
+        )
+        try:
+            async with self.session().request(
+                request.method,
+                f"http://triton{request.rel_url.raw_path_qs}",
+                headers=headers,
+                data=body if body else None,
+                timeout=timeout,
+                allow_redirects=False,
+            ) as upstream:
+                out_headers = {
+                    k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP
+                }
+                if upstream.content_length is not None:
+                    data = await upstream.read()
+                    return web.Response(status=upstream.status, headers=out_headers, body=data)
+                response = web.StreamResponse(status=upstream.status, headers=out_headers)
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except TimeoutError:
+            return _unavailable(
+                f"no answer from tritonserver within request_timeout_s="
+                f"{self.limits.request_timeout_s:g} (or no free upstream connection within "
+                f"queue_timeout_s={self.limits.queue_timeout_s:g})"
+            )
+        except (aiohttp.ClientError, OSError) as e:
+            return _unavailable(f"tritonserver not reachable (restarting?): {type(e).__name__}")
+
+
+def _unavailable(message: str) -> web.Response:
+    return web.json_response({"error": message}, status=503, headers={"Retry-After": "1"})
+
+
+class GrpcFront(grpc.GenericRpcHandler):
+    """grpc.aio server forwarding raw messages to Triton's gRPC Unix socket (no re-encoding)."""
+
+    def __init__(
+        self,
+        upstream_target: Callable[[], str],
+        admin_key: str | None,
+        admin_headers: Iterable[str],
+        limits: FrontLimits,
+    ) -> None:
+        self.upstream_target = upstream_target
+        self.admin_key = admin_key
+        self.admin_headers = tuple(h.lower() for h in admin_headers)
+        self.limits = limits
+        self._channel: grpc.aio.Channel | None = None
+        self._channel_target = ""
+
+    def channel(self) -> grpc.aio.Channel:
+        target = self.upstream_target()
+        if self._channel is None or self._channel_target != target:
+            if self._channel is not None:
+                asyncio.get_running_loop().create_task(self._channel.close())
+            self._channel = grpc.aio.insecure_channel(
+                target,
+                options=[
+                    ("grpc.max_receive_message_length", -1),
+                    ("grpc.max_send_message_length", -1),
+                ],
+            )
+            self._channel_target = target
+        return self._channel
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close(grace=None)
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = details.method
+        if method in GRPC_STREAMING:
+
+            async def stream(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+                metadata = await self._metadata(method, context)
+
+                async def checked() -> AsyncIterator[bytes]:
+                    async for message in requests:
+                        try:
+                            check_infer_message(message)
+                        except FrontError as e:
+                            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                        yield message
+
+                call = self.channel().stream_stream(method)(
+                    checked(), metadata=metadata, timeout=context.time_remaining()
+                )
+                try:
+                    async for response in call:
+                        yield response
+                except grpc.aio.AioRpcError as e:
+                    await context.abort(e.code(), e.details() or "")
+
+            return grpc.stream_stream_rpc_method_handler(stream)
+
+        async def unary(request: bytes, context: Any) -> bytes:
+            metadata = await self._metadata(method, context)
+            if method == GRPC_INFER:
+                try:
+                    check_infer_message(request)
+                except FrontError as e:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            remaining = context.time_remaining()
+            timeout = self.limits.request_timeout_s
+            if remaining is not None:
+                timeout = min(timeout, remaining)
+            try:
+                return bytes(
+                    await self.channel().unary_unary(method)(
+                        request, metadata=metadata, timeout=timeout
+                    )
+                )
+            except grpc.aio.AioRpcError as e:
+                code = e.code()
+                details = e.details() or ""
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED and (
+                    remaining is None or remaining > timeout
+                ):
+                    code, details = (
+                        grpc.StatusCode.UNAVAILABLE,
+                        (
+                            f"no answer from tritonserver within request_timeout_s="
+                            f"{self.limits.request_timeout_s:g}"
+                        ),
+                    )
+                elif code == grpc.StatusCode.UNAVAILABLE and "connect" in details.lower():
+                    details = "tritonserver not reachable (restarting?)"
+                await context.abort(code, details)
+                raise  # unreachable: abort raises
+
+        return grpc.unary_unary_rpc_method_handler(unary)
+
+    async def _metadata(self, method: str, context: Any) -> tuple[tuple[str, str], ...]:
+        """The caller's metadata minus reserved keys and the admin key; aborts the call with
+        PERMISSION_DENIED when a restricted method lacks the key."""
+        metadata = tuple(
+            (k, v)
+            for k, v in context.invocation_metadata() or ()
+            if not k.startswith((":", "grpc-")) and k not in ("user-agent", *self.admin_headers)
+        )
+        if method in GRPC_RESTRICTED and self.admin_key is not None:
+            given = dict(context.invocation_metadata() or ())
+            if not any(admin_ok(given.get(h), self.admin_key) for h in self.admin_headers):
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"this API is restricted: send the admin key in the "
+                    f"{self.admin_headers[0]} metadata",
+                )
+        return metadata
+
+
+class Front:
+    """Both fronts on one asyncio loop in a daemon thread of the launcher.
+
+    ``start()`` binds the public ports (raising :class:`ServerStartError` naming the flag when one is
+    taken) before tritonserver starts; ``stop()`` closes them. The upstream paths are read per
+    request, so a restarted tritonserver is picked up without rebinding.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        http_port: int,
+        grpc_port: int,
+        http_socket: Callable[[], Path],
+        grpc_target: Callable[[], str],
+        admin_key: str | None,
+        admin_header: str,
+        grpc_admin_headers: Iterable[str],
+        limits: FrontLimits | None = None,
+    ) -> None:
+        self.host = host
+        self.http_port = http_port
+        self.grpc_port = grpc_port
+        self.limits = limits or FrontLimits()
+        self.http = HttpFront(http_socket, admin_key, admin_header.lower(), self.limits)
+        self.grpc = GrpcFront(grpc_target, admin_key, grpc_admin_headers, self.limits)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="front", daemon=True)
+        self._runner: web.ServerRunner | None = None
+        self._grpc_server: grpc.aio.Server | None = None
+
+    def start(self) -> Front:
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
+        try:
+            future.result(timeout=30)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    async def _start(self) -> None:
+        server = web.Server(
+            self.http.handle,
+            auto_decompress=False,
+            keepalive_timeout=self.limits.idle_timeout_s,
+            max_field_size=16384,
+        )
+        self._runner = web.ServerRunner(server, handle_signals=False)
+        await self._runner.setup()
+        try:
+            await web.TCPSite(self._runner, self.host, self.http_port, reuse_address=True).start()
+        except OSError as e:
+            raise ServerStartError(
+                f"cannot listen on {self.host}:{self.http_port} for HTTP ({e.strerror}); pass "
+                "--http-port or set TRITONFORGE_HTTP_PORT"
+            ) from e
+        self._grpc_server = grpc.aio.server(
+            handlers=[self.grpc],
+            options=[
+                ("grpc.max_receive_message_length", self.limits.max_body_bytes),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        bound = 0
+        with contextlib.suppress(RuntimeError):
+            bound = self._grpc_server.add_insecure_port(f"{self.host}:{self.grpc_port}")
+        if not bound:
+            raise ServerStartError(
+                f"cannot listen on {self.host}:{self.grpc_port} for gRPC (port taken?); pass "
+                "--grpc-port or set TRITONFORGE_GRPC_PORT"
+            )
+        await self._grpc_server.start()
+
+    async def _stop(self) -> None:
+        if self._grpc_server is not None:
+            await self._grpc_server.stop(grace=1.0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.http.close()
+        await self.grpc.close()
+
+    def release_upstream(self) -> None:
+        """Close the idle keep-alive connections to tritonserver (they would hold its shutdown
+        until ``--exit-timeout-secs``); new requests open fresh ones."""
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._release(), self._loop).result(timeout=5)
+
+    async def _release(self) -> None:
+        await self.http.close()
+        self.http._session = None
+        await self.grpc.close()
+        self.grpc._channel = None
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=15)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+        if not self._loop.is_running():
+            self._loop.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m runtime front``: the front alone, before a tritonserver started elsewhere with
+    ``--http-address=unix:<dir>/http.sock --grpc-address=unix:<dir>/grpc.sock --grpc-port=1``
+    (a sidecar sharing ``<dir>``, e.g. in Kubernetes). The admin key comes from the environment
+    variable named by ``--admin-key-env`` (never from the command line)."""
+    import argparse
+    import os
+    import signal
+
+    p = argparse.ArgumentParser(prog="python -m runtime front", description=main.__doc__)
+    p.add_argument("--host", default=os.environ.get("TRITONFORGE_HOST", "127.0.0.1"))
+    p.add_argument(
+        "--http-port", type=int, default=int(os.environ.get("TRITONFORGE_HTTP_PORT", 8000))
+    )
+    p.add_argument(
+        "--grpc-port", type=int, default=int(os.environ.get("TRITONFORGE_GRPC_PORT", 8001))
+    )
+    p.add_argument("--socket-dir", type=Path, required=True, help="where Triton's sockets are")
+    p.add_argument("--admin-key-env", default="TRITONFORGE_ADMIN_KEY")
+    defaults = FrontLimits()
+    for name, value in vars(defaults).items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    args = p.parse_args(argv)
+    import secrets
+
+    given = os.environ.get(args.admin_key_env)
+    key = given or secrets.token_urlsafe(18)  # no key set: nobody can call the admin APIs
+    limits = FrontLimits(**{name: getattr(args, name) for name in vars(defaults)})
+    front = Front(
+        args.host,
+        args.http_port,
+        args.grpc_port,
+        http_socket=lambda: args.socket_dir / "http.sock",
+        grpc_target=lambda: f"unix:{args.socket_dir}/grpc.sock:1",
+        admin_key=key,
+        admin_header=ADMIN_HEADER,
+        grpc_admin_headers=(GRPC_ADMIN_HEADER, ADMIN_HEADER),
+        limits=limits,
+    )
+    try:
+        front.start()
+    except ServerStartError as e:
+        print(f"error: {e}", flush=True)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(
+        f"==> front on {args.host}: HTTP {args.http_port}, gRPC {args.grpc_port} -> "
+        f"{args.socket_dir} (admin APIs {'need $' + args.admin_key_env if given else 'closed: no key set'})",
+        flush=True,
+    )
+    stop.wait()
+    front.stop()
+    return 0
