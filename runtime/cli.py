@@ -14,6 +14,7 @@ from types import FrameType
 from runtime.errors import ServerError, ServerStartError
 from runtime.server import ADMIN_HEADER, GRPC_ADMIN_HEADER, EmbeddedServer, ServerSettings
 from runtime.supervisor import HealthEndpoint, Supervisor
+from runtime.tracing import TRACE_ENV, TRACE_RATE_ENV, trace_args
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 
@@ -51,6 +52,14 @@ def _server_args(p: argparse.ArgumentParser) -> None:
         help="on SIGTERM, wait this long at most for in-flight requests before stopping Triton",
     )
     p.add_argument(
+        "--trace-otlp",
+        metavar="HOST:PORT",
+        help=f"export OpenTelemetry traces (OTLP/HTTP) there; default ${TRACE_ENV} (off when unset)",
+    )
+    p.add_argument(
+        "--trace-rate", type=int, help=f"trace one request in N (default ${TRACE_RATE_ENV} or 1)"
+    )
+    p.add_argument(
         "--unrestricted",
         action="store_true",
         help="do not restrict the admin APIs (model-repository, config, shm, stats, trace, logging)",
@@ -71,6 +80,7 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         log_verbose=args.log_verbose,
         echo_log=not args.quiet,
         restrict_apis=not args.unrestricted,
+        extra_args=trace_args(args.trace_otlp, args.trace_rate),
     )
 
 

@@ -147,11 +147,16 @@ def _error_code(error: Any) -> Any:
 
 
 async def call_stage(
-    pb_utils: Any, stage: Stage, inputs: Mapping[str, np.ndarray], timeout_ms: int
+    pb_utils: Any,
+    stage: Stage,
+    inputs: Mapping[str, np.ndarray],
+    timeout_ms: int,
+    trace: Any = None,
 ) -> dict[str, np.ndarray]:
     """One BLS ``async_exec``; errors become INVALID_ARG (the stage rejected the caller's data)
-    or UNAVAILABLE (not ready, failed, timed out), each naming the stage."""
-    kwargs: dict[str, Any] = {}
+    or UNAVAILABLE (not ready, failed, timed out), each naming the stage. ``trace`` (the caller
+    request's ``request.trace()``) makes the stage's spans children of the caller's."""
+    kwargs: dict[str, Any] = {} if trace is None else {"trace": trace}
     if timeout_ms > 0:
         kwargs["timeout"] = timeout_ms * 1000  # Triton's request timeout is in microseconds
     request = pb_utils.InferenceRequest(
@@ -179,9 +184,11 @@ async def call_stage(
     return outputs
 
 
-async def run_route(pb_utils: Any, plan: BlsPlan, variant: str, texts: np.ndarray) -> np.ndarray:
+async def run_route(
+    pb_utils: Any, plan: BlsPlan, variant: str, texts: np.ndarray, trace: Any = None
+) -> np.ndarray:
     """Run one request's texts through the variant's stages; the last stage's output."""
     tensors: dict[str, np.ndarray] = {plan.text_input: texts}
     for stage in plan.routes[variant]:
-        tensors = await call_stage(pb_utils, stage, tensors, plan.stage_timeout_ms)
+        tensors = await call_stage(pb_utils, stage, tensors, plan.stage_timeout_ms, trace)
     return next(iter(tensors.values()))

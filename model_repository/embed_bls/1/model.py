@@ -25,7 +25,9 @@ class TritonPythonModel:
             variant = request_variant(request.parameters(), self.plan)
             values = pb_utils.get_input_tensor_by_name(request, self.plan.text_input).as_numpy()
             texts = decode_texts(values, self.plan.text_input, self.plan.limits)
-            embedding = await run_route(pb_utils, self.plan, variant, text_tensor(texts))
+            embedding = await run_route(
+                pb_utils, self.plan, variant, text_tensor(texts), trace=request.trace()
+            )
             return encode_response(pb_utils, {self.plan.output: embedding}, self.config)
         except Exception as e:
             return error_response(pb_utils, e, self.config.name)
