@@ -15,6 +15,7 @@ from runtime.errors import ServerError, ServerStartError
 from runtime.server import ADMIN_HEADER, GRPC_ADMIN_HEADER, EmbeddedServer, ServerSettings
 from runtime.supervisor import HealthEndpoint, Supervisor
 from runtime.tracing import TRACE_ENV, TRACE_RATE_ENV, trace_args
+from tritonforge.env import env_int
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 
@@ -41,7 +42,7 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--health-port",
         type=int,
-        default=int(os.environ.get("TRITONFORGE_HEALTH_PORT", "8003")),
+        default=env_int("TRITONFORGE_HEALTH_PORT", 8003),
         help="pipeline-aware health endpoint (GET /health/pipeline); 0 picks a free port",
     )
     p.add_argument("--canary-interval-s", type=float, default=5.0)

@@ -37,6 +37,7 @@ from runtime.locate import (
     library_path,
     venv_paths,
 )
+from tritonforge.env import env_int
 
 SHM_DIR = Path("/dev/shm")
 ADMIN_HEADER = "x-tritonforge-admin"
@@ -63,8 +64,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return int(value) if value else default
+    return env_int(name, default)
 
 
 @dataclass
