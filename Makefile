@@ -37,7 +37,7 @@ lint: $(STAMP)  ## ruff (lint + format check), mypy, model repository lint
 	$(VENV)/bin/mypy
 	$(PY) -m runtime lint --model-repository $(REPO)
 
-typecheck: $(STAMP)
+typecheck: $(STAMP)  ## mypy on the packages
 	$(VENV)/bin/mypy
 
 export: $(STAMP)  ## export the default model (fp32 ONNX, int8 QDQ ONNX, TorchScript) into the model repository
@@ -61,10 +61,10 @@ test: $(STAMP)  ## lint, export (skipped when unchanged), unit + integration tes
 	@echo "==> [test 4/4] pytest (unit, then integration against the embedded Triton)"
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-unit: $(STAMP)
+test-unit: $(STAMP)  ## unit tests only (no server)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: $(STAMP)
+test-integration: $(STAMP)  ## integration tests only (real embedded Triton)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 bench: export  ## throughput/latency table: in-process limit vs FastAPI vs Triton pipelines

@@ -1,0 +1,68 @@
+"""The ``tritonforge`` command: every subcommand reaches its module, one ``--log-level``."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+from tritonforge import cli
+from tritonforge.logs import setup_logging
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tritonforge", *args],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_help_lists_every_subcommand() -> None:
+    done = run("--help")
+    assert done.returncode == 0
+    for name in cli.COMMANDS:
+        assert name in done.stdout
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_every_subcommand_module_has_a_main(name: str) -> None:
+    assert callable(cli.COMMANDS[name].main())
+
+
+def test_subcommand_arguments_reach_the_module() -> None:
+    done = run("lint", "--model-repository", "no-such-repository")
+    assert done.returncode == 1 and "no-such-repository" in done.stderr
+    assert run("serve", "--help").stdout.startswith("usage: python -m runtime serve")
+
+
+def test_log_level_applies_to_the_project_loggers_only() -> None:
+    setup_logging("debug")
+    assert logging.getLogger("client.retry").isEnabledFor(logging.DEBUG)
+    setup_logging("warning")
+    assert not logging.getLogger("runtime.tracing").isEnabledFor(logging.INFO)
+    setup_logging("info")
+    assert logging.getLogger("export.pipeline").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("onnxruntime").isEnabledFor(logging.INFO)
+    with pytest.raises(ValueError, match="log level"):
+        setup_logging("loud")
+
+
+def test_export_without_a_spec_runs_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+
+    class Fake(cli.Command):
+        def main(self):  # type: ignore[no-untyped-def,override]
+            return lambda argv: calls.append(list(argv)) or 0
+
+    monkeypatch.setitem(cli.COMMANDS, "export", Fake("export.cli", ""))
+    assert cli.run("export", ["--model-repository", "r"]) == 0
+    assert calls == [[*spec, "--model-repository", "r"] for spec in cli.DEFAULT_EXPORTS]
+    calls.clear()
+    assert cli.run("export", ["minilm", "--force"]) == 0
+    assert calls == [["minilm", "--force"]]
