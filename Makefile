@@ -3,6 +3,8 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The `tritonforge` command (the console script of `pip install .`), run from this checkout.
+TF := $(PY) -m tritonforge
 STAMP := $(VENV)/.installed
 REPO ?= model_repository
 HTTP_PORT ?= 8000
@@ -11,7 +13,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup lock lint typecheck export serve run test test-unit test-integration bench loadtest soak clean deploy-check gpu-check
+.PHONY: help setup lock lint typecheck export serve run test test-unit test-integration bench loadtest soak clean deploy-check gpu-check perf gate
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -81,6 +83,10 @@ deploy-check: $(STAMP)  ## offline checks of docker-compose.yml, deploy/k8s, GPU
 
 gpu-check: $(STAMP)  ## on a GPU host with onnxruntime-gpu: exported ONNX encoders GPU vs CPU parity + latency
 	$(PY) -m deploy.gpu_check --model-repository $(REPO)
+
+perf: $(STAMP)  ## perf_analyzer input data for every public model + perf_analyzer against a running server (GRPC_URL=host:8001, $$TRITONFORGE_ADMIN_KEY)
+	@$(PY) -m loadtest.perf_analyzer path >/dev/null || $(PY) -m loadtest.perf_analyzer install
+	$(TF) perf --model-repository $(REPO) $(if $(GRPC_URL),--url $(GRPC_URL))
 
 clean:  ## remove generated artifacts (keeps the venv)
 	$(PY) -m export clean --model-repository $(REPO) || true
