@@ -84,9 +84,12 @@ deploy-check: $(STAMP)  ## offline checks of docker-compose.yml, deploy/k8s, GPU
 gpu-check: $(STAMP)  ## on a GPU host with onnxruntime-gpu: exported ONNX encoders GPU vs CPU parity + latency
 	$(PY) -m deploy.gpu_check --model-repository $(REPO)
 
-perf: $(STAMP)  ## perf_analyzer input data for every public model + perf_analyzer against a running server (GRPC_URL=host:8001, $$TRITONFORGE_ADMIN_KEY)
+perf: $(STAMP)  ## perf_analyzer input data for every public model + perf_analyzer against a running server (GRPC_URL=host:8001; admin key from TRITONFORGE_ADMIN_KEY)
 	@$(PY) -m loadtest.perf_analyzer path >/dev/null || $(PY) -m loadtest.perf_analyzer install
 	$(TF) perf --model-repository $(REPO) $(if $(GRPC_URL),--url $(GRPC_URL))
+
+gate: export  ## CI gates: served == PyTorch for every pipeline, GPU parity (skips without a GPU), bench ratios vs deploy/perf-baseline.json (BENCH_JSON=... skips the bench run)
+	$(TF) gate --model-repository $(REPO) $(if $(BENCH_JSON),--bench-json $(BENCH_JSON))
 
 clean:  ## remove generated artifacts (keeps the venv)
 	$(PY) -m export clean --model-repository $(REPO) || true

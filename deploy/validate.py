@@ -388,6 +388,20 @@ def promql_findings(queries: list[str]) -> list[str]:
     return out
 
 
+# Triton accumulates these per *request* (every request of a batch gets the batch's time): a mean
+# divides them by a request count, never by nv_inference_exec_count (batch-size times too high).
+_PER_REQUEST_DURATION = re.compile(r"nv_inference_(?:request|queue|compute_\w+)_duration_us")
+
+
+def duration_findings(queries: list[str]) -> list[str]:
+    """Means of per-request durations divided by the execution count."""
+    return [
+        f"promql: a per-request duration divided by nv_inference_exec_count: {q!r}"
+        for q in queries
+        if _PER_REQUEST_DURATION.search(q) and "nv_inference_exec_count" in q.split("/", 1)[-1]
+    ]
+
+
 # -- images ---------------------------------------------------------------------------------------
 def ngc_tag(dockerfile: Path = DOCKERFILE) -> str:
     """The NGC release (``24.10``) of the ``tritonserver`` image the Dockerfile builds FROM."""
@@ -629,7 +643,7 @@ def all_findings(env: Mapping[str, str] | None = None) -> dict[str, list[str]]:
         "compose contents": compose_findings(compose_document(COMPOSE_FILE, env)),
         "k8s schemas": validate_k8s(operator_docs),
         "k8s contents": k8s_findings(docs),
-        "promql": promql_findings(queries),
+        "promql": promql_findings(queries) + duration_findings(queries),
         "triton image pins": pin_findings(TRITON_REQUIREMENTS),
         "loadtest image pins": pin_findings(LOADTEST_REQUIREMENTS),
         "container code": container_code_findings(ContainerCode.find()),

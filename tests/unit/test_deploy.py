@@ -402,6 +402,37 @@ def test_dashboard_shows_rate_p95_queue_and_compute_and_failures() -> None:
     assert datasource["datasources"][0]["uid"] == "prometheus"
 
 
+def test_dashboard_means_divide_per_request_durations_by_request_counts() -> None:
+    queries = dv.dashboard_queries()
+    assert dv.duration_findings(queries) == []
+    wrong = (
+        "sum(rate(nv_inference_compute_infer_duration_us[1m])) / "
+        "sum(rate(nv_inference_exec_count[1m]))"
+    )
+    assert dv.duration_findings([wrong]) != []
+    # batching: inferences per execution legitimately divides by the execution count
+    assert (
+        dv.duration_findings(["rate(nv_inference_count[1m]) / rate(nv_inference_exec_count[1m])"])
+        == []
+    )
+
+
+def test_dashboard_shows_pending_cache_versions_and_gpus() -> None:
+    queries = dv.dashboard_queries()
+    assert {
+        "nv_inference_pending_request_count",
+        "nv_cache_num_hits_per_model",
+        "nv_cache_num_misses_per_model",
+        "nv_gpu_utilization",
+        "nv_gpu_memory_used_bytes",
+        "nv_gpu_memory_total_bytes",
+    } <= dv.referenced_metrics(queries)
+    assert any("by (model, version)" in q and "nv_inference_request_success" in q for q in queries)
+    dash = json.loads(dv.DASHBOARD.read_text())
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+
+
 def test_promql_check_catches_unbalanced_queries() -> None:
     assert dv.promql_findings(["sum(rate(x[1m])", "rate(x[1m)]", ""]) != []
     assert len(dv.promql_findings(["sum(rate(x[1m])", "rate(x[1m)]", ""])) == 3
