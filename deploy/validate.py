@@ -158,10 +158,59 @@ def _size_bytes(value: str | int) -> int:
     return int(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2)]
 
 
+# -- what the container shares with `tritonforge serve` -------------------------------------------
+ADMIN_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
+# What the admin key reads as after interpolation (compose) and in the Deployment's args (the
+# kubelet expands it from the container's env): the files must take the key from the variable.
+ADMIN_KEY_REF = f"$({ADMIN_KEY_ENV})"
+DRAIN_MODULE = "tritonforge.drain"
+
+
+def triton_command(command: list[str]) -> list[str]:
+    """The ``tritonserver ...`` part of a container command (after the drain wrapper)."""
+    return command[command.index("tritonserver") :] if "tritonserver" in command else command
+
+
+def _seconds(value: str | int | float) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m)?", str(value).strip())
+    if not m:
+        raise DeployCheckError(f"cannot read the duration {value!r}")
+    return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, None: 1}[m.group(2)]
+
+
+def launcher_flag_findings(where: str, args: list[str], key: str) -> list[str]:
+    """Restricted APIs (the launcher's list and header, keyed by ``key``) and OpenTelemetry
+    tracing (Triton's trace config as ``serve --trace-otlp`` builds it)."""
+    from runtime.server import ADMIN_HEADER, RESTRICTED_APIS
+
+    out: list[str] = []
+    want = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={key}"
+    for flag in ("--http-restricted-api", "--grpc-restricted-protocol"):
+        values = [a.partition("=")[2] for a in args if a.startswith(flag + "=")]
+        if values != [want]:
+            out.append(f"{where}: needs {flag}={want} (the APIs and header of runtime.server)")
+    trace = [a.partition("=")[2] for a in args if a.startswith("--trace-config=")]
+    if "mode=opentelemetry" not in trace:
+        out.append(f"{where}: needs --trace-config=mode=opentelemetry")
+    if not any(t.startswith("opentelemetry,url=") and t.endswith("/v1/traces") for t in trace):
+        out.append(f"{where}: needs --trace-config=opentelemetry,url=<collector>/v1/traces")
+    return out
+
+
+def drain_args(command: list[str]) -> dict[str, str]:
+    """``--name=value`` options of a ``python3 -m tritonforge.drain`` command line."""
+    if DRAIN_MODULE not in command:
+        return {}
+    head = command[command.index(DRAIN_MODULE) + 1 :]
+    head = head[: head.index("--")] if "--" in head else head
+    return triton_flags(head)
+
+
 # -- docker compose -------------------------------------------------------------------------------
 def compose_document(path: Path = COMPOSE_FILE, env: Mapping[str, str] | None = None) -> Any:
-    """The compose file after interpolation with ``env`` (defaults apply for unset variables)."""
-    return interpolate(load_yaml(path), env or {})
+    """The compose file after interpolation with ``env`` (defaults apply for unset variables;
+    the admin key reads as ``$(TRITONFORGE_ADMIN_KEY)``, whatever its value)."""
+    return interpolate(load_yaml(path), {**(env or {}), ADMIN_KEY_ENV: ADMIN_KEY_REF})
 
 
 def validate_compose(path: Path = COMPOSE_FILE, env: Mapping[str, str] | None = None) -> list[str]:
@@ -207,6 +256,21 @@ def compose_findings(doc: Mapping[str, Any], root: Path = PROJECT_ROOT) -> list[
     ) or []
     if not any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices):
         out.append("compose: triton has no nvidia GPU reservation")
+    command = [str(a) for a in triton.get("command") or []]
+    drain = drain_args(command)
+    if "run" not in command[:5] or DRAIN_MODULE not in command[:3]:
+        out.append(f"compose: triton must run under `python3 -m {DRAIN_MODULE} run --` (drain)")
+    else:
+        grace = _seconds(triton.get("stop_grace_period", "10s"))
+        needed = _seconds(drain.get("--timeout-s", "20")) + _seconds(
+            flags.get("--exit-timeout-secs", "30")
+        )
+        if grace < needed:
+            out.append(f"compose: stop_grace_period {grace:g}s < drain + exit timeout {needed:g}s")
+    out += launcher_flag_findings("compose", command, ADMIN_KEY_REF)
+    for port in triton.get("ports") or []:
+        if str(port).count(":") < 2 or str(port).startswith("0.0.0.0:"):
+            out.append(f"compose: port {port} must be published on a bind address (TRITON_BIND)")
     test = " ".join(str(t) for t in (triton.get("healthcheck") or {}).get("test") or [])
     if "/v2/health/ready" not in test:
         out.append("compose: the healthcheck must query /v2/health/ready")
@@ -292,8 +356,30 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
     canary = " ".join(str(a) for a in (liveness.get("exec") or {}).get("command", []))
     if (liveness.get("httpGet") or {}).get("path") != "/v2/health/live" and "/infer" not in canary:
         out.append("k8s: livenessProbe must GET /v2/health/live or run a canary inference")
-    if not ((triton.get("lifecycle") or {}).get("preStop") or {}).get("exec"):
-        out.append("k8s: triton needs a preStop hook (drain before SIGTERM, server#6287)")
+    pre_stop = (((triton.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get(
+        "command"
+    ) or []
+    if DRAIN_MODULE not in pre_stop or "wait" not in pre_stop:
+        out.append(
+            f"k8s: triton needs a preStop hook running `python3 -m {DRAIN_MODULE} wait` "
+            "(drain before SIGTERM, server#6287)"
+        )
+    else:
+        drain = drain_args([str(a) for a in pre_stop])
+        needed = _seconds(drain.get("--timeout-s", "20")) + _seconds(
+            flags.get("--exit-timeout-secs", "30")
+        )
+        if float(pod.get("terminationGracePeriodSeconds", 30)) < needed:
+            out.append(
+                f"k8s: terminationGracePeriodSeconds < preStop drain + exit timeout ({needed:g})"
+            )
+    out += launcher_flag_findings("k8s", [str(a) for a in triton.get("args", [])], ADMIN_KEY_REF)
+    env = {e["name"]: e for e in triton.get("env", [])}
+    if "secretKeyRef" not in (env.get(ADMIN_KEY_ENV, {}).get("valueFrom") or {}):
+        out.append(f"k8s: {ADMIN_KEY_ENV} must come from a Secret (valueFrom.secretKeyRef)")
+    startup_grpc = (triton.get("startupProbe") or {}).get("grpc") or {}
+    if startup_grpc and str(startup_grpc.get("port")) != flags.get("--grpc-port"):
+        out.append("k8s: the gRPC startup probe must use --grpc-port (grpc.health.v1)")
     limits = (triton.get("resources") or {}).get("limits") or {}
     if int(limits.get("nvidia.com/gpu", 0)) < 1:
         out.append("k8s: triton needs an nvidia.com/gpu limit")

@@ -73,6 +73,18 @@ def test_compose_model_config_name_is_selectable_by_env() -> None:
         (lambda t: t.update(shm_size="64m"), "shm_size"),
         (lambda t: t["healthcheck"].update(test=["CMD", "true"]), "/v2/health/ready"),
         (lambda t: t["command"].append("--model-control-mode=poll"), "model-control-mode"),
+        (lambda t: t.update(command=dv.triton_command(t["command"])), "tritonforge.drain"),
+        (lambda t: t.update(stop_grace_period="10s"), "stop_grace_period"),
+        (lambda t: t["ports"].__setitem__(0, "8000:8000"), "bind address"),
+        (lambda t: t["ports"].__setitem__(0, "0.0.0.0:8000:8000"), "bind address"),
+        (
+            lambda t: t.update(command=[a for a in t["command"] if "restricted-api" not in a]),
+            "--http-restricted-api",
+        ),
+        (
+            lambda t: t.update(command=[a for a in t["command"] if "mode=opentelemetry" not in a]),
+            "mode=opentelemetry",
+        ),
     ],
 )
 def test_compose_findings_catch_regressions(
@@ -81,6 +93,14 @@ def test_compose_findings_catch_regressions(
     broken = copy.deepcopy(compose)
     mutate(broken["services"]["triton"])
     assert any(expected in f for f in dv.compose_findings(broken))
+
+
+def test_compose_refuses_to_start_without_an_admin_key() -> None:
+    raw = dv.load_yaml(dv.COMPOSE_FILE)
+    with pytest.raises(dv.DeployCheckError, match="TRITONFORGE_ADMIN_KEY"):
+        dv.interpolate(raw, {})
+    doc = dv.interpolate(raw, {"TRITONFORGE_ADMIN_KEY": "s3cret"})
+    assert any(a.endswith("=s3cret") for a in doc["services"]["triton"]["command"])
 
 
 def test_interpolation_follows_compose_rules() -> None:
@@ -164,6 +184,17 @@ def test_k8s_deployment_has_what_production_needs(k8s_docs: list[dict[str, Any]]
         (lambda pod, ctr: ctr["readinessProbe"]["httpGet"].update(path="/"), "readinessProbe"),
         (lambda pod, ctr: ctr["livenessProbe"]["exec"].update(command=["true"]), "livenessProbe"),
         (lambda pod, ctr: ctr.pop("lifecycle"), "preStop"),
+        (
+            lambda pod, ctr: ctr["lifecycle"]["preStop"]["exec"].update(command=["sleep", "10"]),
+            "tritonforge.drain wait",
+        ),
+        (lambda pod, ctr: pod.update(terminationGracePeriodSeconds=30), "GracePeriod"),
+        (lambda pod, ctr: ctr["env"][1].pop("valueFrom"), "Secret"),
+        (lambda pod, ctr: ctr["startupProbe"]["grpc"].update(port=9999), "gRPC startup probe"),
+        (
+            lambda pod, ctr: ctr.update(args=[a.replace("logging:", "") for a in ctr["args"]]),
+            "--grpc-restricted-protocol",
+        ),
         (lambda pod, ctr: pod["volumes"][2]["emptyDir"].pop("medium"), "/dev/shm"),
         (lambda pod, ctr: ctr["volumeMounts"][0].pop("readOnly"), "/models"),
         (lambda pod, ctr: ctr["args"].append("--model-config-name=config"), "--model-config-name"),
@@ -196,8 +227,10 @@ def test_compose_and_k8s_run_triton_with_the_same_flags(
 ) -> None:
     dep = next(d for d in k8s_docs if d["kind"] == "Deployment")
     ctr = dep["spec"]["template"]["spec"]["containers"][0]
-    compose_cmd = compose["services"]["triton"]["command"]
+    compose_cmd = dv.triton_command(compose["services"]["triton"]["command"])
     assert [compose_cmd[0]] == ctr["command"]
+    # repeated flags (--trace-config) in the same order
+    assert compose_cmd[1:] == ctr["args"]
     assert dv.triton_flags(compose_cmd) == dv.triton_flags(ctr["args"])
     ports = {p["name"]: str(p["containerPort"]) for p in ctr["ports"]}
     flags = dv.triton_flags(ctr["args"])
