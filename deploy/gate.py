@@ -200,7 +200,9 @@ def hardware_gate(
     if not providers:
         return GateResult(name, SKIP, f"skipped: no GPU on this host ({why})")
     if check is None:
-        from deploy.gpu_check import main as check
+        from deploy import gpu_check
+
+        check = gpu_check.main
     code = check(["--model-repository", str(repo)])
     if code != 0:
         return GateResult(name, FAIL, f"GPU vs CPU parity failed (deploy.gpu_check exit {code})")
