@@ -8,6 +8,11 @@ Every check returns a list of findings (empty = fine) so that tests assert on th
   read-only model repository, health check, ``--model-control-mode=none``...).
 * ``deploy/k8s`` (kustomize resources, followed recursively) against the vendored Kubernetes 1.31
   strict schemas, plus probes, GPU limits, non-root, read-only root filesystem and the HPA metric.
+* ``deploy/kserve`` (ServingRuntime + InferenceService) against strict subsets of KServe's CRDs
+  (``deploy/schemas/k8s/*kserve*``), plus the same flags as the Deployment, KServe's mount and
+  ports, the runtime/format/protocol match and a storage URI naming the base's PVC.
+* what the container shares with ``tritonforge serve``: restricted admin APIs keyed from the
+  environment, drain before stop, OpenTelemetry trace flags.
 * ``model_repository/*/configs/gpu.pbtxt`` against ``config.pbtxt`` and the ONNX graph.
 * Pins of the container images' Python packages against ``constraints.txt``.
 * Python 3.10 compatibility and imports of what runs inside the Triton container.
@@ -69,7 +74,21 @@ K8S_SCHEMAS: dict[tuple[str, str], str] = {
         "HorizontalPodAutoscaler",
     ): "v1.31.0/horizontalpodautoscaler-autoscaling-v2.json",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring-v1.json",
+    (
+        "serving.kserve.io/v1alpha1",
+        "ServingRuntime",
+    ): "servingruntime-serving.kserve.io-v1alpha1.json",
+    (
+        "serving.kserve.io/v1beta1",
+        "InferenceService",
+    ): "inferenceservice-serving.kserve.io-v1beta1.json",
 }
+KSERVE_DIR = DEPLOY_DIR / "kserve"
+# KServe's conventions: the storage initializer mounts the model at /mnt/models; HTTP on 8080.
+KSERVE_MODEL_DIR = "/mnt/models"
+KSERVE_HTTP_PORT = "8080"
+# Flags that legitimately differ between the KServe runtime and the Deployment.
+KSERVE_OWN_FLAGS = ("--model-repository", "--http-port", "--grpc-port")
 # onnxruntime backend accelerators (Triton onnxruntime_backend README) and TensorRT precisions.
 GPU_ACCELERATORS = {"tensorrt", "cuda"}
 TRT_PRECISIONS = {"FP32", "FP16", "INT8"}
@@ -432,6 +451,57 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
     return out
 
 
+def kserve_findings(docs: list[dict[str, Any]], base: list[dict[str, Any]]) -> list[str]:
+    """The KServe runtime serves the model repository like the Deployment of ``base``."""
+    runtimes, services = _by_kind(docs, "ServingRuntime"), _by_kind(docs, "InferenceService")
+    if len(runtimes) != 1 or len(services) != 1:
+        return ["kserve: expected one ServingRuntime and one InferenceService"]
+    runtime, isvc = runtimes[0], services[0]
+    out: list[str] = []
+    (ctr,) = runtime["spec"]["containers"][:1] or [{}]
+    args = [str(a) for a in ctr.get("args", [])]
+    flags = triton_flags(args)
+    dep = _by_kind(base, "Deployment")[0]["spec"]["template"]["spec"]
+    dep_args = [str(a) for a in dep["containers"][0].get("args", [])]
+    own = [a for a in args if not a.startswith(KSERVE_OWN_FLAGS)]
+    if own != [a for a in dep_args if not a.startswith(KSERVE_OWN_FLAGS)]:
+        out.append("kserve: the runtime's tritonserver flags differ from deploy/k8s's Deployment")
+    if flags.get("--model-repository") != KSERVE_MODEL_DIR:
+        out.append(f"kserve: --model-repository must be {KSERVE_MODEL_DIR} (KServe's mount)")
+    if flags.get("--http-port") != KSERVE_HTTP_PORT:
+        out.append(f"kserve: --http-port must be {KSERVE_HTTP_PORT} (KServe routes HTTP there)")
+    grpc_ports = [str(p["containerPort"]) for p in ctr.get("ports", []) if p.get("name") == "h2c"]
+    if grpc_ports != [flags.get("--grpc-port")]:
+        out.append("kserve: the h2c container port must be --grpc-port")
+    if int(((ctr.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0)) < 1:
+        out.append("kserve: the runtime needs an nvidia.com/gpu limit")
+    pre_stop = (((ctr.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get(
+        "command"
+    ) or []
+    if DRAIN_MODULE not in pre_stop:
+        out.append(f"kserve: the runtime needs a preStop `python3 -m {DRAIN_MODULE} wait`")
+    spec = isvc["spec"]["predictor"]
+    model = spec["model"]
+    if model.get("runtime") != runtime["metadata"]["name"]:
+        out.append("kserve: the InferenceService does not name the ServingRuntime")
+    formats = {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
+    if model["modelFormat"]["name"] not in formats:
+        out.append("kserve: the InferenceService's modelFormat is not supported by the runtime")
+    if model.get("protocolVersion", "v1") not in runtime["spec"].get("protocolVersions", []):
+        out.append("kserve: the InferenceService's protocolVersion is not the runtime's")
+    uri = str(model.get("storageUri", ""))
+    claims = {d["metadata"]["name"] for d in _by_kind(base, "PersistentVolumeClaim")}
+    if uri.startswith("pvc://") and uri[len("pvc://") :].split("/")[0] not in claims:
+        out.append(f"kserve: storageUri {uri} names no PVC of deploy/k8s")
+    needed = _seconds(drain_args([str(a) for a in pre_stop]).get("--timeout-s", "20")) + _seconds(
+        flags.get("--exit-timeout-secs", "30")
+    )
+    if float(spec.get("terminationGracePeriodSeconds", 30)) < needed:
+        out.append(f"kserve: terminationGracePeriodSeconds < drain + exit timeout ({needed:g})")
+    out += launcher_flag_findings("kserve", args, ADMIN_KEY_REF)
+    return out
+
+
 def adapter_rules(path: Path = ADAPTER_RULES) -> list[dict[str, Any]]:
     doc = load_yaml(path)
     rules: list[dict[str, Any]] = (doc.get("rules") or {}).get("custom") or []
@@ -723,12 +793,15 @@ def all_findings(env: Mapping[str, str] | None = None) -> dict[str, list[str]]:
     """Every offline check, by name (the GPU config check only covers exported models)."""
     docs = kustomize_documents(K8S_DIR)
     operator_docs = kustomize_documents(K8S_DIR / "prometheus-operator")
+    kserve_docs = kustomize_documents(KSERVE_DIR)
     queries = dashboard_queries() + [r["metricsQuery"] for r in adapter_rules()]
     return {
         "compose schema": validate_compose(COMPOSE_FILE, env),
         "compose contents": compose_findings(compose_document(COMPOSE_FILE, env)),
         "k8s schemas": validate_k8s(operator_docs),
         "k8s contents": k8s_findings(docs),
+        "kserve schemas": validate_k8s(kserve_docs),
+        "kserve contents": kserve_findings(kserve_docs, docs),
         "promql": promql_findings(queries) + duration_findings(queries),
         "triton image pins": pin_findings(TRITON_REQUIREMENTS),
         "loadtest image pins": pin_findings(LOADTEST_REQUIREMENTS),

@@ -209,6 +209,78 @@ def test_k8s_findings_catch_regressions(
     assert any(expected in f for f in dv.k8s_findings(broken))
 
 
+@pytest.fixture(scope="module")
+def kserve_docs() -> list[dict[str, Any]]:
+    return dv.kustomize_documents(dv.KSERVE_DIR)
+
+
+def test_kserve_manifests_match_their_schemas_and_the_deployment(
+    kserve_docs: list[dict[str, Any]], k8s_docs: list[dict[str, Any]]
+) -> None:
+    assert sorted(d["kind"] for d in kserve_docs) == ["InferenceService", "ServingRuntime"]
+    assert dv.validate_k8s(kserve_docs) == []
+    assert dv.kserve_findings(kserve_docs, k8s_docs) == []
+
+
+def test_kserve_schemas_reject_unknown_fields(kserve_docs: list[dict[str, Any]]) -> None:
+    broken = copy.deepcopy(kserve_docs)
+    isvc = next(d for d in broken if d["kind"] == "InferenceService")
+    isvc["spec"]["predictor"]["model"]["storageURI"] = "s3://typo"
+    runtime = next(d for d in broken if d["kind"] == "ServingRuntime")
+    runtime["spec"]["containers"][0]["imagePullPolice"] = "Always"
+    runtime["spec"]["supportedModelFormats"][0]["autoselect"] = True
+    errors = dv.validate_k8s(broken)
+    assert any("storageURI" in e for e in errors)
+    assert any("imagePullPolice" in e for e in errors)
+    assert any("autoselect" in e for e in errors)
+    isvc["spec"]["predictor"]["model"].pop("storageURI")
+    isvc["spec"]["predictor"]["model"]["storageUri"] = "ftp://host/repo"
+    assert any("storageUri" in e for e in dv.validate_k8s([isvc]))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda rt, isvc: rt["containers"][0]["args"].append("--log-verbose=1"), "flags differ"),
+        (
+            lambda rt, isvc: rt["containers"][0]["args"].__setitem__(0, "--model-repository=/m"),
+            "/mnt/models",
+        ),
+        (lambda rt, isvc: rt["containers"][0]["ports"][0].update(containerPort=1), "h2c"),
+        (lambda rt, isvc: rt["containers"][0].pop("lifecycle"), "preStop"),
+        (lambda rt, isvc: isvc["predictor"]["model"].update(runtime="other"), "ServingRuntime"),
+        (
+            lambda rt, isvc: isvc["predictor"]["model"]["modelFormat"].update(name="onnx"),
+            "modelFormat",
+        ),
+        (
+            lambda rt, isvc: isvc["predictor"]["model"].update(protocolVersion="v1"),
+            "protocolVersion",
+        ),
+        (lambda rt, isvc: isvc["predictor"]["model"].update(storageUri="pvc://nope/"), "PVC"),
+        (
+            lambda rt, isvc: isvc["predictor"].update(terminationGracePeriodSeconds=10),
+            "GracePeriod",
+        ),
+    ],
+)
+def test_kserve_findings_catch_regressions(
+    kserve_docs: list[dict[str, Any]], k8s_docs: list[dict[str, Any]], mutate: Any, expected: str
+) -> None:
+    broken = copy.deepcopy(kserve_docs)
+    runtime = next(d for d in broken if d["kind"] == "ServingRuntime")["spec"]
+    isvc = next(d for d in broken if d["kind"] == "InferenceService")["spec"]
+    mutate(runtime, isvc)
+    assert any(expected in f for f in dv.kserve_findings(broken, k8s_docs))
+
+
+def test_kserve_object_storage_uris_are_accepted(kserve_docs: list[dict[str, Any]]) -> None:
+    isvc = copy.deepcopy(next(d for d in kserve_docs if d["kind"] == "InferenceService"))
+    for uri in ("s3://bucket/tritonforge/model_repository", "gs://bucket/model_repository"):
+        isvc["spec"]["predictor"]["model"]["storageUri"] = uri
+        assert dv.validate_k8s([isvc]) == []
+
+
 def test_hpa_metric_is_served_by_the_adapter_rule(
     k8s_docs: list[dict[str, Any]], tmp_path: Path
 ) -> None:
