@@ -1,4 +1,7 @@
-"""tools/namespace_imports.py: the mechanical rewrite to the tritonforge namespace."""
+"""tools/namespace_imports.py: the mechanical rewrite to the tritonforge namespace.
+
+namespace-imports: skip-file (the fixtures below show the old forms on purpose)
+"""
 
 from __future__ import annotations
 
@@ -71,6 +74,13 @@ def test_shell_lines_and_docs() -> None:
     )
     untouched = "see deploy/validate.py and --model-repository, rm -rf build"
     assert ns.rewrite_commands(untouched) == untouched
+
+
+def test_files_with_the_marker_are_left_alone(tmp_path: Path) -> None:
+    old = f"from client.sync import X  # {ns.SKIP_MARKER}\n"
+    (tmp_path / "a.py").write_text(old)
+    assert ns.run([tmp_path / "a.py"], check=False, root=tmp_path) == []
+    assert (tmp_path / "a.py").read_text() == old
 
 
 def test_a_plain_import_is_refused_naming_it() -> None:
