@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy import validate as dv
-from runtime.server import EmbeddedServer
 from tests.conftest import ServeFn
+from tritonforge.deploy import validate as dv
+from tritonforge.runtime.server import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 
