@@ -140,15 +140,21 @@ def run_bench(baseline: Mapping[str, Any], repo: Path, reports_dir: Path) -> dic
     return load_json(reports[-1], "bench report")
 
 
-def perf_gate(baseline_path: Path, repo: Path, bench_json: Path | None) -> GateResult:
+def perf_gate(
+    baseline_path: Path,
+    repo: Path,
+    bench_json: Path | None,
+    reports_dir: Path = Path("reports/gate"),
+) -> GateResult:
+    """Bench ratios vs the baseline; a bench run's report stays under ``reports_dir``."""
     name = "performance baseline"
     try:
         baseline = load_json(baseline_path, "baseline")
         if bench_json is not None:
             report = load_json(bench_json, "bench report")
         else:
-            with tempfile.TemporaryDirectory(prefix="tritonforge-gate-") as tmp:
-                report = run_bench(baseline, repo, Path(tmp))
+            reports_dir.mkdir(parents=True, exist_ok=True)
+            report = run_bench(baseline, repo, Path(tempfile.mkdtemp(dir=reports_dir)))
         findings = compare(baseline, report)
     except (GateError, KeyError, TypeError, ValueError) as e:
         return GateResult(name, FAIL, f"cannot compare: {e}")
