@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +67,28 @@ def test_export_without_a_spec_runs_the_defaults(monkeypatch: pytest.MonkeyPatch
     calls.clear()
     assert cli.run("export", ["minilm", "--force"]) == 0
     assert calls == [["minilm", "--force"]]
+
+
+def test_serve_exports_an_incomplete_repository_first(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls: list[tuple[str, list[str]]] = []
+
+    class Fake(cli.Command):
+        def main(self):  # type: ignore[no-untyped-def,override]
+            return lambda argv: calls.append((self.module, list(argv))) or 0
+
+    for name in ("export", "serve"):
+        command = cli.COMMANDS[name]
+        monkeypatch.setitem(cli.COMMANDS, name, Fake(command.module, "", command.prefix))
+    empty = tmp_path / "repo"
+    empty.mkdir()  # a fresh clone's repository: no encoders -> the lint finds problems
+    (empty / "embed").mkdir()
+    (empty / "embed" / "config.pbtxt").write_text('name: "embed"\nplatform: "ensemble"\n')
+    assert cli.run("serve", ["--model-repository", str(empty)]) == 0
+    export_module = cli.COMMANDS["export"].module
+    assert calls[0] == (export_module, [*cli.DEFAULT_EXPORTS[0], "--model-repository", str(empty)])
+    assert calls[-1][1] == ["serve", "--model-repository", str(empty)]
+    calls.clear()
+    assert cli.run("serve", ["--no-export", "--model-repository", str(empty)]) == 0
+    assert [c[1][0] for c in calls] == ["serve"]
