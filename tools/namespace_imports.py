@@ -5,6 +5,7 @@ branch written against the old names.
 
     python tools/namespace_imports.py            # rewrite the git-tracked files in place
     python tools/namespace_imports.py --check    # list what would change; exit 1 if anything
+    python tools/namespace_imports.py --reverse  # the inverse (old names), e.g. before a merge
     .venv/bin/ruff check --fix . && .venv/bin/ruff format .   # then: re-sort the imports
 
 What it rewrites (nothing else): in ``*.py`` files, ``from PKG[.mod] import`` statements and
@@ -31,6 +32,13 @@ FROM_IMPORT = re.compile(rf"^(?P<indent>[ \t]*)from (?P<mod>(?:{_PKG})(?:\.\w+)*
 PLAIN_IMPORT = re.compile(rf"^[ \t]*import (?:{_PKG})\b", re.M)
 QUOTED_PATH = re.compile(rf"(?P<q>[\"'])(?P<mod>(?:{_PKG})(?:\.\w+)+)(?P=q)")
 DASH_M = re.compile(rf"(?P<flag>-m[\"']?,?\s*[\"']?)(?P<mod>(?:{_PKG})(?:\.\w+)*)(?![\w/.-])")
+NS_FROM_IMPORT = re.compile(
+    rf"^(?P<indent>[ \t]*)from {NAMESPACE}\.(?P<mod>(?:{_PKG})(?:\.\w+)*) import ", re.M
+)
+NS_QUOTED_PATH = re.compile(rf"(?P<q>[\"']){NAMESPACE}\.(?P<mod>(?:{_PKG})(?:\.\w+)+)(?P=q)")
+NS_DASH_M = re.compile(
+    rf"(?P<flag>-m[\"']?,?\s*[\"']?){NAMESPACE}\.(?P<mod>(?:{_PKG})(?:\.\w+)*)(?![\w/.-])"
+)
 TEXT_FILES = ("Makefile", ".ci/run")
 SKIP_MARKER = "namespace-imports: skip-file"  # in a file that shows the old forms on purpose
 
@@ -73,6 +81,21 @@ def rewrite_commands(text: str) -> str:
     return DASH_M.sub(lambda m: f"{m['flag']}{NAMESPACE}.{m['mod']}", text)
 
 
+def reverse_python(text: str, root: Path = ROOT) -> str:
+    """The inverse of :func:`rewrite_python` (back to the old names, e.g. to merge a branch
+    written against them before re-applying the rewrite)."""
+    text = NS_FROM_IMPORT.sub(lambda m: f"{m['indent']}from {m['mod']} import ", text)
+    text = NS_QUOTED_PATH.sub(
+        lambda m: f"{m['q']}{m['mod']}{m['q']}" if is_module_path(m["mod"], root) else m.group(0),
+        text,
+    )
+    return reverse_commands(text)
+
+
+def reverse_commands(text: str) -> str:
+    return NS_DASH_M.sub(lambda m: f"{m['flag']}{m['mod']}", text)
+
+
 def tracked_files(root: Path = ROOT) -> list[Path]:
     names = subprocess.run(
         ["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True
@@ -80,20 +103,21 @@ def tracked_files(root: Path = ROOT) -> list[Path]:
     return [root / n for n in names if (root / n).is_file() and not (root / n).is_symlink()]
 
 
-def rewriter(path: Path, root: Path = ROOT) -> Callable[[str], str] | None:
+def rewriter(path: Path, root: Path = ROOT, reverse: bool = False) -> Callable[[str], str] | None:
     rel = path.relative_to(root).as_posix()
     if path.suffix == ".py":
-        return lambda text: rewrite_python(text, root)
+        python = reverse_python if reverse else rewrite_python
+        return lambda text: python(text, root)
     if path.suffix == ".md" or rel in TEXT_FILES or path.name.startswith("Dockerfile"):
-        return rewrite_commands
+        return reverse_commands if reverse else rewrite_commands
     return None
 
 
-def run(files: Iterable[Path], check: bool, root: Path = ROOT) -> list[Path]:
+def run(files: Iterable[Path], check: bool, root: Path = ROOT, reverse: bool = False) -> list[Path]:
     """Rewrite ``files`` (or only report them with ``check``); the files that change."""
     changed = []
     for path in files:
-        fn = rewriter(path, root)
+        fn = rewriter(path, root, reverse)
         if fn is None:
             continue
         text = path.read_text()
@@ -112,9 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--check", action="store_true", help="report only; exit 1 if a file would change"
     )
+    p.add_argument("--reverse", action="store_true", help="back to the old top-level names")
     args = p.parse_args(argv)
     try:
-        changed = run(tracked_files(), args.check)
+        changed = run(tracked_files(), args.check, reverse=args.reverse)
     except NamespaceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -60,6 +60,12 @@ def test_python_imports_module_strings_and_commands_are_namespaced() -> None:
     assert ns.rewrite_python(BEFORE) == AFTER
 
 
+def test_reverse_is_the_inverse() -> None:
+    assert ns.reverse_python(AFTER) == BEFORE
+    assert ns.rewrite_python(ns.reverse_python(AFTER)) == AFTER
+    assert ns.reverse_commands("python -m tritonforge.runtime serve") == "python -m runtime serve"
+
+
 def test_the_rewrite_is_idempotent() -> None:
     assert ns.rewrite_python(AFTER) == AFTER
     text = "\t$(PY) -m tritonforge.runtime serve\n"
