@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tritonforge.deploy import gate
+from deploy import gate
 
 REFERENCE = "fastapi+torch http"
 
