@@ -3,6 +3,8 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The `tritonforge` command (the console script of `pip install .`), run from this checkout.
+TF := $(PY) -m tritonforge
 STAMP := $(VENV)/.installed
 REPO ?= model_repository
 HTTP_PORT ?= 8000
@@ -11,7 +13,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup lock lint typecheck export serve run test test-unit test-integration bench loadtest soak clean deploy-check gpu-check
+.PHONY: help setup lock lint typecheck export serve run test test-unit test-integration bench loadtest soak clean deploy-check gpu-check perf gate
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -35,19 +37,19 @@ lint: $(STAMP)  ## ruff (lint + format check), mypy, model repository lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) -m runtime lint --model-repository $(REPO)
+	$(TF) lint --model-repository $(REPO)
 
-typecheck: $(STAMP)
+typecheck: $(STAMP)  ## mypy on the packages
 	$(VENV)/bin/mypy
 
 export: $(STAMP)  ## export the default model (fp32 ONNX, int8 QDQ ONNX, TorchScript) into the model repository
-	$(PY) -m export minilm --format all --quantize int8 --model-repository $(REPO)
+	$(TF) export --model-repository $(REPO)
 
 serve: export  ## serve the model repository on the embedded Triton (Ctrl-C stops it)
-	$(PY) -m runtime serve --model-repository $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+	$(TF) serve --no-export --model-repository $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 run: export  ## set up, export, serve the default pipeline, show it answering, stop
-	$(PY) -m runtime demo --model-repository $(REPO)
+	$(TF) demo --no-export --model-repository $(REPO)
 
 test: $(STAMP)  ## lint, export (skipped when unchanged), unit + integration tests on the real embedded Triton
 	@echo "==> [test 1/4] ruff + mypy"
@@ -57,31 +59,38 @@ test: $(STAMP)  ## lint, export (skipped when unchanged), unit + integration tes
 	@echo "==> [test 2/4] export the default model (the integration tests serve it)"
 	$(MAKE) --no-print-directory export
 	@echo "==> [test 3/4] model repository lint"
-	$(PY) -m runtime lint --model-repository $(REPO)
+	$(TF) lint --model-repository $(REPO)
 	@echo "==> [test 4/4] pytest (unit, then integration against the embedded Triton)"
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-unit: $(STAMP)
+test-unit: $(STAMP)  ## unit tests only (no server)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: $(STAMP)
+test-integration: $(STAMP)  ## integration tests only (real embedded Triton)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 bench: export  ## throughput/latency table: in-process limit vs FastAPI vs Triton pipelines (Locust + perf_analyzer)
 	@$(PY) -m loadtest.perf_analyzer path >/dev/null 2>&1 || $(PY) -m loadtest.perf_analyzer install
-	$(PY) -m loadtest.bench --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
+	$(TF) bench --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
 
 loadtest: export  ## bounded Locust run with SLO gates (embedded server, or URL=host:8000 of a running one)
-	$(PY) -m loadtest.run --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
+	$(TF) loadtest --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
 
 soak: export  ## bounded leak soak (RSS and /dev/shm curves)
-	$(PY) -m loadtest.soak --model-repository $(REPO)
+	$(TF) soak --model-repository $(REPO)
 
 deploy-check: $(STAMP)  ## offline checks of docker-compose.yml, deploy/k8s, GPU configs and image pins
-	$(PY) -m deploy.validate
+	$(TF) deploy-check
 
 gpu-check: $(STAMP)  ## on a GPU host with onnxruntime-gpu: exported ONNX encoders GPU vs CPU parity + latency
-	$(PY) -m deploy.gpu_check --model-repository $(REPO)
+	$(TF) gpu-check --model-repository $(REPO)
+
+perf: $(STAMP)  ## perf_analyzer input data for every public model + perf_analyzer against a running server (GRPC_URL=host:8001; admin key from TRITONFORGE_ADMIN_KEY)
+	@$(PY) -m loadtest.perf_analyzer path >/dev/null || $(PY) -m loadtest.perf_analyzer install
+	$(TF) perf --model-repository $(REPO) $(if $(GRPC_URL),--url $(GRPC_URL))
+
+gate: export  ## CI gates: served == PyTorch for every pipeline, GPU parity (skips without a GPU), bench ratios vs deploy/perf-baseline.json (BENCH_JSON=... skips the bench run)
+	$(TF) gate --model-repository $(REPO) $(if $(BENCH_JSON),--bench-json $(BENCH_JSON))
 
 clean:  ## remove generated artifacts (keeps the venv)
-	$(PY) -m export clean --model-repository $(REPO) || true
+	$(TF) export clean --model-repository $(REPO) || true

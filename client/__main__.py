@@ -1,7 +1,6 @@
 """``python -m client``: see :mod:`client.cli`."""
 
-import sys
-
 from client.cli import main
+from tritonforge.env import run_main
 
-sys.exit(main())
+raise SystemExit(run_main(main))

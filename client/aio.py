@@ -16,7 +16,14 @@ from client.errors import ConnectionFailedError
 from client.retry import call_with_retry_async, translate
 from client.settings import ClientSettings, route
 from client.sync import settings_from
-from client.wire import check_texts, chunks, decode, make_inputs, make_outputs
+from client.wire import (
+    check_texts,
+    chunks,
+    decode,
+    make_inputs,
+    make_outputs,
+    trace_headers,
+)
 
 
 class AsyncEmbeddingClient:
@@ -49,6 +56,7 @@ class AsyncEmbeddingClient:
             },
         )
         self.policy = self.settings.retry_policy()
+        self.last_traceparent: str | None = None
         self._module: ModuleType
         self._client: Any = None
 
@@ -85,8 +93,10 @@ class AsyncEmbeddingClient:
         texts: Sequence[str] | str,
         variant: str | None = None,
         pipeline: str | None = None,
+        traceparent: str | None = None,
     ) -> np.ndarray:
-        """Embeddings of ``texts``: float32 [n, dim], one unit-norm row per text, in order."""
+        """Embeddings of ``texts``: float32 [n, dim], one unit-norm row per text, in order; each
+        request carries a W3C ``traceparent`` (see :meth:`client.sync.EmbeddingClient.embed`)."""
         items = check_texts(texts)
         model, parameters = route(
             pipeline or self.settings.pipeline, variant or self.settings.variant
@@ -95,9 +105,14 @@ class AsyncEmbeddingClient:
         client = self._connect()
         parts = []
         for chunk in chunks(items, self.settings.batch_size):
+            headers = trace_headers(traceparent)
+            self.last_traceparent = headers["traceparent"]
 
-            async def attempt(remaining_s: float, chunk: list[str] = chunk) -> Any:
+            async def attempt(
+                remaining_s: float, chunk: list[str] = chunk, headers: dict[str, str] = headers
+            ) -> Any:
                 kwargs: dict[str, Any] = {"parameters": parameters} if parameters else {}
+                kwargs["headers"] = headers
                 kwargs.update(self._grpc_timeout(remaining_s))
                 return await client.infer(
                     model,

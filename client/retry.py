@@ -9,6 +9,7 @@ load and latency.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,7 @@ from client.errors import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # gRPC UNAVAILABLE is also what a refused/reset connection looks like; these fragments say so.
 _CONNECTION_HINTS = (
@@ -209,6 +211,14 @@ def _retry_delay(
     delay = policy.backoff_s(attempt, rand)
     if elapsed + delay >= policy.deadline_s:
         raise _give_up(err, attempt, elapsed, f"deadline {policy.deadline_s:g} s") from e
+    log.warning(
+        "attempt %d/%d failed (%s: %s); retrying in %.2f s",
+        attempt,
+        policy.max_attempts,
+        type(err).__name__,
+        err,
+        delay,
+    )
     return delay
 
 

@@ -9,11 +9,11 @@ Environment variables: ``TRITONFORGE_URL`` (host:port, default ``localhost:8000`
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from client.errors import InvalidRequestError
 from client.retry import RetryPolicy
+from tritonforge.env import EnvironmentValueError, env_float, env_int, env_str
 
 PROTOCOLS = ("http", "grpc")
 PIPELINES = ("ensemble", "bls")
@@ -27,18 +27,21 @@ DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 
 
 def _env(name: str) -> str | None:
-    value = os.environ.get(name)
-    return value if value else None
+    return env_str(name)
 
 
 def _env_float(name: str, default: float) -> float:
-    value = _env(name)
-    return float(value) if value is not None else default
+    try:
+        return env_float(name, default)
+    except EnvironmentValueError as e:
+        raise InvalidRequestError(str(e)) from e
 
 
 def _env_int(name: str, default: int) -> int:
-    value = _env(name)
-    return int(value) if value is not None else default
+    try:
+        return env_int(name, default)
+    except EnvironmentValueError as e:
+        raise InvalidRequestError(str(e)) from e
 
 
 def normalize_url(url: str) -> str:

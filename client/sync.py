@@ -16,7 +16,14 @@ import numpy as np
 from client.errors import ClientError, ConnectionFailedError
 from client.retry import call_with_retry, translate
 from client.settings import ClientSettings, route
-from client.wire import check_texts, chunks, decode, make_inputs, make_outputs
+from client.wire import (
+    check_texts,
+    chunks,
+    decode,
+    make_inputs,
+    make_outputs,
+    trace_headers,
+)
 
 
 def settings_from(settings: ClientSettings | None, overrides: dict[str, Any]) -> ClientSettings:
@@ -62,6 +69,7 @@ class EmbeddingClient:
             },
         )
         self.policy = self.settings.retry_policy()
+        self.last_traceparent: str | None = None
         self._owner = threading.get_ident()
         self._module: ModuleType
         if self.settings.protocol == "http":
@@ -100,10 +108,13 @@ class EmbeddingClient:
         texts: Sequence[str] | str,
         variant: str | None = None,
         pipeline: str | None = None,
+        traceparent: str | None = None,
     ) -> np.ndarray:
         """Embeddings of ``texts``: float32 [n, dim], one unit-norm row per text, in order.
 
-        Texts are sent in requests of at most ``batch_size``.
+        Texts are sent in requests of at most ``batch_size``, each with a W3C ``traceparent``
+        (``traceparent``, else the active OpenTelemetry span's, else a fresh one; the last one sent
+        is ``last_traceparent``).
         """
         self._check_thread()
         items = check_texts(texts)
@@ -113,9 +124,14 @@ class EmbeddingClient:
         context = self._context(model)
         parts = []
         for chunk in chunks(items, self.settings.batch_size):
+            headers = trace_headers(traceparent)
+            self.last_traceparent = headers["traceparent"]
 
-            def attempt(remaining_s: float, chunk: list[str] = chunk) -> Any:
+            def attempt(
+                remaining_s: float, chunk: list[str] = chunk, headers: dict[str, str] = headers
+            ) -> Any:
                 kwargs: dict[str, Any] = {"parameters": parameters} if parameters else {}
+                kwargs["headers"] = headers
                 if self.settings.protocol == "grpc":
                     kwargs["client_timeout"] = self._timeout(remaining_s)
                 return self._client.infer(

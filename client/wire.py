@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import secrets
 from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
@@ -10,6 +12,9 @@ import numpy as np
 
 from client.errors import InvalidRequestError, ResponseError
 from client.settings import INPUT_NAME, OUTPUT_NAME
+
+TRACEPARENT = "traceparent"
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 
 
 def check_texts(texts: Sequence[str] | str) -> list[str]:
@@ -56,3 +61,30 @@ def decode(result: Any, expected_rows: int, context: str) -> np.ndarray:
             f"got {list(array.shape)}"
         )
     return array
+
+
+def _active_span_context() -> dict[str, str]:
+    """The active OpenTelemetry span's ``traceparent`` (when opentelemetry-api is installed and a
+    valid span is current), else {}."""
+    try:
+        from opentelemetry import propagate
+    except ImportError:
+        return {}
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return {TRACEPARENT: carrier[TRACEPARENT]} if TRACEPARENT in carrier else {}
+
+
+def trace_headers(traceparent: str | None = None) -> dict[str, str]:
+    """W3C trace context for one request (HTTP header / gRPC metadata): ``traceparent`` when given,
+    else the active OpenTelemetry span's, else a fresh sampled one, so the server's spans (Triton
+    ``--trace-config mode=opentelemetry``) always join a trace the caller can name."""
+    if traceparent is not None:
+        if not _TRACEPARENT.fullmatch(traceparent):
+            raise InvalidRequestError(
+                f"traceparent must be W3C '00-<32 hex>-<16 hex>-<2 hex>', got {traceparent!r}"
+            )
+        return {TRACEPARENT: traceparent}
+    return _active_span_context() or {
+        TRACEPARENT: f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+    }

@@ -8,6 +8,11 @@ Every check returns a list of findings (empty = fine) so that tests assert on th
   read-only model repository, health check, ``--model-control-mode=none``...).
 * ``deploy/k8s`` (kustomize resources, followed recursively) against the vendored Kubernetes 1.31
   strict schemas, plus probes, GPU limits, non-root, read-only root filesystem and the HPA metric.
+* ``deploy/kserve`` (ServingRuntime + InferenceService) against strict subsets of KServe's CRDs
+  (``deploy/schemas/k8s/*kserve*``), plus the same flags as the Deployment, KServe's mount and
+  ports, the runtime/format/protocol match and a storage URI naming the base's PVC.
+* what the container shares with ``tritonforge serve``: restricted admin APIs keyed from the
+  environment, drain before stop, OpenTelemetry trace flags.
 * ``model_repository/*/configs/gpu.pbtxt`` against ``config.pbtxt`` and the ONNX graph.
 * Pins of the container images' Python packages against ``constraints.txt``.
 * Python 3.10 compatibility and imports of what runs inside the Triton container.
@@ -69,7 +74,21 @@ K8S_SCHEMAS: dict[tuple[str, str], str] = {
         "HorizontalPodAutoscaler",
     ): "v1.31.0/horizontalpodautoscaler-autoscaling-v2.json",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring-v1.json",
+    (
+        "serving.kserve.io/v1alpha1",
+        "ServingRuntime",
+    ): "servingruntime-serving.kserve.io-v1alpha1.json",
+    (
+        "serving.kserve.io/v1beta1",
+        "InferenceService",
+    ): "inferenceservice-serving.kserve.io-v1beta1.json",
 }
+KSERVE_DIR = DEPLOY_DIR / "kserve"
+# KServe's conventions: the storage initializer mounts the model at /mnt/models; HTTP on 8080.
+KSERVE_MODEL_DIR = "/mnt/models"
+KSERVE_HTTP_PORT = "8080"
+# Flags that legitimately differ between the KServe runtime and the Deployment.
+KSERVE_OWN_FLAGS = ("--model-repository", "--http-port", "--grpc-port")
 # onnxruntime backend accelerators (Triton onnxruntime_backend README) and TensorRT precisions.
 GPU_ACCELERATORS = {"tensorrt", "cuda"}
 TRT_PRECISIONS = {"FP32", "FP16", "INT8"}
@@ -158,10 +177,59 @@ def _size_bytes(value: str | int) -> int:
     return int(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2)]
 
 
+# -- what the container shares with `tritonforge serve` -------------------------------------------
+ADMIN_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
+# What the admin key reads as after interpolation (compose) and in the Deployment's args (the
+# kubelet expands it from the container's env): the files must take the key from the variable.
+ADMIN_KEY_REF = f"$({ADMIN_KEY_ENV})"
+DRAIN_MODULE = "tritonforge.drain"
+
+
+def triton_command(command: list[str]) -> list[str]:
+    """The ``tritonserver ...`` part of a container command (after the drain wrapper)."""
+    return command[command.index("tritonserver") :] if "tritonserver" in command else command
+
+
+def _seconds(value: str | int | float) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m)?", str(value).strip())
+    if not m:
+        raise DeployCheckError(f"cannot read the duration {value!r}")
+    return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, None: 1}[m.group(2)]
+
+
+def launcher_flag_findings(where: str, args: list[str], key: str) -> list[str]:
+    """Restricted APIs (the launcher's list and header, keyed by ``key``) and OpenTelemetry
+    tracing (Triton's trace config as ``serve --trace-otlp`` builds it)."""
+    from runtime.server import ADMIN_HEADER, RESTRICTED_APIS
+
+    out: list[str] = []
+    want = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={key}"
+    for flag in ("--http-restricted-api", "--grpc-restricted-protocol"):
+        values = [a.partition("=")[2] for a in args if a.startswith(flag + "=")]
+        if values != [want]:
+            out.append(f"{where}: needs {flag}={want} (the APIs and header of runtime.server)")
+    trace = [a.partition("=")[2] for a in args if a.startswith("--trace-config=")]
+    if "mode=opentelemetry" not in trace:
+        out.append(f"{where}: needs --trace-config=mode=opentelemetry")
+    if not any(t.startswith("opentelemetry,url=") and t.endswith("/v1/traces") for t in trace):
+        out.append(f"{where}: needs --trace-config=opentelemetry,url=<collector>/v1/traces")
+    return out
+
+
+def drain_args(command: list[str]) -> dict[str, str]:
+    """``--name=value`` options of a ``python3 -m tritonforge.drain`` command line."""
+    if DRAIN_MODULE not in command:
+        return {}
+    head = command[command.index(DRAIN_MODULE) + 1 :]
+    head = head[: head.index("--")] if "--" in head else head
+    return triton_flags(head)
+
+
 # -- docker compose -------------------------------------------------------------------------------
 def compose_document(path: Path = COMPOSE_FILE, env: Mapping[str, str] | None = None) -> Any:
-    """The compose file after interpolation with ``env`` (defaults apply for unset variables)."""
-    return interpolate(load_yaml(path), env or {})
+    """The compose file after interpolation with ``env`` (defaults apply for unset variables;
+    the admin key reads as ``$(TRITONFORGE_ADMIN_KEY)``, whatever its value)."""
+    return interpolate(load_yaml(path), {**(env or {}), ADMIN_KEY_ENV: ADMIN_KEY_REF})
 
 
 def validate_compose(path: Path = COMPOSE_FILE, env: Mapping[str, str] | None = None) -> list[str]:
@@ -207,6 +275,21 @@ def compose_findings(doc: Mapping[str, Any], root: Path = PROJECT_ROOT) -> list[
     ) or []
     if not any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices):
         out.append("compose: triton has no nvidia GPU reservation")
+    command = [str(a) for a in triton.get("command") or []]
+    drain = drain_args(command)
+    if "run" not in command[:5] or DRAIN_MODULE not in command[:3]:
+        out.append(f"compose: triton must run under `python3 -m {DRAIN_MODULE} run --` (drain)")
+    else:
+        grace = _seconds(triton.get("stop_grace_period", "10s"))
+        needed = _seconds(drain.get("--timeout-s", "20")) + _seconds(
+            flags.get("--exit-timeout-secs", "30")
+        )
+        if grace < needed:
+            out.append(f"compose: stop_grace_period {grace:g}s < drain + exit timeout {needed:g}s")
+    out += launcher_flag_findings("compose", command, ADMIN_KEY_REF)
+    for port in triton.get("ports") or []:
+        if str(port).count(":") < 2 or str(port).startswith("0.0.0.0:"):
+            out.append(f"compose: port {port} must be published on a bind address (TRITON_BIND)")
     test = " ".join(str(t) for t in (triton.get("healthcheck") or {}).get("test") or [])
     if "/v2/health/ready" not in test:
         out.append("compose: the healthcheck must query /v2/health/ready")
@@ -292,8 +375,30 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
     canary = " ".join(str(a) for a in (liveness.get("exec") or {}).get("command", []))
     if (liveness.get("httpGet") or {}).get("path") != "/v2/health/live" and "/infer" not in canary:
         out.append("k8s: livenessProbe must GET /v2/health/live or run a canary inference")
-    if not ((triton.get("lifecycle") or {}).get("preStop") or {}).get("exec"):
-        out.append("k8s: triton needs a preStop hook (drain before SIGTERM, server#6287)")
+    pre_stop = (((triton.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get(
+        "command"
+    ) or []
+    if DRAIN_MODULE not in pre_stop or "wait" not in pre_stop:
+        out.append(
+            f"k8s: triton needs a preStop hook running `python3 -m {DRAIN_MODULE} wait` "
+            "(drain before SIGTERM, server#6287)"
+        )
+    else:
+        drain = drain_args([str(a) for a in pre_stop])
+        needed = _seconds(drain.get("--timeout-s", "20")) + _seconds(
+            flags.get("--exit-timeout-secs", "30")
+        )
+        if float(pod.get("terminationGracePeriodSeconds", 30)) < needed:
+            out.append(
+                f"k8s: terminationGracePeriodSeconds < preStop drain + exit timeout ({needed:g})"
+            )
+    out += launcher_flag_findings("k8s", [str(a) for a in triton.get("args", [])], ADMIN_KEY_REF)
+    env = {e["name"]: e for e in triton.get("env", [])}
+    if "secretKeyRef" not in (env.get(ADMIN_KEY_ENV, {}).get("valueFrom") or {}):
+        out.append(f"k8s: {ADMIN_KEY_ENV} must come from a Secret (valueFrom.secretKeyRef)")
+    startup_grpc = (triton.get("startupProbe") or {}).get("grpc") or {}
+    if startup_grpc and str(startup_grpc.get("port")) != flags.get("--grpc-port"):
+        out.append("k8s: the gRPC startup probe must use --grpc-port (grpc.health.v1)")
     limits = (triton.get("resources") or {}).get("limits") or {}
     if int(limits.get("nvidia.com/gpu", 0)) < 1:
         out.append("k8s: triton needs an nvidia.com/gpu limit")
@@ -346,6 +451,57 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
     return out
 
 
+def kserve_findings(docs: list[dict[str, Any]], base: list[dict[str, Any]]) -> list[str]:
+    """The KServe runtime serves the model repository like the Deployment of ``base``."""
+    runtimes, services = _by_kind(docs, "ServingRuntime"), _by_kind(docs, "InferenceService")
+    if len(runtimes) != 1 or len(services) != 1:
+        return ["kserve: expected one ServingRuntime and one InferenceService"]
+    runtime, isvc = runtimes[0], services[0]
+    out: list[str] = []
+    (ctr,) = runtime["spec"]["containers"][:1] or [{}]
+    args = [str(a) for a in ctr.get("args", [])]
+    flags = triton_flags(args)
+    dep = _by_kind(base, "Deployment")[0]["spec"]["template"]["spec"]
+    dep_args = [str(a) for a in dep["containers"][0].get("args", [])]
+    own = [a for a in args if not a.startswith(KSERVE_OWN_FLAGS)]
+    if own != [a for a in dep_args if not a.startswith(KSERVE_OWN_FLAGS)]:
+        out.append("kserve: the runtime's tritonserver flags differ from deploy/k8s's Deployment")
+    if flags.get("--model-repository") != KSERVE_MODEL_DIR:
+        out.append(f"kserve: --model-repository must be {KSERVE_MODEL_DIR} (KServe's mount)")
+    if flags.get("--http-port") != KSERVE_HTTP_PORT:
+        out.append(f"kserve: --http-port must be {KSERVE_HTTP_PORT} (KServe routes HTTP there)")
+    grpc_ports = [str(p["containerPort"]) for p in ctr.get("ports", []) if p.get("name") == "h2c"]
+    if grpc_ports != [flags.get("--grpc-port")]:
+        out.append("kserve: the h2c container port must be --grpc-port")
+    if int(((ctr.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0)) < 1:
+        out.append("kserve: the runtime needs an nvidia.com/gpu limit")
+    pre_stop = (((ctr.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get(
+        "command"
+    ) or []
+    if DRAIN_MODULE not in pre_stop:
+        out.append(f"kserve: the runtime needs a preStop `python3 -m {DRAIN_MODULE} wait`")
+    spec = isvc["spec"]["predictor"]
+    model = spec["model"]
+    if model.get("runtime") != runtime["metadata"]["name"]:
+        out.append("kserve: the InferenceService does not name the ServingRuntime")
+    formats = {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
+    if model["modelFormat"]["name"] not in formats:
+        out.append("kserve: the InferenceService's modelFormat is not supported by the runtime")
+    if model.get("protocolVersion", "v1") not in runtime["spec"].get("protocolVersions", []):
+        out.append("kserve: the InferenceService's protocolVersion is not the runtime's")
+    uri = str(model.get("storageUri", ""))
+    claims = {d["metadata"]["name"] for d in _by_kind(base, "PersistentVolumeClaim")}
+    if uri.startswith("pvc://") and uri[len("pvc://") :].split("/")[0] not in claims:
+        out.append(f"kserve: storageUri {uri} names no PVC of deploy/k8s")
+    needed = _seconds(drain_args([str(a) for a in pre_stop]).get("--timeout-s", "20")) + _seconds(
+        flags.get("--exit-timeout-secs", "30")
+    )
+    if float(spec.get("terminationGracePeriodSeconds", 30)) < needed:
+        out.append(f"kserve: terminationGracePeriodSeconds < drain + exit timeout ({needed:g})")
+    out += launcher_flag_findings("kserve", args, ADMIN_KEY_REF)
+    return out
+
+
 def adapter_rules(path: Path = ADAPTER_RULES) -> list[dict[str, Any]]:
     doc = load_yaml(path)
     rules: list[dict[str, Any]] = (doc.get("rules") or {}).get("custom") or []
@@ -386,6 +542,20 @@ def promql_findings(queries: list[str]) -> list[str]:
         if stack or not q.strip():
             out.append(f"promql: unbalanced or empty query: {q!r}")
     return out
+
+
+# Triton accumulates these per *request* (every request of a batch gets the batch's time): a mean
+# divides them by a request count, never by nv_inference_exec_count (batch-size times too high).
+_PER_REQUEST_DURATION = re.compile(r"nv_inference_(?:request|queue|compute_\w+)_duration_us")
+
+
+def duration_findings(queries: list[str]) -> list[str]:
+    """Means of per-request durations divided by the execution count."""
+    return [
+        f"promql: a per-request duration divided by nv_inference_exec_count: {q!r}"
+        for q in queries
+        if _PER_REQUEST_DURATION.search(q) and "nv_inference_exec_count" in q.split("/", 1)[-1]
+    ]
 
 
 # -- images ---------------------------------------------------------------------------------------
@@ -623,13 +793,16 @@ def all_findings(env: Mapping[str, str] | None = None) -> dict[str, list[str]]:
     """Every offline check, by name (the GPU config check only covers exported models)."""
     docs = kustomize_documents(K8S_DIR)
     operator_docs = kustomize_documents(K8S_DIR / "prometheus-operator")
+    kserve_docs = kustomize_documents(KSERVE_DIR)
     queries = dashboard_queries() + [r["metricsQuery"] for r in adapter_rules()]
     return {
         "compose schema": validate_compose(COMPOSE_FILE, env),
         "compose contents": compose_findings(compose_document(COMPOSE_FILE, env)),
         "k8s schemas": validate_k8s(operator_docs),
         "k8s contents": k8s_findings(docs),
-        "promql": promql_findings(queries),
+        "kserve schemas": validate_k8s(kserve_docs),
+        "kserve contents": kserve_findings(kserve_docs, docs),
+        "promql": promql_findings(queries) + duration_findings(queries),
         "triton image pins": pin_findings(TRITON_REQUIREMENTS),
         "loadtest image pins": pin_findings(LOADTEST_REQUIREMENTS),
         "container code": container_code_findings(ContainerCode.find()),

@@ -111,11 +111,172 @@ def vendor(wheels: Path, target: Path = SCHEMA_DIR) -> list[Path]:
     return written
 
 
+# -- KServe (hand-written subsets, made strict and self-contained) ---------------------------------
+# The CRDs' full OpenAPI schemas are megabytes; these keep the fields deploy/kserve may use (from
+# KServe's v1alpha1 ServingRuntimeSpec and v1beta1 InferenceServiceSpec) and reject the rest, with
+# the Kubernetes parts (Container, Volume...) from the vendored strict 1.31 definitions.
+_CORE = "#/$defs/io.k8s.api.core.v1."
+_META = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+        "namespace": {"type": "string"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+    "additionalProperties": False,
+}
+_STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_PROTOCOLS = {"type": "string", "enum": ["v1", "v2", "grpc-v1", "grpc-v2"]}
+
+
+def _kind(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"tritonforge/{kind.lower()}-{api_version.replace('/', '-')}",
+        "description": f"Strict subset of KServe's {kind} ({api_version}) used by deploy/kserve.",
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": api_version},
+            "kind": {"const": kind},
+            "metadata": _META,
+            "spec": spec,
+        },
+    }
+
+
+def _serving_runtime() -> dict[str, Any]:
+    return _kind(
+        "serving.kserve.io/v1alpha1",
+        "ServingRuntime",
+        {
+            "type": "object",
+            "required": ["containers", "supportedModelFormats"],
+            "additionalProperties": False,
+            "properties": {
+                "annotations": _STR_MAP,
+                "labels": _STR_MAP,
+                "disabled": {"type": "boolean"},
+                "multiModel": {"type": "boolean"},
+                "protocolVersions": {"type": "array", "items": _PROTOCOLS},
+                "supportedModelFormats": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string"},
+                            "version": {"type": "string"},
+                            "autoSelect": {"type": "boolean"},
+                            "priority": {"type": "integer", "minimum": 1},
+                        },
+                    },
+                },
+                "containers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {"$ref": _CORE + "Container"},
+                },
+                "volumes": {"type": "array", "items": {"$ref": _CORE + "Volume"}},
+                "nodeSelector": _STR_MAP,
+                "tolerations": {"type": "array", "items": {"$ref": _CORE + "Toleration"}},
+                "imagePullSecrets": {
+                    "type": "array",
+                    "items": {"$ref": _CORE + "LocalObjectReference"},
+                },
+            },
+        },
+    )
+
+
+def _inference_service(container: dict[str, Any]) -> dict[str, Any]:
+    model = {
+        "type": "object",
+        "required": ["modelFormat"],
+        "additionalProperties": False,
+        # ModelSpec = the KServe fields + an inlined Container (name and image optional)
+        "properties": {
+            **{k: v for k, v in container["properties"].items()},
+            "modelFormat": {
+                "type": "object",
+                "required": ["name"],
+                "additionalProperties": False,
+                "properties": {"name": {"type": "string"}, "version": {"type": "string"}},
+            },
+            "runtime": {"type": "string"},
+            "protocolVersion": _PROTOCOLS,
+            "storageUri": {
+                "type": "string",
+                "pattern": "^(pvc|s3|gs|https?|hdfs|webhdfs|oci)://",
+            },
+        },
+    }
+    predictor = {
+        "type": "object",
+        "required": ["model"],
+        "additionalProperties": False,
+        "properties": {
+            "model": model,
+            "minReplicas": {"type": "integer", "minimum": 0},
+            "maxReplicas": {"type": "integer", "minimum": 0},
+            "scaleMetric": {"type": "string", "enum": ["cpu", "memory", "concurrency", "rps"]},
+            "scaleTarget": {"type": "integer", "minimum": 1},
+            "containerConcurrency": {"type": "integer", "minimum": 0},
+            "timeout": {"type": "integer", "minimum": 1},
+            "serviceAccountName": {"type": "string"},
+            "terminationGracePeriodSeconds": {"type": "integer", "minimum": 0},
+            "securityContext": {"$ref": _CORE + "PodSecurityContext"},
+            "volumes": {"type": "array", "items": {"$ref": _CORE + "Volume"}},
+            "nodeSelector": _STR_MAP,
+            "tolerations": {"type": "array", "items": {"$ref": _CORE + "Toleration"}},
+        },
+    }
+    return _kind(
+        "serving.kserve.io/v1beta1",
+        "InferenceService",
+        {
+            "type": "object",
+            "required": ["predictor"],
+            "additionalProperties": False,
+            "properties": {"predictor": predictor},
+        },
+    )
+
+
+def kserve(target: Path = SCHEMA_DIR) -> list[Path]:
+    """Write the KServe subsets, completed from the vendored Deployment schema's definitions."""
+    deployment = json.loads((target / "k8s" / K8S_VERSION / "deployment-apps-v1.json").read_text())
+    definitions = deployment["$defs"]
+    container = dict(definitions["io.k8s.api.core.v1.Container"])
+    container_optional = {**container, "required": []}
+    written = []
+    for name, schema in [
+        ("servingruntime-serving.kserve.io-v1alpha1.json", _serving_runtime()),
+        ("inferenceservice-serving.kserve.io-v1beta1.json", _inference_service(container_optional)),
+    ]:
+        dst = target / "k8s" / name
+        dst.write_text(
+            json.dumps(self_contained(schema, definitions), indent=1, sort_keys=True) + "\n"
+        )
+        written.append(dst)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("wheels", type=Path, help="folder with the downloaded wheels")
+    parser.add_argument("wheels", type=Path, nargs="?", help="folder with the downloaded wheels")
+    parser.add_argument(
+        "--kserve-only", action="store_true", help="only (re)write the KServe subsets"
+    )
     args = parser.parse_args(argv)
-    for path in vendor(args.wheels):
+    if not args.kserve_only and args.wheels is None:
+        parser.error("give the wheels folder (or --kserve-only)")
+    for path in ([] if args.kserve_only else vendor(args.wheels)) + kserve():
         print(f"wrote {path} ({path.stat().st_size} bytes)")
     return 0
 

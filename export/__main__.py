@@ -1,5 +1,4 @@
-import sys
-
 from export.cli import main
+from tritonforge.env import run_main
 
-sys.exit(main())
+raise SystemExit(run_main(main))

@@ -20,6 +20,7 @@ import numpy as np
 from export import onnx_checks, parity
 from export.errors import QuantAuditError, SpecError, VerificationError
 from export.onnx_export import export_onnx
+from export.progress import StepBar, previous_timings
 from export.report import write_report
 from export.repository import (
     Staging,
@@ -72,8 +73,8 @@ class Outcome:
 class _Steps:
     """Numbered progress lines with per-step timings."""
 
-    def __init__(self, spec: str, progress: Progress) -> None:
-        self.spec, self.progress = spec, progress
+    def __init__(self, spec: str, progress: Progress, bar: StepBar | None = None) -> None:
+        self.spec, self.progress, self.bar = spec, progress, bar
         self.timings: dict[str, float] = {}
         self.t0 = time.perf_counter()
 
@@ -84,6 +85,8 @@ class _Steps:
         yield
         self.timings[name] = time.perf_counter() - t
         self.progress(f"    {name}: {self.timings[name]:.1f} s")
+        if self.bar is not None:
+            self.bar.advance(name, self.timings[name])
 
     def note(self, text: str) -> None:
         self.progress(f"    {text}")
@@ -112,9 +115,22 @@ def planned_artifacts(spec: ExportSpec, options: Options) -> dict[str, str]:
 
 
 def run_export(spec: ExportSpec, options: Options, progress: Progress = print) -> Outcome:
-    """Export ``spec`` into ``options.repo``; skip when the inputs are unchanged."""
-    steps = _Steps(spec.name, progress)
+    """Export ``spec`` into ``options.repo``; skip when the inputs are unchanged. With the default
+    ``progress`` a terminal also gets a bar with an ETA (:mod:`export.progress`)."""
     planned = planned_artifacts(spec, options)
+    bar = None
+    if progress is print:
+        bar = StepBar(spec.name, previous_timings(options.repo, planned.values()))
+        progress = bar.write
+    try:
+        return _run(spec, options, planned, _Steps(spec.name, progress, bar))
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _run(spec: ExportSpec, options: Options, planned: dict[str, str], steps: _Steps) -> Outcome:
+    progress = steps.progress
     with steps("fingerprint inputs"):
         fp = fingerprint(spec, options.as_dict())
     if not options.force:

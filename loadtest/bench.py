@@ -283,7 +283,15 @@ def fastapi_service() -> Iterator[str]:
     """The baseline service in its own process (one uvicorn worker); yields its base URL."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loadtest.fastapi_app", "--host", "127.0.0.1", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "loadtest.fastapi_app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
         cwd=HERE.parent,
     )
     try:

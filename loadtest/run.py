@@ -20,6 +20,7 @@ from pathlib import Path
 
 from client.settings import normalize_url
 from runtime.server import serving
+from tritonforge.env import env_float, run_main
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 USER_CLASSES = {"http": ["TritonHttpUser"], "grpc": ["TritonGrpcUser"]}
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--duration-s",
         type=float,
-        default=float(os.environ.get("TRITONFORGE_LOADTEST_DURATION_S", "30")),
+        default=env_float("TRITONFORGE_LOADTEST_DURATION_S", 30.0, minimum=0.1),
     )
     parser.add_argument("--pipeline", choices=["ensemble", "bls"], default=None)
     parser.add_argument("--variant", choices=["fp32", "int8", "torchscript"], default=None)
@@ -132,4 +133,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

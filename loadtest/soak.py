@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+from tqdm import tqdm
 
 from client.sync import EmbeddingClient
 from loadtest.corpus import generate
@@ -161,6 +163,10 @@ def soak(
         f"{'t_s':>6} {'requests':>9} {'fail':>5} {'shm_MB':>7}  "
         + " ".join(f"{n[:18]:>18}" for n in rss0)
     )
+    # On a terminal: a bar over the soak window with its ETA (the sample lines print above it).
+    bar = tqdm(
+        total=round(duration_s), desc="soak", unit="s", disable=not sys.stderr.isatty(), leave=False
+    )
     while time.monotonic() - t0 < duration_s:
         traffic.run_until(deadline_s=min(sample_s, duration_s - (time.monotonic() - t0)))
         rss, shm = measure(server)
@@ -168,11 +174,14 @@ def soak(
             time.monotonic() - t0, traffic.requests - base_requests, traffic.failures, rss, shm
         )
         result.samples.append(sample)
-        print(
-            f"{sample.elapsed_s:6.0f} {sample.requests:9d} {sample.failures:5d} {shm:7.1f}  "
-            + " ".join(f"{rss.get(n, float('nan')):18.1f}" for n in rss0),
-            flush=True,
-        )
+        line = f"{sample.elapsed_s:6.0f} {sample.requests:9d} {sample.failures:5d} {shm:7.1f}  "
+        line += " ".join(f"{rss.get(n, float('nan')):18.1f}" for n in rss0)
+        if bar.disable:
+            print(line, flush=True)
+        else:
+            bar.write(line)
+        bar.update(max(0, min(round(sample.elapsed_s), bar.total) - bar.n))
+    bar.close()
     traffic.stop()
     time.sleep(2.0)
     _, result.shm_after_mb = measure(server)

@@ -12,8 +12,15 @@ from pathlib import Path
 from types import FrameType
 
 from runtime.errors import ServerError, ServerStartError
-from runtime.server import ADMIN_HEADER, GRPC_ADMIN_HEADER, EmbeddedServer, ServerSettings
+from runtime.server import (
+    ADMIN_HEADER,
+    GRPC_ADMIN_HEADER,
+    EmbeddedServer,
+    ServerSettings,
+)
 from runtime.supervisor import HealthEndpoint, Supervisor
+from runtime.tracing import TRACE_ENV, TRACE_RATE_ENV, trace_args
+from tritonforge.env import env_int
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 
@@ -46,7 +53,7 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--health-port",
         type=int,
-        default=int(os.environ.get("TRITONFORGE_HEALTH_PORT", "8003")),
+        default=env_int("TRITONFORGE_HEALTH_PORT", 8003),
         help="pipeline-aware health endpoint (GET /health/pipeline); 0 picks a free port",
     )
     p.add_argument("--canary-interval-s", type=float, default=5.0)
@@ -55,6 +62,14 @@ def _server_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=10.0,
         help="on SIGTERM, wait this long at most for in-flight requests before stopping Triton",
+    )
+    p.add_argument(
+        "--trace-otlp",
+        metavar="HOST:PORT",
+        help=f"export OpenTelemetry traces (OTLP/HTTP) there; default ${TRACE_ENV} (off when unset)",
+    )
+    p.add_argument(
+        "--trace-rate", type=int, help=f"trace one request in N (default ${TRACE_RATE_ENV} or 1)"
     )
     p.add_argument(
         "--unrestricted",
@@ -77,6 +92,7 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         log_verbose=args.log_verbose,
         echo_log=not args.quiet,
         restrict_apis=not args.unrestricted,
+        extra_args=trace_args(args.trace_otlp, args.trace_rate),
     )
 
 

@@ -6,12 +6,12 @@ tritonclient), so one run shows both protocols and both orchestrations agree.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import numpy as np
 
 from runtime.server import EmbeddedServer
+from tritonforge.env import env_float
 from tritonforge.text import cosine_matrix, nearest_neighbours
 
 SENTENCES = (
@@ -23,7 +23,7 @@ SENTENCES = (
     "A kitten naps in the afternoon sun.",
 )
 TEXT_INPUT, OUTPUT = "text", "embedding"
-TIMEOUT_S = float(os.environ.get("TRITONFORGE_DEMO_TIMEOUT_S", "60"))
+TIMEOUT_S = env_float("TRITONFORGE_DEMO_TIMEOUT_S", 60.0)
 
 
 def _batch(texts: Sequence[str]) -> np.ndarray:

@@ -77,8 +77,15 @@ def find_triton() -> TritonInstall:
 
 
 def venv_paths() -> list[str]:
-    """Import paths the models need inside the stub: this venv's site-packages and the project."""
-    paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], str(PROJECT_ROOT)]
+    """Import paths the models need inside the stub: this venv's site-packages, every other
+    site-packages directory on ``sys.path`` (e.g. added by a ``.pth`` file, which the stub does not
+    process) and, in a checkout, the project root (where ``tritonforge/`` lives: an editable
+    install's import hook is a ``.pth`` too). An installed wheel has ``tritonforge`` in
+    site-packages already."""
+    paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    paths += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    if (PROJECT_ROOT / "tritonforge" / "__init__.py").exists():
+        paths.append(str(PROJECT_ROOT))
     return list(dict.fromkeys(paths))
 
 

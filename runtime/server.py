@@ -38,6 +38,8 @@ from runtime.locate import (
     library_path,
     venv_paths,
 )
+from tritonforge.drain import fetch_metrics, wait_until_quiet
+from tritonforge.env import env_int
 
 SHM_DIR = Path("/dev/shm")
 ADMIN_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
@@ -63,8 +65,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return int(value) if value else default
+    return env_int(name, default)
 
 
 @dataclass
@@ -454,40 +455,20 @@ class EmbeddedServer:
         if error:
             raise ModelLoadError({model: error})
 
-    def _traffic(self) -> tuple[float, float]:
-        """(pending requests, completed requests) summed over all models, from the metrics port."""
-        with urllib.request.urlopen(self.metrics_url, timeout=2) as resp:
-            text = resp.read().decode()
-        pending = done = 0.0
-        for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name.startswith("nv_inference_pending_request_count"):
-                pending += float(value.split()[0])
-            elif name.startswith(("nv_inference_request_success", "nv_inference_request_failure")):
-                done += float(value.split()[0])
-        return pending, done
-
     def drain(self, timeout_s: float, quiet_s: float = 0.5) -> bool:
         """Wait until no request is queued and none completed for ``quiet_s`` (nothing in flight).
 
         Triton 2.51 stops every model's scheduler on SIGTERM, which fails ensemble/BLS requests
         caught between two stages (server#6287); draining first lets them finish. Returns False
-        when traffic did not stop within ``timeout_s``.
+        when traffic did not stop within ``timeout_s``. The container does the same
+        (:mod:`tritonforge.drain`).
         """
-        deadline = time.monotonic() + timeout_s
-        last: tuple[float, float] | None = None
-        quiet_since = time.monotonic()
-        while time.monotonic() < deadline and self.returncode is None:
-            try:
-                snapshot = self._traffic()
-            except OSError:
-                return False
-            if snapshot != last or snapshot[0] > 0:
-                last, quiet_since = snapshot, time.monotonic()
-            elif time.monotonic() - quiet_since >= quiet_s:
-                return True
-            time.sleep(0.05)
-        return False
+        return wait_until_quiet(
+            lambda: fetch_metrics(self.metrics_url),
+            timeout_s,
+            quiet_s,
+            alive=lambda: self.returncode is None,
+        )
 
     def restart(self, stop_timeout_s: float = 5.0) -> EmbeddedServer:
         """Stop (bounded: in-flight requests of a dead stub never finish) and start again on the

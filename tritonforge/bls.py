@@ -192,11 +192,16 @@ def _error_code(error: Any) -> Any:
 
 
 def call_encoder(
-    pb_utils: Any, route: EncoderRoute, inputs: Mapping[str, np.ndarray], timeout_ms: int
+    pb_utils: Any,
+    route: EncoderRoute,
+    inputs: Mapping[str, np.ndarray],
+    timeout_ms: int,
+    trace: Any = None,
 ) -> np.ndarray:
     """One synchronous BLS ``exec``; errors become INVALID_ARG (the stage rejected the caller's
-    data) or UNAVAILABLE (not ready, failed, timed out), each naming the stage."""
-    kwargs: dict[str, Any] = {}
+    data) or UNAVAILABLE (not ready, failed, timed out), each naming the stage. ``trace`` (a
+    caller request's ``request.trace()``) makes the stage's spans children of that request's."""
+    kwargs: dict[str, Any] = {} if trace is None else {"trace": trace}
     if timeout_ms > 0:
         kwargs["timeout"] = timeout_ms * 1000  # Triton's request timeout is in microseconds
     request = pb_utils.InferenceRequest(

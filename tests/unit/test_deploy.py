@@ -73,6 +73,18 @@ def test_compose_model_config_name_is_selectable_by_env() -> None:
         (lambda t: t.update(shm_size="64m"), "shm_size"),
         (lambda t: t["healthcheck"].update(test=["CMD", "true"]), "/v2/health/ready"),
         (lambda t: t["command"].append("--model-control-mode=poll"), "model-control-mode"),
+        (lambda t: t.update(command=dv.triton_command(t["command"])), "tritonforge.drain"),
+        (lambda t: t.update(stop_grace_period="10s"), "stop_grace_period"),
+        (lambda t: t["ports"].__setitem__(0, "8000:8000"), "bind address"),
+        (lambda t: t["ports"].__setitem__(0, "0.0.0.0:8000:8000"), "bind address"),
+        (
+            lambda t: t.update(command=[a for a in t["command"] if "restricted-api" not in a]),
+            "--http-restricted-api",
+        ),
+        (
+            lambda t: t.update(command=[a for a in t["command"] if "mode=opentelemetry" not in a]),
+            "mode=opentelemetry",
+        ),
     ],
 )
 def test_compose_findings_catch_regressions(
@@ -81,6 +93,14 @@ def test_compose_findings_catch_regressions(
     broken = copy.deepcopy(compose)
     mutate(broken["services"]["triton"])
     assert any(expected in f for f in dv.compose_findings(broken))
+
+
+def test_compose_refuses_to_start_without_an_admin_key() -> None:
+    raw = dv.load_yaml(dv.COMPOSE_FILE)
+    with pytest.raises(dv.DeployCheckError, match="TRITONFORGE_ADMIN_KEY"):
+        dv.interpolate(raw, {})
+    doc = dv.interpolate(raw, {"TRITONFORGE_ADMIN_KEY": "s3cret"})
+    assert any(a.endswith("=s3cret") for a in doc["services"]["triton"]["command"])
 
 
 def test_interpolation_follows_compose_rules() -> None:
@@ -164,6 +184,17 @@ def test_k8s_deployment_has_what_production_needs(k8s_docs: list[dict[str, Any]]
         (lambda pod, ctr: ctr["readinessProbe"]["httpGet"].update(path="/"), "readinessProbe"),
         (lambda pod, ctr: ctr["livenessProbe"]["exec"].update(command=["true"]), "livenessProbe"),
         (lambda pod, ctr: ctr.pop("lifecycle"), "preStop"),
+        (
+            lambda pod, ctr: ctr["lifecycle"]["preStop"]["exec"].update(command=["sleep", "10"]),
+            "tritonforge.drain wait",
+        ),
+        (lambda pod, ctr: pod.update(terminationGracePeriodSeconds=30), "GracePeriod"),
+        (lambda pod, ctr: ctr["env"][1].pop("valueFrom"), "Secret"),
+        (lambda pod, ctr: ctr["startupProbe"]["grpc"].update(port=9999), "gRPC startup probe"),
+        (
+            lambda pod, ctr: ctr.update(args=[a.replace("logging:", "") for a in ctr["args"]]),
+            "--grpc-restricted-protocol",
+        ),
         (lambda pod, ctr: pod["volumes"][2]["emptyDir"].pop("medium"), "/dev/shm"),
         (lambda pod, ctr: ctr["volumeMounts"][0].pop("readOnly"), "/models"),
         (lambda pod, ctr: ctr["args"].append("--model-config-name=config"), "--model-config-name"),
@@ -176,6 +207,78 @@ def test_k8s_findings_catch_regressions(
     pod = next(d for d in broken if d["kind"] == "Deployment")["spec"]["template"]["spec"]
     mutate(pod, pod["containers"][0])
     assert any(expected in f for f in dv.k8s_findings(broken))
+
+
+@pytest.fixture(scope="module")
+def kserve_docs() -> list[dict[str, Any]]:
+    return dv.kustomize_documents(dv.KSERVE_DIR)
+
+
+def test_kserve_manifests_match_their_schemas_and_the_deployment(
+    kserve_docs: list[dict[str, Any]], k8s_docs: list[dict[str, Any]]
+) -> None:
+    assert sorted(d["kind"] for d in kserve_docs) == ["InferenceService", "ServingRuntime"]
+    assert dv.validate_k8s(kserve_docs) == []
+    assert dv.kserve_findings(kserve_docs, k8s_docs) == []
+
+
+def test_kserve_schemas_reject_unknown_fields(kserve_docs: list[dict[str, Any]]) -> None:
+    broken = copy.deepcopy(kserve_docs)
+    isvc = next(d for d in broken if d["kind"] == "InferenceService")
+    isvc["spec"]["predictor"]["model"]["storageURI"] = "s3://typo"
+    runtime = next(d for d in broken if d["kind"] == "ServingRuntime")
+    runtime["spec"]["containers"][0]["imagePullPolice"] = "Always"
+    runtime["spec"]["supportedModelFormats"][0]["autoselect"] = True
+    errors = dv.validate_k8s(broken)
+    assert any("storageURI" in e for e in errors)
+    assert any("imagePullPolice" in e for e in errors)
+    assert any("autoselect" in e for e in errors)
+    isvc["spec"]["predictor"]["model"].pop("storageURI")
+    isvc["spec"]["predictor"]["model"]["storageUri"] = "ftp://host/repo"
+    assert any("storageUri" in e for e in dv.validate_k8s([isvc]))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda rt, isvc: rt["containers"][0]["args"].append("--log-verbose=1"), "flags differ"),
+        (
+            lambda rt, isvc: rt["containers"][0]["args"].__setitem__(0, "--model-repository=/m"),
+            "/mnt/models",
+        ),
+        (lambda rt, isvc: rt["containers"][0]["ports"][0].update(containerPort=1), "h2c"),
+        (lambda rt, isvc: rt["containers"][0].pop("lifecycle"), "preStop"),
+        (lambda rt, isvc: isvc["predictor"]["model"].update(runtime="other"), "ServingRuntime"),
+        (
+            lambda rt, isvc: isvc["predictor"]["model"]["modelFormat"].update(name="onnx"),
+            "modelFormat",
+        ),
+        (
+            lambda rt, isvc: isvc["predictor"]["model"].update(protocolVersion="v1"),
+            "protocolVersion",
+        ),
+        (lambda rt, isvc: isvc["predictor"]["model"].update(storageUri="pvc://nope/"), "PVC"),
+        (
+            lambda rt, isvc: isvc["predictor"].update(terminationGracePeriodSeconds=10),
+            "GracePeriod",
+        ),
+    ],
+)
+def test_kserve_findings_catch_regressions(
+    kserve_docs: list[dict[str, Any]], k8s_docs: list[dict[str, Any]], mutate: Any, expected: str
+) -> None:
+    broken = copy.deepcopy(kserve_docs)
+    runtime = next(d for d in broken if d["kind"] == "ServingRuntime")["spec"]
+    isvc = next(d for d in broken if d["kind"] == "InferenceService")["spec"]
+    mutate(runtime, isvc)
+    assert any(expected in f for f in dv.kserve_findings(broken, k8s_docs))
+
+
+def test_kserve_object_storage_uris_are_accepted(kserve_docs: list[dict[str, Any]]) -> None:
+    isvc = copy.deepcopy(next(d for d in kserve_docs if d["kind"] == "InferenceService"))
+    for uri in ("s3://bucket/tritonforge/model_repository", "gs://bucket/model_repository"):
+        isvc["spec"]["predictor"]["model"]["storageUri"] = uri
+        assert dv.validate_k8s([isvc]) == []
 
 
 def test_hpa_metric_is_served_by_the_adapter_rule(
@@ -196,8 +299,10 @@ def test_compose_and_k8s_run_triton_with_the_same_flags(
 ) -> None:
     dep = next(d for d in k8s_docs if d["kind"] == "Deployment")
     ctr = dep["spec"]["template"]["spec"]["containers"][0]
-    compose_cmd = compose["services"]["triton"]["command"]
+    compose_cmd = dv.triton_command(compose["services"]["triton"]["command"])
     assert [compose_cmd[0]] == ctr["command"]
+    # repeated flags (--trace-config) in the same order
+    assert compose_cmd[1:] == ctr["args"]
     assert dv.triton_flags(compose_cmd) == dv.triton_flags(ctr["args"])
     ports = {p["name"]: str(p["containerPort"]) for p in ctr["ports"]}
     flags = dv.triton_flags(ctr["args"])
@@ -400,6 +505,37 @@ def test_dashboard_shows_rate_p95_queue_and_compute_and_failures() -> None:
         dv.DEPLOY_DIR / "monitoring/grafana/provisioning/datasources/prometheus.yml"
     )
     assert datasource["datasources"][0]["uid"] == "prometheus"
+
+
+def test_dashboard_means_divide_per_request_durations_by_request_counts() -> None:
+    queries = dv.dashboard_queries()
+    assert dv.duration_findings(queries) == []
+    wrong = (
+        "sum(rate(nv_inference_compute_infer_duration_us[1m])) / "
+        "sum(rate(nv_inference_exec_count[1m]))"
+    )
+    assert dv.duration_findings([wrong]) != []
+    # batching: inferences per execution legitimately divides by the execution count
+    assert (
+        dv.duration_findings(["rate(nv_inference_count[1m]) / rate(nv_inference_exec_count[1m])"])
+        == []
+    )
+
+
+def test_dashboard_shows_pending_cache_versions_and_gpus() -> None:
+    queries = dv.dashboard_queries()
+    assert {
+        "nv_inference_pending_request_count",
+        "nv_cache_num_hits_per_model",
+        "nv_cache_num_misses_per_model",
+        "nv_gpu_utilization",
+        "nv_gpu_memory_used_bytes",
+        "nv_gpu_memory_total_bytes",
+    } <= dv.referenced_metrics(queries)
+    assert any("by (model, version)" in q and "nv_inference_request_success" in q for q in queries)
+    dash = json.loads(dv.DASHBOARD.read_text())
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
 
 
 def test_promql_check_catches_unbalanced_queries() -> None:

@@ -16,7 +16,14 @@ from export.errors import QuantAuditError, VerificationError
 from export.pipeline import Options, run_export
 from export.quantize import audit_dynamic, audit_int8, audit_qdq, quantize_int8
 from export.repository import clean, staging_parent
-from export.spec import BATCH_AXIS, ExportSpec, Inputs, Quantization, Serving, TensorDecl
+from export.spec import (
+    BATCH_AXIS,
+    ExportSpec,
+    Inputs,
+    Quantization,
+    Serving,
+    TensorDecl,
+)
 from export.tritonconfig import check_repository, cross_check, onnx_io
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import pbtxt_to_dict

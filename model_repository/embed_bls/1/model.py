@@ -57,8 +57,12 @@ class TritonPythonModel:
             )
             indexed = [(i, part) for (i, _), part in zip(members, parts, strict=True)]
             for batch in plan_encoder_calls(indexed, route):
+                # One call serves several requests: its trace spans go under the first one's.
+                trace = requests[batch.members[0].request_index].trace()
                 try:
-                    out = call_encoder(pb_utils, route, batch.inputs, self.plan.stage_timeout_ms)
+                    out = call_encoder(
+                        pb_utils, route, batch.inputs, self.plan.stage_timeout_ms, trace
+                    )
                     for i, rows in split_encoder_output(out, batch, route):
                         responses[i] = encode_response(
                             pb_utils, {self.plan.output: rows}, self.config

@@ -1,0 +1,69 @@
+"""A progress bar with an ETA over an export's steps (tqdm, on a terminal only).
+
+The ETA comes from the previous export's per-step timings (``timings_s`` of its
+``export_report.json``): the bar's total is their sum and each finished step advances it by its
+expected share, so the remaining time is what the slow steps took last time. A first export has no
+ETA (the bar shows elapsed time and steps done).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+REPORT = "export_report.json"
+
+
+def previous_timings(repo: Path, artifacts: Iterable[str]) -> dict[str, float]:
+    """Step -> seconds from the first existing report next to one of ``artifacts``."""
+    for rel in artifacts:
+        report = (repo / rel).parent / REPORT
+        try:
+            timings = json.loads(report.read_text()).get("timings_s") or {}
+        except (OSError, ValueError):
+            continue
+        return {str(k): float(v) for k, v in timings.items() if k != "total"}
+    return {}
+
+
+class StepBar:
+    """``advance(step, seconds)`` after each step; ``write`` prints above the bar."""
+
+    def __init__(
+        self, spec: str, expected: Mapping[str, float], enabled: bool | None = None
+    ) -> None:
+        self.expected = dict(expected)
+        total = sum(self.expected.values()) or None
+        self.bar: Any = tqdm(
+            total=round(total, 1) if total else None,
+            desc=f"export {spec}",
+            unit="s",
+            bar_format=(
+                "{desc}: {percentage:3.0f}%|{bar}| {elapsed} elapsed, ~{remaining} left"
+                if total
+                else "{desc}: {n:.0f} steps, {elapsed} elapsed"
+            ),
+            disable=(not sys.stderr.isatty()) if enabled is None else not enabled,
+            file=sys.stderr,
+        )
+
+    def advance(self, step: str, seconds: float) -> None:
+        if self.bar.total:
+            left = self.bar.total - self.bar.n
+            self.bar.update(min(left, self.expected.get(step, 0.0)))
+        else:
+            self.bar.update(1)
+
+    def write(self, text: str) -> None:
+        if self.bar.disable:
+            print(text, flush=True)
+        else:
+            self.bar.write(text)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,101 @@
+"""OpenTelemetry tracing end to end: ``serve --trace-otlp`` arguments on the real embedded Triton,
+an in-process OTLP/HTTP receiver on loopback, and the client's W3C ``traceparent`` (HTTP header,
+gRPC metadata) parenting the server's spans."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry import trace
+
+from client import EmbeddingClient
+from client.settings import BLS_MODEL, ENSEMBLE_MODELS
+from runtime.server import EmbeddedServer, ServerSettings
+from runtime.tracing import TraceSettings
+from tests.conftest import PIPELINE_REPOSITORY
+from tests.integration.otlp import OtlpReceiver, Span
+from tritonforge.bls import build_plan
+from tritonforge.repository import load_model_config
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def traced() -> Iterator[tuple[EmbeddedServer, OtlpReceiver]]:
+    with OtlpReceiver() as receiver:
+        tracing = TraceSettings(endpoint=receiver.endpoint, rate=1, schedule_delay_ms=100)
+        settings = ServerSettings.ephemeral(PIPELINE_REPOSITORY, extra_args=tracing.triton_args())
+        with EmbeddedServer(settings) as server:
+            yield server, receiver
+
+
+def ensemble_stages(model: str) -> set[str]:
+    """The ensemble's step models, read from its config.pbtxt (the contract)."""
+    steps = load_model_config(PIPELINE_REPOSITORY, model).raw["ensemble_scheduling"]["step"]
+    return {str(step["model_name"]) for step in steps}
+
+
+def root_of(spans: list[Span]) -> Span:
+    ids = {s.span_id for s in spans}
+    roots = [s for s in spans if s.parent_span_id not in ids]
+    assert len(roots) == 1, f"expected one root span, got {roots}"
+    return roots[0]
+
+
+def assert_one_tree(spans: list[Span], parent_span_id: str) -> None:
+    """Every span descends from one root whose parent is the client's span."""
+    root = root_of(spans)
+    assert root.parent_span_id == parent_span_id
+    assert root.service == "tritonforge"
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_client_span_parents_one_trace_holding_every_ensemble_stage(
+    traced: tuple[EmbeddedServer, OtlpReceiver], protocol: str
+) -> None:
+    server, receiver = traced
+    model = ENSEMBLE_MODELS["fp32"]
+    stages = ensemble_stages(model)
+    # A caller's OpenTelemetry span (opentelemetry-api only: a span context without an SDK).
+    context = trace.SpanContext(
+        trace_id=secrets.randbits(128),
+        span_id=secrets.randbits(64),
+        is_remote=False,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+    )
+    url = server.http_url if protocol == "http" else server.grpc_url
+    with (
+        trace.use_span(trace.NonRecordingSpan(context)),
+        EmbeddingClient(url, protocol, variant="fp32", pipeline="ensemble") as client,
+    ):
+        client.embed(["tracing through every stage"])
+    trace_id, span_id = f"{context.trace_id:032x}", f"{context.span_id:016x}"
+    assert client.last_traceparent == f"00-{trace_id}-{span_id}-01"
+    spans = receiver.trace(trace_id, until={model, *stages})
+    names = {s.name for s in spans}
+    assert {model, *stages} <= names, f"spans of the trace: {sorted(names)}"
+    assert_one_tree(spans, span_id)
+    # each stage is a child of the ensemble's span
+    ensemble = next(s for s in spans if s.name == model)
+    assert {s.name for s in spans if s.parent_span_id == ensemble.span_id} >= stages
+
+
+def test_bls_calls_join_the_callers_trace(traced: tuple[EmbeddedServer, OtlpReceiver]) -> None:
+    """Without a caller span the client sends a fresh traceparent: still one named trace."""
+    server, receiver = traced
+    with EmbeddingClient(server.grpc_url, "grpc", pipeline="bls", variant="fp32") as client:
+        client.embed(["a BLS request"])
+        traceparent = client.last_traceparent
+    assert traceparent is not None
+    _, trace_id, span_id, _ = traceparent.split("-")
+    plan = build_plan(load_model_config(PIPELINE_REPOSITORY, BLS_MODEL), PIPELINE_REPOSITORY)
+    stages = {stage.model for stage in plan.routes["fp32"]}
+    spans = receiver.trace(trace_id, until={BLS_MODEL, *stages})
+    assert {BLS_MODEL, *stages} <= {s.name for s in spans}, sorted(s.name for s in spans)
+    assert_one_tree(spans, span_id)
+    # the BLS calls are children of the BLS model's span (request.trace() passed on)
+    bls = next(s for s in spans if s.name == BLS_MODEL)
+    assert {s.name for s in spans if s.parent_span_id == bls.span_id} >= stages
+    assert receiver.rejected == []

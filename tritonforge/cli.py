@@ -1,0 +1,139 @@
+"""``tritonforge``: one command for the whole workflow (the console script of ``pip install .``).
+
+    tritonforge export minilm --format all --quantize int8 --model-repository model_repository
+    tritonforge export                # every default pipeline (what `make export` runs)
+    tritonforge serve                 # exports what is missing, then serves the model repository
+    tritonforge client embed "hello"
+    tritonforge bench | loadtest | soak | perf | gate | lint | demo | deploy-check | gpu-check
+
+Each subcommand forwards its arguments to the module that implements it (``tritonforge X --help``
+shows them), so ``make`` and this command run the same code. ``--log-level`` (before the
+subcommand, default ``$TRITONFORGE_LOG_LEVEL`` or info) configures :mod:`logging` for all of them.
+
+The imports are lazy: this module lives in the shared package that the Triton container also
+carries (``deploy/Dockerfile``), where only numpy and the standard library exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonforge.env import env_str, run_main
+from tritonforge.logs import LEVELS, LOG_LEVEL_ENV, setup_logging
+
+
+@dataclass(frozen=True)
+class Command:
+    module: str
+    help: str
+    prefix: tuple[str, ...] = ()
+    """Arguments put before the user's (the subcommand of a module with several)."""
+
+    def main(self) -> Callable[[Sequence[str]], int]:
+        main: Callable[[Sequence[str]], int] = importlib.import_module(self.module).main
+        return main
+
+
+COMMANDS: dict[str, Command] = {
+    "export": Command("export.cli", "export a model spec into the model repository"),
+    "serve": Command(
+        "runtime.cli", "serve the model repository on the embedded Triton", ("serve",)
+    ),
+    "demo": Command("runtime.cli", "serve and show every pipeline answering", ("demo",)),
+    "lint": Command("runtime.cli", "check the model repository's configs", ("lint",)),
+    "client": Command("client.cli", "call a running server (embed, similarity, health)"),
+    "bench": Command("loadtest.bench", "throughput/latency table (ratios against baselines)"),
+    "loadtest": Command("loadtest.run", "bounded Locust run with SLO gates"),
+    "soak": Command("loadtest.soak", "bounded leak soak (RSS and /dev/shm curves)"),
+    "perf": Command("loadtest.perf_inputs", "perf_analyzer input data + run against a server"),
+    "gate": Command("deploy.gate", "CI gates: model consistency, hardware, perf baseline"),
+    "deploy-check": Command("deploy.validate", "offline checks of compose, k8s, KServe, images"),
+    "gpu-check": Command("deploy.gpu_check", "ONNX encoders GPU vs CPU parity (GPU hosts)"),
+}
+
+
+# What `tritonforge export` (no spec) and `make export` build: every default pipeline's artifacts.
+DEFAULT_EXPORTS: tuple[tuple[str, ...], ...] = (
+    ("minilm", "--format", "all", "--quantize", "int8"),
+)
+
+
+def _repository_args(rest: Sequence[str]) -> list[str]:
+    """The ``--model-repository`` option among ``rest`` (to pass on to the export)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--model-repository")
+    known, _ = p.parse_known_args(rest)
+    return ["--model-repository", known.model_repository] if known.model_repository else []
+
+
+def export_defaults(rest: Sequence[str]) -> int:
+    """Run every default export (each skips what is up to date) with ``rest`` appended."""
+    export = COMMANDS["export"].main()
+    for spec in DEFAULT_EXPORTS:
+        code = export([*spec, *rest])
+        if code:
+            return code
+    return 0
+
+
+def _needs_export(rest: Sequence[str]) -> bool:
+    """True when the model repository does not lint clean (e.g. a fresh clone: no encoders)."""
+    from runtime.cli import DEFAULT_REPOSITORY
+    from runtime.lint import lint_repository
+
+    repo = _repository_args(rest)
+    return bool(lint_repository(Path(repo[1]) if repo else DEFAULT_REPOSITORY))
+
+
+def run(name: str, rest: list[str]) -> int:
+    """Run subcommand ``name`` with its arguments ``rest``."""
+    command = COMMANDS[name]
+    if name == "export" and not any(not a.startswith("-") for a in rest[:1]):
+        return export_defaults(rest)
+    if name in ("serve", "demo"):
+        if "--no-export" in rest:
+            rest.remove("--no-export")
+        elif _needs_export(rest):
+            print(
+                "==> the model repository is incomplete: exporting the defaults first", flush=True
+            )
+            code = export_defaults(_repository_args(rest))
+            if code:
+                return code
+    return command.main()([*command.prefix, *rest])
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tritonforge",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        default=(env_str(LOG_LEVEL_ENV) or "info").lower(),
+        help=f"logging level of every subcommand (default ${LOG_LEVEL_ENV} or info)",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, command in COMMANDS.items():
+        # the subcommand's own parser handles its arguments (and its --help)
+        sub.add_parser(name, help=command.help, add_help=False)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, rest = parser().parse_known_args(argv)
+    setup_logging(args.log_level)
+    return run_main(lambda: run(args.command, rest))
+
+
+def console() -> None:
+    """Entry point of the ``tritonforge`` console script."""
+    raise SystemExit(main())

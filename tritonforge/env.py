@@ -1,0 +1,54 @@
+"""Typed reads of ``TRITONFORGE_*`` environment variables: a bad value is one clear error that
+names the variable (not a bare ``ValueError`` traceback). Standard library only."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+
+class EnvironmentValueError(ValueError):
+    """An environment variable is set to a value that cannot be used; the message names it."""
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    """The variable's value, ``default`` when unset or empty."""
+    value = os.environ.get(name)
+    return value if value else default
+
+
+def _parse(
+    name: str, kind: Callable[[str], float], what: str, minimum: float | None
+) -> float | None:
+    raw = env_str(name)
+    if raw is None:
+        return None
+    try:
+        value = kind(raw.strip())
+    except ValueError:
+        raise EnvironmentValueError(f"${name} must be {what}, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise EnvironmentValueError(f"${name} must be >= {minimum:g}, got {raw!r}")
+    return value
+
+
+def env_int(name: str, default: int, minimum: int | None = None) -> int:
+    """``int($name)``, ``default`` when unset; :class:`EnvironmentValueError` otherwise."""
+    value = _parse(name, int, "an integer", minimum)
+    return default if value is None else int(value)
+
+
+def env_float(name: str, default: float, minimum: float | None = None) -> float:
+    """``float($name)``, ``default`` when unset; :class:`EnvironmentValueError` otherwise."""
+    value = _parse(name, float, "a number", minimum)
+    return default if value is None else float(value)
+
+
+def run_main(main: Callable[[], int]) -> int:
+    """Run a command's ``main``; a bad environment value prints one line and exits 2."""
+    try:
+        return int(main())
+    except EnvironmentValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
