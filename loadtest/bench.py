@@ -83,7 +83,7 @@ class Cell:
     status: str = "ok"
     generator_cpu_share: float = math.nan  # the generator's CPU time / (wall time x cores)
     server_stats: dict[str, dict[str, float]] = field(default_factory=dict)
-    # Server CPU time per request (tritonserver + stubs): robust on a loaded machine, unlike
+    # Server CPU time per request (tritonserver + stubs + front): robust on a loaded machine, unlike
     # throughput; NaN against a server not started by the bench.
     server_cpu_ms_per_request: float = math.nan
 
@@ -144,6 +144,15 @@ def tree_cpu_s(pid: int | None) -> float:
             t = p.cpu_times()
             total += t.user + t.system
     return total
+
+
+def server_cpu_s(pid: int | None) -> float:
+    """CPU seconds of an embedded server: tritonserver's tree plus this process, where the
+    launcher's front runs (the bench itself only waits on its generator while a cell runs)."""
+    if pid is None:
+        return math.nan
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return tree_cpu_s(pid) + own.ru_utime + own.ru_stime
 
 
 def _children_cpu_s() -> float:
@@ -770,7 +779,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for target in plan:
                 for conc in args.concurrency:
                     before = model_stats(http, headers) if target.system == "triton" else {}
-                    cpu_before = tree_cpu_s(server_pid)
+                    cpu_before = server_cpu_s(server_pid)
                     if target.system == "triton" and not before and not warned:
                         warned = True
                         print(
@@ -793,7 +802,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         cell.server_stats = stats_delta(before, model_stats(http, headers))
                         model, _ = route(target.pipeline, target.variant)
                         served = cell.server_stats.get(model, {}).get("inference_count", 0.0)
-                        used = tree_cpu_s(server_pid) - cpu_before
+                        used = server_cpu_s(server_pid) - cpu_before
                         cell.server_cpu_ms_per_request = (
                             used * 1000 / served if served else math.nan
                         )
