@@ -110,7 +110,10 @@ def machine() -> dict[str, Any]:
     with contextlib.suppress(OSError, ValueError, IndexError):
         kb = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]
         mem_gb = int(kb) / 1024 / 1024
-    import locust
+    # Not `import locust`: it monkey-patches this whole process for gevent, which breaks the
+    # embedded server's front (asyncio in a thread) that runs in this process.
+    from importlib.metadata import version
+
     import onnxruntime
     import torch
 
@@ -122,7 +125,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "onnxruntime": onnxruntime.__version__,
         "torch": torch.__version__,
-        "locust": locust.__version__,
+        "locust": version("locust"),
         "load_average_at_start": os.getloadavg(),
     }
 

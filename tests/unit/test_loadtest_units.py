@@ -119,3 +119,17 @@ def test_bench_reports_a_cell_that_never_answered_as_nan() -> None:
     ens = Target("triton", "grpc", "ensemble", "fp32", "perf_analyzer")
     merged, _ = aggregate([_cell(ens, dict(EMPTY_SUMMARY), "failed: x")], [])
     assert math.isnan(merged[0].summary["p99_ms"]) and merged[0].status == "1/1 rounds: failed: x"
+
+
+def test_bench_process_never_imports_locust() -> None:
+    """Importing locust monkey-patches the whole process for gevent; the bench process hosts the
+    embedded server's front (asyncio in a thread), which then hung at start."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import loadtest.bench as b; b.machine(); "
+        "print('gevent' in sys.modules or 'locust' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
