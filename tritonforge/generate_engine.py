@@ -6,7 +6,7 @@ benchmark and the tests drive the same engine."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +32,22 @@ class GenerateEngine:
     """Load the decoder variant named by ``parameters.variant``, the tokenizer and the chat
     template (each checked against its sidecar), and own the scheduler."""
 
-    def __init__(self, config: ModelConfig, version_dir: Path, variant: str | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        version_dir: Path,
+        variant: str | None = None,
+        on_step: Callable[[int, int], None] | None = None,
+    ) -> None:
         from tokenizers import Tokenizer
 
         variant = variant or config.param("variant", "fp32")
         key = {"fp32": "decoder_file", "int8": "int8_decoder_file"}.get(variant)
         if key is None:
             raise InvalidInputError(f"variant must be fp32 or int8, got {variant!r}")
-        decoder_path = version_dir / config.param(key)
-        tokenizer_path = version_dir / config.param("tokenizer_file")
-        meta_path = version_dir / config.param("generation_file")
+        decoder_path = version_dir / config.param(key, kind=str)
+        tokenizer_path = version_dir / config.param("tokenizer_file", kind=str)
+        meta_path = version_dir / config.param("generation_file", kind=str)
         for path in (decoder_path, tokenizer_path, meta_path):
             verify_sidecar(path, required=True)  # written by `make export`
         self.name, self.variant = config.name, variant
@@ -61,6 +67,7 @@ class GenerateEngine:
             self.eos_ids,
             max_running=config.param("max_running", kind=int),
             max_queue=config.param("max_queue", kind=int),
+            on_step=on_step,
         )
         self.seeds = np.random.SeedSequence()
 

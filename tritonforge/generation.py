@@ -104,7 +104,9 @@ def parse_sampling(values: Mapping[str, Any], limits: GenerationLimits) -> Sampl
     problems: list[str] = []
     out: dict[str, Any] = {"max_new_tokens": limits.default_max_new_tokens}
 
-    def take(name: str, convert: Callable[[Any], Any], check: Callable[[Any], bool], rule: str):
+    def take(
+        name: str, convert: Callable[[Any], Any], check: Callable[[Any], bool], rule: str
+    ) -> Any:
         if name not in values or values[name] is None:
             return None
         try:
@@ -315,8 +317,11 @@ class Scheduler:
         eos_ids: Sequence[int],
         max_running: int,
         max_queue: int,
+        on_step: Callable[[int, int], None] | None = None,
     ) -> None:
+        """``on_step(running, waiting)`` is called after every step (metrics)."""
         self.step_fn, self.empty_past = step_fn, empty_past
+        self.on_step = on_step
         self.eos_ids = frozenset(eos_ids)
         self.max_running, self.max_queue = max_running, max_queue
         self.waiting: deque[Generation] = deque()
@@ -394,6 +399,8 @@ class Scheduler:
                 seq.fail(error)
             self.batch = KVBatch()
         self.steps += 1
+        if self.on_step is not None:
+            self.on_step(*self.load())
 
     def _retire_cancelled(self) -> None:
         with self.cond:

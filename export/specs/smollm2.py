@@ -21,6 +21,6 @@ def smollm2_spec() -> DecoderSpec:
         padded_batches=PADDED,
         prompts_file=DATA_DIR / "generation_prompts.txt",
         perplexity_file=DATA_DIR / "perplexity.txt",
-        int8_gate=Int8Gate(min_greedy_agreement=0.85, max_perplexity_ratio=1.05),
+        int8_gate=Int8Gate(min_greedy_agreement=0.9, max_perplexity_ratio=1.05),
         serving=GenerationServing(),
     )

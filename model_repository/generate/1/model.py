@@ -48,13 +48,27 @@ def _bytes(text):
     return np.array([text.encode("utf-8")], dtype=np.object_)
 
 
+def _gauges(model):
+    """(running, queued) gauges on Triton's /metrics, labelled with the model name."""
+    out = []
+    for what in ("running", "queued"):
+        family = pb_utils.MetricFamily(
+            name=f"tritonforge_generate_{what}_sequences",
+            description=f"sequences {what} in the generate model's in-flight batcher",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        out.append(family.Metric(labels={"model": model}))
+    return out
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = ModelConfig.from_json(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"])):
             raise ModelConfigError(f"{config.name}: needs model_transaction_policy decoupled")
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.engine = GenerateEngine(config, version_dir)
+        self.gauges = _gauges(config.name)
+        self.engine = GenerateEngine(config, version_dir, on_step=self._observe)
         self.name = config.name
         self.engine.warmup(config.param("warmup_prompt", "Hello"))
         self.engine.start()
@@ -76,6 +90,10 @@ class TritonPythonModel:
             except (ServingError, ValueError) as e:
                 sender.send(error_response(pb_utils, e, self.name), flags=FINAL)
         return None
+
+    def _observe(self, running, waiting):
+        self.gauges[0].set(running)
+        self.gauges[1].set(waiting)
 
     @staticmethod
     def _send(sender, text, reason):
