@@ -11,7 +11,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup lock lint typecheck export serve run test test-unit test-integration bench loadtest soak clean deploy-check gpu-check
+.PHONY: help setup lock lint typecheck export serve run test test-unit test-integration bench loadtest loadtest-generate soak clean deploy-check gpu-check
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -71,9 +71,13 @@ test-integration: $(STAMP)
 
 bench: export  ## throughput/latency table: in-process limit vs FastAPI vs Triton pipelines
 	$(PY) -m loadtest.bench --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
+	$(PY) -m loadtest.bench_generate --model-repository $(REPO)
 
 loadtest: export  ## bounded Locust run with SLO gates (embedded server, or URL=host:8000 of a running one)
 	$(PY) -m loadtest.run --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
+
+loadtest-generate: export  ## bounded Locust run of streaming generation users (TTFT/ITL SLO gates)
+	$(PY) -m loadtest.generate_run --model-repository $(REPO) $(if $(URL),--url $(URL))
 
 soak: export  ## bounded leak soak (RSS and /dev/shm curves)
 	$(PY) -m loadtest.soak --model-repository $(REPO)
