@@ -40,6 +40,7 @@ from client.settings import ClientSettings
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 
 DEFAULT_MODEL = "generate"
+STOP = "stop"
 _UNAVAILABLE_HINTS = ("overloaded", "shutting down", "unavailable", "not ready")
 _INVALID_HINTS = ("invalid", "must be", f"{TEXT_INPUT}:", "max_prompt_tokens", "expected")
 
@@ -50,14 +51,13 @@ class Chunk:
     finish_reason: str | None = None  # set on the final chunk only
 
 
-def sampling_parameters(**values: Any) -> dict[str, Any]:
-    """Request parameters from the keyword arguments that are set (``stop`` as JSON)."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if value is None:
-            continue
-        out[key] = json.dumps(list(value)) if key == "stop" else value
-    return out
+def sampling_parameters(**values: Any) -> tuple[dict[str, Any], list[str]]:
+    """``(request parameters, stop strings)`` from the keyword arguments that are set. Stop
+    strings travel as the ``stop`` input tensor (a list; request parameters are scalars)."""
+    stop = values.pop("stop", None) or []
+    if isinstance(stop, str):
+        stop = [stop]
+    return {k: v for k, v in values.items() if v is not None}, list(stop)
 
 
 def classify(message: str, context: str) -> ClientError:
@@ -139,18 +139,18 @@ class GenerateClient:
         return chunks if stream else "".join(chunks)
 
     def stream(self, prompt: str, **sampling: Any) -> Iterator[Chunk]:
-        params = sampling_parameters(**sampling)
+        params, stop = sampling_parameters(**sampling)
         if self.settings.protocol == "grpc":
-            yield from self._grpc(prompt, params)
+            yield from self._grpc(prompt, params, stop)
         else:
-            yield from self._http(prompt, params)
+            yield from self._http(prompt, params, stop)
 
     def _finish(self, chunk: Chunk) -> Chunk:
         if chunk.finish_reason is not None:
             self.last_finish_reason = chunk.finish_reason
         return chunk
 
-    def _grpc(self, prompt: str, params: dict[str, Any]) -> Iterator[Chunk]:
+    def _grpc(self, prompt: str, params: dict[str, Any], stop: list[str]) -> Iterator[Chunk]:
         import tritonclient.grpc as grpcclient
 
         responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
@@ -158,11 +158,11 @@ class GenerateClient:
         done = False
         try:
             client.start_stream(callback=lambda result, error: responses.put((result, error)))
-            data = np.array([prompt.encode("utf-8")], dtype=np.object_)
-            tensor = grpcclient.InferInput(TEXT_INPUT, [1], "BYTES")
-            tensor.set_data_from_numpy(data)
             client.async_stream_infer(
-                self.model, [tensor], parameters=params, enable_empty_final_response=True
+                self.model,
+                grpc_inputs(grpcclient.InferInput, prompt, stop),
+                parameters=params,
+                enable_empty_final_response=True,
             )
             while not done:
                 try:
@@ -186,11 +186,11 @@ class GenerateClient:
             client.stop_stream(cancel_requests=not done)
             client.close()
 
-    def _http(self, prompt: str, params: dict[str, Any]) -> Iterator[Chunk]:
+    def _http(self, prompt: str, params: dict[str, Any], stop: list[str]) -> Iterator[Chunk]:
         import requests
 
         url = f"http://{self.settings.address}/v2/models/{self.model}/generate_stream"
-        body: dict[str, Any] = {TEXT_INPUT: prompt, "parameters": params}
+        body = http_body(prompt, params, stop)
         try:
             response = requests.post(url, json=body, stream=True, timeout=self.settings.timeout_s)
         except requests.Timeout as e:
@@ -210,6 +210,25 @@ class GenerateClient:
             except requests.RequestException as e:
                 raise translate(OSError(str(e)), self.context) from e
         raise ResponseError(f"{self.context}: the stream ended without a final response")
+
+
+def grpc_inputs(infer_input: Any, prompt: str, stop: list[str]) -> list[Any]:
+    """``text_input`` (and ``stop`` when given) as gRPC input tensors."""
+    out = []
+    for name, values in ((TEXT_INPUT, [prompt]), (STOP, stop)):
+        if values:
+            tensor = infer_input(name, [len(values)], "BYTES")
+            tensor.set_data_from_numpy(np.array([v.encode("utf-8") for v in values], np.object_))
+            out.append(tensor)
+    return out
+
+
+def http_body(prompt: str, params: dict[str, Any], stop: list[str]) -> dict[str, Any]:
+    """The generate-extension body: inputs as top-level keys, the rest as parameters."""
+    body: dict[str, Any] = {TEXT_INPUT: prompt, "parameters": params}
+    if stop:
+        body[STOP] = stop
+    return body
 
 
 def _http_status(code: int, body: str, context: str) -> ClientError:
@@ -247,27 +266,27 @@ class AsyncGenerateClient:
             yield chunk.text
 
     async def stream(self, prompt: str, **sampling: Any) -> AsyncIterator[Chunk]:
-        params = sampling_parameters(**sampling)
+        params, stop = sampling_parameters(**sampling)
         source = self._grpc if self.settings.protocol == "grpc" else self._http
-        async for chunk in source(prompt, params):
+        async for chunk in source(prompt, params, stop):
             if chunk.finish_reason is not None:
                 self.last_finish_reason = chunk.finish_reason
             yield chunk
             if chunk.finish_reason is not None:
                 return
 
-    async def _grpc(self, prompt: str, params: dict[str, Any]) -> AsyncIterator[Chunk]:
+    async def _grpc(
+        self, prompt: str, params: dict[str, Any], stop: list[str]
+    ) -> AsyncIterator[Chunk]:
         import tritonclient.grpc.aio as grpcaio
         from tritonclient.grpc import InferInput
 
         async with grpcaio.InferenceServerClient(self.settings.address) as client:
-            tensor = InferInput(TEXT_INPUT, [1], "BYTES")
-            tensor.set_data_from_numpy(np.array([prompt.encode("utf-8")], dtype=np.object_))
 
             async def requests() -> AsyncIterator[dict[str, Any]]:
                 yield {
                     "model_name": self.model,
-                    "inputs": [tensor],
+                    "inputs": grpc_inputs(InferInput, prompt, stop),
                     "parameters": params,
                     "enable_empty_final_response": True,
                 }
@@ -285,7 +304,9 @@ class AsyncGenerateClient:
             finally:
                 stream.cancel()  # ends the call (cancels the request if it is still running)
 
-    async def _http(self, prompt: str, params: dict[str, Any]) -> AsyncIterator[Chunk]:
+    async def _http(
+        self, prompt: str, params: dict[str, Any], stop: list[str]
+    ) -> AsyncIterator[Chunk]:
         import aiohttp
 
         url = f"http://{self.settings.address}/v2/models/{self.model}/generate_stream"

@@ -130,7 +130,7 @@ def _gauge(server: EmbeddedServer, what: str) -> float:
 def test_cancellation_frees_the_slot(pipeline_server: EmbeddedServer, protocol: str) -> None:
     url = pipeline_server.grpc_url if protocol == "grpc" else pipeline_server.http_url
     c = GenerateClient(url, protocol=protocol, timeout_s=120)
-    stream = c.stream(PROMPTS[0], max_tokens=400, chat_template=False)
+    stream = c.stream("Write a long story about a dragon and a knight.", max_tokens=400)
     got = [next(stream) for _ in range(2)]
     assert all(chunk.finish_reason is None for chunk in got)
     assert _gauge(pipeline_server, "running") >= 1

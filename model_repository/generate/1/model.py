@@ -49,16 +49,18 @@ def _bytes(text):
 
 
 def _gauges(model):
-    """(running, queued) gauges on Triton's /metrics, labelled with the model name."""
-    out = []
+    """(families, [running, queued] gauges) on Triton's /metrics, labelled with the model name.
+    The families must outlive their metrics: the model keeps both."""
+    families, out = [], []
     for what in ("running", "queued"):
         family = pb_utils.MetricFamily(
             name=f"tritonforge_generate_{what}_sequences",
             description=f"sequences {what} in the generate model's in-flight batcher",
             kind=pb_utils.MetricFamily.GAUGE,
         )
+        families.append(family)
         out.append(family.Metric(labels={"model": model}))
-    return out
+    return families, out
 
 
 class TritonPythonModel:
@@ -67,7 +69,7 @@ class TritonPythonModel:
         if not pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"])):
             raise ModelConfigError(f"{config.name}: needs model_transaction_policy decoupled")
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.gauges = _gauges(config.name)
+        self.metric_families, self.gauges = _gauges(config.name)
         self.engine = GenerateEngine(config, version_dir, on_step=self._observe)
         self.name = config.name
         self.engine.warmup(config.param("warmup_prompt", "Hello"))
