@@ -81,6 +81,7 @@ loadtest-generate: export  ## bounded Locust run of streaming generation users (
 
 soak: export  ## bounded leak soak (RSS and /dev/shm curves)
 	$(PY) -m loadtest.soak --model-repository $(REPO)
+	$(PY) -m loadtest.soak_generate --model-repository $(REPO)
 
 deploy-check: $(STAMP)  ## offline checks of docker-compose.yml, deploy/k8s, GPU configs and image pins
 	$(PY) -m deploy.validate

@@ -127,8 +127,12 @@ def quantize_int8(src: Path, dst: Path, block_size: int = 32) -> None:
     (accuracy_level 4). Measured here against dynamic MatMul quantization (``quantize_dynamic``,
     per-channel): dynamic was slower than fp32 per decode step and failed the perplexity gate
     (ratio 1.89; 1.06 with lm_head and down_proj left in fp32), see docs/performance.md."""
+    import logging
+
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    # The quantizer logs a line per node at INFO (thousands); keep warnings only.
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     quantizer = MatMulNBitsQuantizer(
         str(src), bits=8, block_size=block_size, is_symmetric=True, accuracy_level=4
     )
@@ -304,7 +308,7 @@ def _int8(
     steps: _Steps,
 ) -> list[str]:
     gate = spec.int8_gate
-    with steps("int8 dynamic MatMul quantization"):
+    with steps("int8 weight-only quantization (MatMulNBits, 8 bits)"):
         quantize_int8(out["decoder"], out["int8"])
         problems = check_graph(out["int8"], fp32.layers)
     q8 = OrtDecoder(out["int8"], intra_op_threads=2)

@@ -183,3 +183,28 @@ def test_overload_is_unavailable_and_nothing_hangs(serve: ServeFn, tight_repo: P
     served = [r for r in results if isinstance(r, str)]
     assert refused and served and len(refused) + len(served) == 5
     assert "overloaded" in str(refused[0])
+
+
+def test_cli_streams_tokens_and_prints_json(pipeline_server: EmbeddedServer) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import PROJECT_ROOT
+
+    base = [sys.executable, "-m", "client", "generate", PROMPTS[0], "--max-tokens", "4"]
+    streamed = subprocess.run(
+        [*base, "--stream", "--protocol", "grpc", "--url", pipeline_server.grpc_url],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    plain = subprocess.run(
+        [*base, "--protocol", "http", "--url", pipeline_server.http_url],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    result = json.loads(plain.stdout)
+    assert result["finish_reason"] == "length"
+    assert streamed.stdout.strip() == result["text"].strip() != ""
+    bad = subprocess.run(
+        [*base[:-1], "100000", "--url", pipeline_server.http_url],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 1 and "max_tokens" in bad.stderr
