@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import importlib.metadata
 import io
 import json
+import os
 import time
 import warnings
 from pathlib import Path
@@ -28,7 +30,7 @@ from export.decoder.report import write_report
 from export.decoder.spec import BATCH_AXIS, PAST_AXIS, SEQ_AXIS, TOTAL_AXIS, DecoderSpec
 from export.errors import ExportError, VerificationError
 from export.pipeline import Outcome, Progress, _Steps
-from export.repository import Staging, code_digest, library_versions, up_to_date
+from export.repository import Staging, library_versions, up_to_date
 from export.spec import digest_json
 from export.specs.text import read_sentences
 from tritonforge.decoder import OrtDecoder, past_names, present_names
@@ -36,6 +38,55 @@ from tritonforge.generation import render_prompt
 from tritonforge.integrity import sha256_file
 
 TIE_MARGIN = 1e-2  # a greedy divergence where PyTorch's own top-2 logits are closer is a tie
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# The code this export runs (its own package, the shared staging/report helpers it imports, and
+# the serving scheduler its fidelity check drives); other exporters' changes do not re-export it.
+CODE = (
+    "export/decoder",
+    "export/specs/smollm2.py",
+    "export/specs/text.py",
+    "export/repository.py",
+    "export/pipeline.py",
+    "export/errors.py",
+    "tritonforge/generation.py",
+    "tritonforge/decoder.py",
+)
+REFERENCE_CACHE = ROOT / "build" / "reference-cache"
+
+
+def code_digest() -> str:
+    h = hashlib.sha256()
+    for rel in CODE:
+        path = ROOT / rel
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            h.update(str(f.relative_to(ROOT)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def cached_reference(
+    model: Any, prompts: list[list[int]], new_tokens: int, key_parts: dict[str, Any]
+) -> list[tuple[list[int], list[np.ndarray]]]:
+    """PyTorch ``generate`` references, cached under ``build/`` (gitignored) by everything they
+    depend on: the checkpoint digest, prompt tokens, length and library versions."""
+    key = digest_json({**key_parts, "prompts": prompts, "new_tokens": new_tokens})
+    path = REFERENCE_CACHE / f"{key}.npz"
+    if path.exists():
+        data = np.load(path, allow_pickle=False)
+        n = int(data["count"])
+        return [(data[f"t{i}"].tolist(), list(data[f"l{i}"])) for i in range(n)]
+    reference = verify.reference_generate(model, prompts, new_tokens)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {"count": np.array(len(reference))}
+    for i, (tokens, logits) in enumerate(reference):
+        arrays[f"t{i}"] = np.asarray(tokens, np.int64)
+        arrays[f"l{i}"] = np.stack(logits)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)
+    return reference
 
 
 def fingerprint(spec: DecoderSpec, checkpoint: Path, int8: bool) -> dict[str, Any]:
@@ -252,7 +303,8 @@ def _build(
         ]
         if prompts != hf_ids:
             failures.append("chat template: served prompt tokens differ from apply_chat_template")
-        reference = verify.reference_generate(model, prompts, spec.fidelity_new_tokens)
+        key = {"sources": fp["sources"], "libraries": fp["libraries"]}
+        reference = cached_reference(model, prompts, spec.fidelity_new_tokens, key)
         run = {
             "tokenizer": tok,
             "prompts": prompts,
