@@ -60,7 +60,11 @@ def code_digest() -> str:
     h = hashlib.sha256()
     for rel in CODE:
         path = ROOT / rel
-        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+        for f in (
+            sorted(p for p in path.rglob("*") if p.suffix in (".py", ".txt"))
+            if path.is_dir()
+            else [path]
+        ):
             h.update(str(f.relative_to(ROOT)).encode())
             h.update(f.read_bytes())
     return h.hexdigest()
