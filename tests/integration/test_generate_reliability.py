@@ -77,6 +77,9 @@ def test_killed_stub_ends_every_open_stream_and_the_supervisor_restores_it(
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         streams.join(STREAM_TIMEOUT_S + 30)
+        print(
+            "stream ends after the kill:", [f"{type(e).__name__}: {e}"[:160] for e in streams.ended]
+        )
         assert all(isinstance(e, ClientError) for e in streams.ended), streams.ended
         recovered = False
         while time.monotonic() - killed_at < 90 and not recovered:
