@@ -287,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     prefill_ms = float("nan")
 
     def measure(target: str, stream: StreamFn) -> None:
+        for _ in stream(PROMPTS[0], 4):  # warm-up (first-call costs are not measured)
+            pass
         for c in args.concurrency:
             cell = run_cell(target, stream, count, c, args.requests_per_client, args.max_tokens)
             print(
