@@ -306,20 +306,24 @@ class KVBatch:
 
 class Scheduler:
     """In-flight batching over a step function. :meth:`submit` queues a sequence (bounded);
-    each :meth:`step` admits waiting sequences into free slots (prefilling each), decodes one
+    each :meth:`step` admits waiting sequences into free slots (prefilled together), decodes one
     token for every running sequence, sends the new text, and retires finished or cancelled ones.
     :meth:`start` runs steps on a background thread until :meth:`close`."""
 
     def __init__(
         self,
         step_fn: StepFn,
-        empty_past: Callable[[], list[np.ndarray]],
+        empty_past: Callable[[int], list[np.ndarray]],
         eos_ids: Sequence[int],
         max_running: int,
         max_queue: int,
         on_step: Callable[[int, int], None] | None = None,
+        max_prefill_tokens: int = 2048,
     ) -> None:
-        """``on_step(running, waiting)`` is called after every step (metrics)."""
+        """``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
+        after every step (metrics). Requests admitted together are prefilled in one call of at
+        most ``max_prefill_tokens`` padded tokens (a long prompt is prefilled alone)."""
+        self.max_prefill_tokens = max_prefill_tokens
         self.step_fn, self.empty_past = step_fn, empty_past
         self.on_step = on_step
         self.eos_ids = frozenset(eos_ids)
@@ -413,23 +417,37 @@ class Scheduler:
         self.batch.remove(gone)
 
     def _admit(self) -> None:
-        while len(self.batch) < self.max_running:
-            with self.cond:
-                if not self.waiting:
-                    return
-                seq = self.waiting.popleft()
-            n = len(seq.prompt_ids)
-            ids = np.asarray([seq.prompt_ids], np.int64)
-            mask = np.ones((1, n), np.int64)
-            pos = np.arange(n, dtype=np.int64)[None]
-            try:
-                logits, presents = self.step_fn(ids, mask, pos, self.empty_past())
-            except Exception as e:
+        """Prefill the sequences that fit (free slots, ``max_prefill_tokens`` padded tokens) in
+        one left-padded call, emit each one's first token, and join them to the batch."""
+        admitted: list[Generation] = []
+        with self.cond:
+            while self.waiting and len(self.batch) + len(admitted) < self.max_running:
+                width = max(len(s.prompt_ids) for s in [*admitted, self.waiting[0]])
+                if admitted and width * (len(admitted) + 1) > self.max_prefill_tokens:
+                    break
+                admitted.append(self.waiting.popleft())
+        if not admitted:
+            return
+        lengths = [len(s.prompt_ids) for s in admitted]
+        width = max(lengths)
+        ids = np.zeros((len(admitted), width), np.int64)
+        mask = np.zeros_like(ids)
+        positions = np.zeros_like(ids)
+        for i, (seq, n) in enumerate(zip(admitted, lengths, strict=True)):
+            ids[i, width - n :] = seq.prompt_ids
+            mask[i, width - n :] = 1
+            positions[i, width - n :] = np.arange(n)
+        try:
+            logits, presents = self.step_fn(ids, mask, positions, self.empty_past(len(admitted)))
+        except Exception as e:
+            for seq in admitted:
                 seq.fail(ServingError(f"generate: prefill failed ({type(e).__name__}: {e})"))
-                continue
-            token = self._emit(seq, logits[0, -1])
+            return
+        for i, (seq, n) in enumerate(zip(admitted, lengths, strict=True)):
+            token = self._emit(seq, logits[i, -1])
             if not seq.finished:
-                self.batch.add(seq, presents, n, token)
+                row = [p[i : i + 1, :, width - n :] for p in presents]
+                self.batch.add(seq, row, n, token)
 
     def _decode(self) -> None:
         b = self.batch

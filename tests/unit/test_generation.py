@@ -204,3 +204,26 @@ def test_render_prompt_uses_the_chat_template_only_when_asked():
     assert render_prompt("hi", template, True) == "<user>hi<a>"
     assert render_prompt("hi", template, False) == "hi"
     assert render_prompt("hi", None, True) == "hi"
+
+
+def test_prefills_are_batched_within_the_padded_token_budget() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def counting(ids, mask, positions, past):
+        if past[0].shape[2] == 0:
+            calls.append(ids.shape)
+        return toy_step(ids, mask, positions, past)
+
+    prompts = [[1, 2], [3, 4, 5], [6] * 9, [2]]
+    alone = [run_alone(p, 3) for p in prompts]
+    sched = Scheduler(counting, empty_past, [EOS], max_running=8, max_queue=8, max_prefill_tokens=9)
+    seqs = [make(p, 3) for p in prompts]
+    for s in seqs:
+        sched.submit(s)
+    sched.run_until_idle()
+    assert [s.tokens for s in seqs] == alone
+    assert calls == [
+        (2, 3),
+        (1, 9),
+        (1, 1),
+    ]  # 2 x 3 fits 9 tokens; 3 x 9 does not; the long one alone
