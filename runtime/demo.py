@@ -69,6 +69,25 @@ def format_table(labels: Sequence[str], sim: np.ndarray) -> str:
     return "\n".join([head, *rows])
 
 
+GENERATE_PROMPT = "In one sentence, what is an inference server?"
+GENERATE_MODEL = "generate"
+
+
+def stream_answer(server: EmbeddedServer, prompt: str = GENERATE_PROMPT) -> str:
+    """Stream a greedy answer from the ``generate`` model over gRPC, printing chunks as they
+    arrive; returns the text."""
+    from client.generate import GenerateClient
+
+    client = GenerateClient(server.grpc_url, "grpc", model=GENERATE_MODEL, timeout_s=TIMEOUT_S)
+    print(f"==> {GENERATE_MODEL} (decoupled, gRPC stream): {prompt!r}\n    ", end="", flush=True)
+    parts = []
+    for chunk in client.generate(prompt, stream=True, max_tokens=48):
+        parts.append(chunk)
+        print(chunk, end="", flush=True)
+    print(f"\n    [finish_reason: {client.last_finish_reason}]\n")
+    return "".join(parts)
+
+
 def run_demo(server: EmbeddedServer) -> None:
     """Embed :data:`SENTENCES` via ``embed`` (HTTP) and ``embed_bls`` (gRPC); print similarities."""
     texts = list(SENTENCES)
@@ -90,3 +109,4 @@ def run_demo(server: EmbeddedServer) -> None:
         f"\n==> embed_bls over gRPC: max |ensemble - BLS| = {agree:.2e}; "
         f"int8 variant mean cosine to fp32 = {int8_cos:.4f}\n"
     )
+    stream_answer(server)

@@ -82,6 +82,34 @@ class Health:
         }
 
 
+def stream_canary(url: str, model: str, inputs: list[Any], timeout_s: float) -> None:
+    """One request to a decoupled model over a gRPC stream (a unary infer is refused), asking
+    for one token (``max_tokens``: the generate convention); raises unless it ends with a final
+    response within ``timeout_s``."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        client.async_stream_infer(
+            model, inputs, parameters={"max_tokens": 1}, enable_empty_final_response=True
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            result, error = responses.get(timeout=max(0.01, deadline - time.monotonic()))
+            if error is not None:
+                raise error
+            final = result.get_response().parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                return
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+
+
 class Supervisor:
     """Watches an :class:`EmbeddedServer` and restarts it when the pipeline stops answering."""
 
@@ -128,7 +156,10 @@ class Supervisor:
                     tensor.set_data_from_numpy(value)
                     inputs.append(tensor)
                 try:
-                    client.infer(name, inputs, client_timeout=self.canary_timeout_s)
+                    if cfg.raw.get("model_transaction_policy", {}).get("decoupled"):
+                        stream_canary(self.server.grpc_url, name, inputs, self.canary_timeout_s)
+                    else:
+                        client.infer(name, inputs, client_timeout=self.canary_timeout_s)
                     results[name] = "ok"
                 except Exception as e:  # any failure is a failed canary
                     results[name] = f"{type(e).__name__}: {e}"[:300]

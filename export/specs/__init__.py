@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from export.decoder.spec import DecoderSpec
 from export.errors import SpecError
 from export.spec import ExportSpec
 
@@ -19,9 +20,20 @@ def _minilm() -> ExportSpec:
 REGISTRY: dict[str, SpecFactory] = {"minilm": _minilm}
 
 
+def _smollm2() -> DecoderSpec:
+    from export.specs.smollm2 import smollm2_spec
+
+    return smollm2_spec()
+
+
+# Causal LMs (KV-cache decoders, exported by export.decoder.pipeline).
+DECODERS: dict[str, Callable[[], DecoderSpec]] = {"smollm2": _smollm2}
+
+
 def get_spec(name: str) -> ExportSpec:
     try:
         factory = REGISTRY[name]
     except KeyError as e:
-        raise SpecError(f"unknown export spec {name!r}; known: {sorted(REGISTRY)}") from e
+        known = sorted([*REGISTRY, *DECODERS])
+        raise SpecError(f"unknown export spec {name!r}; known: {known}") from e
     return factory()

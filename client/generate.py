@@ -1,0 +1,330 @@
+"""Streaming text generation against the decoupled ``generate`` model, over gRPC (bidirectional
+stream) or HTTP (Triton's ``generate_stream`` extension, server-sent events).
+
+    from client.generate import GenerateClient
+    with GenerateClient("localhost:8001", protocol="grpc") as c:
+        for chunk in c.generate("What is the capital of France?", max_tokens=16):
+            print(chunk, end="", flush=True)
+        print(c.last_finish_reason)
+    text = c.generate("Hi", stream=False)
+
+    async with AsyncGenerateClient("localhost:8000") as c:
+        async for chunk in c.generate("Hi"):
+            ...
+
+Closing the iterator early (``break``, an exception, ``close()``) cancels the request on the
+server (gRPC: ``stop_stream(cancel_requests=True)``; HTTP: the connection is closed), which
+frees its decoding slot within one step. Every failure is a :class:`client.errors.ClientError`.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from client.errors import (
+    ClientError,
+    DeadlineExceededError,
+    InvalidRequestError,
+    ResponseError,
+    ServerError,
+    ServerUnavailableError,
+)
+from client.retry import translate
+from client.settings import ClientSettings
+from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
+
+DEFAULT_MODEL = "generate"
+STOP = "stop"
+_UNAVAILABLE_HINTS = ("overloaded", "shutting down", "unavailable", "not ready")
+_INVALID_HINTS = ("invalid", "must be", f"{TEXT_INPUT}:", "max_prompt_tokens", "expected")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    text: str
+    finish_reason: str | None = None  # set on the final chunk only
+
+
+def sampling_parameters(**values: Any) -> tuple[dict[str, Any], list[str]]:
+    """``(request parameters, stop strings)`` from the keyword arguments that are set. Stop
+    strings travel as the ``stop`` input tensor (a list; request parameters are scalars)."""
+    stop = values.pop("stop", None) or []
+    if isinstance(stop, str):
+        stop = [stop]
+    return {k: v for k, v in values.items() if v is not None}, list(stop)
+
+
+def classify(message: str, context: str) -> ClientError:
+    """An in-stream error (SSE ``error`` event, gRPC stream error without a status) by its text:
+    the generate model's messages name overload/shutdown and the offending field."""
+    lowered = message.lower()
+    text = f"{context}: {message}"
+    if any(h in lowered for h in _UNAVAILABLE_HINTS):
+        return ServerUnavailableError(f"{text} (retry later)")
+    if any(h in lowered for h in _INVALID_HINTS):
+        return InvalidRequestError(text)
+    if "cancel" in lowered:
+        return ClientError(text)
+    return ServerError(f"{text} (see the server log)")
+
+
+def _grpc_error(exc: Exception, context: str) -> ClientError:
+    status = getattr(exc, "status", lambda: None)()
+    message = getattr(exc, "message", lambda: str(exc))() or str(exc)
+    return translate(exc, context) if status else classify(message, context)
+
+
+def _grpc_chunk(result: Any) -> Chunk:
+    text = result.as_numpy(TEXT_OUTPUT)
+    reason = result.as_numpy(FINISH_REASON)
+    final = result.get_response().parameters.get("triton_final_response")
+    decoded = b"".join(text.reshape(-1)).decode("utf-8") if text is not None else ""
+    if reason is not None:
+        return Chunk(decoded, reason.reshape(-1)[0].decode("utf-8"))
+    if final is not None and final.bool_param:
+        return Chunk(decoded, "")  # an empty final response (should not happen: guarded)
+    return Chunk(decoded)
+
+
+def _sse_event(line: bytes, context: str) -> Chunk | None:
+    """One ``data: {...}`` line of ``generate_stream`` -> a chunk (None for other lines)."""
+    if not line.startswith(b"data:"):
+        return None
+    event = json.loads(line[5:])
+    if "error" in event:
+        raise classify(str(event["error"]), context)
+    reason = event.get(FINISH_REASON)
+    if isinstance(reason, list):
+        reason = reason[0] if reason else None
+    text = event.get(TEXT_OUTPUT, "")
+    return Chunk("".join(text) if isinstance(text, list) else str(text), reason)
+
+
+class GenerateClient:
+    """Blocking client; :meth:`stream` yields :class:`Chunk`, :meth:`generate` text."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        protocol: str | None = None,
+        model: str = DEFAULT_MODEL,
+        timeout_s: float | None = None,
+    ) -> None:
+        kwargs: dict[str, Any] = {"url": url}
+        if protocol:
+            kwargs["protocol"] = protocol
+        if timeout_s:
+            kwargs["timeout_s"] = timeout_s
+        self.settings = ClientSettings(**kwargs)
+        self.model = model
+        self.last_finish_reason: str | None = None
+        self.context = f"{self.settings.protocol}://{self.settings.address} model {model!r}"
+
+    def __enter__(self) -> GenerateClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+    def generate(self, prompt: str, stream: bool = True, **sampling: Any) -> Iterator[str] | str:
+        """Text chunks as they arrive (``stream=True``) or the whole text. ``sampling``:
+        max_tokens, temperature, top_p, top_k, seed, stop, chat_template."""
+        chunks = (c.text for c in self.stream(prompt, **sampling))
+        return chunks if stream else "".join(chunks)
+
+    def stream(self, prompt: str, **sampling: Any) -> Iterator[Chunk]:
+        params, stop = sampling_parameters(**sampling)
+        if self.settings.protocol == "grpc":
+            yield from self._grpc(prompt, params, stop)
+        else:
+            yield from self._http(prompt, params, stop)
+
+    def _finish(self, chunk: Chunk) -> Chunk:
+        if chunk.finish_reason is not None:
+            self.last_finish_reason = chunk.finish_reason
+        return chunk
+
+    def _grpc(self, prompt: str, params: dict[str, Any], stop: list[str]) -> Iterator[Chunk]:
+        import tritonclient.grpc as grpcclient
+
+        responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client = grpcclient.InferenceServerClient(self.settings.address)
+        done = False
+        try:
+            client.start_stream(callback=lambda result, error: responses.put((result, error)))
+            client.async_stream_infer(
+                self.model,
+                grpc_inputs(grpcclient.InferInput, prompt, stop),
+                parameters=params,
+                enable_empty_final_response=True,
+            )
+            while not done:
+                try:
+                    result, error = responses.get(timeout=self.settings.timeout_s)
+                except queue.Empty as e:
+                    raise DeadlineExceededError(
+                        f"{self.context}: no response within {self.settings.timeout_s} s"
+                    ) from e
+                if error is not None:
+                    done = True
+                    raise _grpc_error(error, self.context)
+                chunk = self._finish(_grpc_chunk(result))
+                done = chunk.finish_reason is not None
+                yield chunk
+        except ClientError:
+            raise
+        except Exception as e:
+            raise translate(e, self.context) from e
+        finally:
+            # Early exit: cancel the request so the server frees its slot.
+            client.stop_stream(cancel_requests=not done)
+            client.close()
+
+    def _http(self, prompt: str, params: dict[str, Any], stop: list[str]) -> Iterator[Chunk]:
+        import requests
+
+        url = f"http://{self.settings.address}/v2/models/{self.model}/generate_stream"
+        body = http_body(prompt, params, stop)
+        try:
+            response = requests.post(url, json=body, stream=True, timeout=self.settings.timeout_s)
+        except requests.Timeout as e:
+            raise DeadlineExceededError(f"{self.context}: {e}") from e
+        except requests.RequestException as e:
+            raise translate(OSError(str(e)), self.context) from e
+        with response:
+            if response.status_code != 200:
+                raise _http_status(response.status_code, response.text, self.context)
+            try:
+                for line in response.iter_lines():
+                    chunk = _sse_event(line, self.context)
+                    if chunk is not None:
+                        yield self._finish(chunk)
+                        if chunk.finish_reason is not None:
+                            return
+            except requests.RequestException as e:
+                raise translate(OSError(str(e)), self.context) from e
+        raise ResponseError(f"{self.context}: the stream ended without a final response")
+
+
+def grpc_inputs(infer_input: Any, prompt: str, stop: list[str]) -> list[Any]:
+    """``text_input`` (and ``stop`` when given) as gRPC input tensors."""
+    out = []
+    for name, values in ((TEXT_INPUT, [prompt]), (STOP, stop)):
+        if values:
+            tensor = infer_input(name, [len(values)], "BYTES")
+            tensor.set_data_from_numpy(np.array([v.encode("utf-8") for v in values], np.object_))
+            out.append(tensor)
+    return out
+
+
+def http_body(prompt: str, params: dict[str, Any], stop: list[str]) -> dict[str, Any]:
+    """The generate-extension body: inputs as top-level keys, the rest as parameters."""
+    body: dict[str, Any] = {TEXT_INPUT: prompt, "parameters": params}
+    if stop:
+        body[STOP] = stop
+    return body
+
+
+def _http_status(code: int, body: str, context: str) -> ClientError:
+    from client.retry import _from_status
+
+    try:
+        message = str(json.loads(body).get("error", body))
+    except ValueError:
+        message = body
+    return _from_status(str(code), message, context)
+
+
+class AsyncGenerateClient:
+    """asyncio client: ``async for chunk in c.generate(prompt)`` (text chunks)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        protocol: str | None = None,
+        model: str = DEFAULT_MODEL,
+        timeout_s: float | None = None,
+    ) -> None:
+        self.sync = GenerateClient(url, protocol, model, timeout_s)
+        self.settings, self.model, self.context = self.sync.settings, model, self.sync.context
+        self.last_finish_reason: str | None = None
+
+    async def __aenter__(self) -> AsyncGenerateClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        pass
+
+    async def generate(self, prompt: str, **sampling: Any) -> AsyncIterator[str]:
+        async for chunk in self.stream(prompt, **sampling):
+            yield chunk.text
+
+    async def stream(self, prompt: str, **sampling: Any) -> AsyncIterator[Chunk]:
+        params, stop = sampling_parameters(**sampling)
+        source = self._grpc if self.settings.protocol == "grpc" else self._http
+        async for chunk in source(prompt, params, stop):
+            if chunk.finish_reason is not None:
+                self.last_finish_reason = chunk.finish_reason
+            yield chunk
+            if chunk.finish_reason is not None:
+                return
+
+    async def _grpc(
+        self, prompt: str, params: dict[str, Any], stop: list[str]
+    ) -> AsyncIterator[Chunk]:
+        import tritonclient.grpc.aio as grpcaio
+        from tritonclient.grpc import InferInput
+
+        async with grpcaio.InferenceServerClient(self.settings.address) as client:
+
+            async def requests() -> AsyncIterator[dict[str, Any]]:
+                yield {
+                    "model_name": self.model,
+                    "inputs": grpc_inputs(InferInput, prompt, stop),
+                    "parameters": params,
+                    "enable_empty_final_response": True,
+                }
+
+            stream = client.stream_infer(requests(), stream_timeout=self.settings.timeout_s)
+            try:
+                async for result, error in stream:
+                    if error is not None:
+                        raise _grpc_error(error, self.context)
+                    yield _grpc_chunk(result)
+            except ClientError:
+                raise
+            except Exception as e:
+                raise translate(e, self.context) from e
+            finally:
+                stream.cancel()  # ends the call (cancels the request if it is still running)
+
+    async def _http(
+        self, prompt: str, params: dict[str, Any], stop: list[str]
+    ) -> AsyncIterator[Chunk]:
+        import aiohttp
+
+        url = f"http://{self.settings.address}/v2/models/{self.model}/generate_stream"
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=self.settings.timeout_s)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.post(url, json={TEXT_INPUT: prompt, "parameters": params}) as response,
+            ):
+                if response.status != 200:
+                    raise _http_status(response.status, await response.text(), self.context)
+                async for line in response.content:
+                    chunk = _sse_event(line.strip(), self.context)
+                    if chunk is not None:
+                        yield chunk
+        except ClientError:
+            raise
+        except TimeoutError as e:
+            raise DeadlineExceededError(f"{self.context}: timed out") from e
+        except aiohttp.ClientError as e:
+            raise translate(e, self.context) from e

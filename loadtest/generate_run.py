@@ -1,0 +1,59 @@
+"""``python -m loadtest.generate_run``: a bounded headless Locust run of streaming generation
+users with SLO gates (exit 1 naming each breach). Starts the embedded Triton with only the
+``generate`` model unless ``--url`` names a running server. SLO flags pass through to
+:mod:`loadtest.generate_locustfile` (``--slo-ttft-p95-ms`` ...)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from client.settings import normalize_url
+from loadtest.run import exit_on_sigterm, locust_command
+from runtime.server import serving
+
+LOCUSTFILE = Path(__file__).resolve().parent / "generate_locustfile.py"
+
+
+@contextlib.contextmanager
+def http_target(url: str | None, repo: Path) -> Iterator[str]:
+    if url:
+        yield normalize_url(url)
+        return
+    print(f"==> starting the embedded Triton (generate only) on {repo}", flush=True)
+    with serving(repo, model_control_mode="explicit", load_models=["generate"]) as server:
+        yield server.http_url
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.generate_run", description=__doc__)
+    p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
+    p.add_argument("--url", default=os.environ.get("TRITONFORGE_LOADTEST_URL") or None)
+    p.add_argument("--users", type=int, default=4)
+    p.add_argument("--duration-s", type=float, default=30.0)
+    p.add_argument("--reports-dir", type=Path, default=Path("reports"))
+    args, passthrough = p.parse_known_args(argv)
+    exit_on_sigterm()
+    args.reports_dir.mkdir(parents=True, exist_ok=True)
+    summary = args.reports_dir / "loadtest_generate.json"
+    with http_target(args.url, args.model_repository) as http_url:
+        command = locust_command(
+            locustfile=LOCUSTFILE,
+            user_classes=["GenerateStreamUser"],
+            host=f"http://{http_url}",
+            users=args.users,
+            duration_s=args.duration_s,
+            extra=["--samples-out", str(summary), *passthrough],
+        )
+        print("==> " + " ".join(command), flush=True)
+        code = subprocess.call(command)
+    print(f"==> summary: {summary} (locust exit status {code})")
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""Pure generation parts: sampling parameters, sampling, stop strings, streamed text, the
+left-padded KV batch and the in-flight scheduler (driven by a small mask-honouring toy decoder)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tritonforge.errors import InvalidInputError, StageUnavailableError
+from tritonforge.generation import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Generation,
+    GenerationLimits,
+    KVBatch,
+    SamplingParams,
+    Scheduler,
+    TextStream,
+    parse_sampling,
+    render_prompt,
+    sample_next,
+    stop_split,
+)
+
+LIMITS = GenerationLimits(max_prompt_tokens=64, max_new_tokens_limit=32, default_max_new_tokens=8)
+VOCAB = 11
+EOS = 0
+
+
+class CharTokenizer:
+    """id i -> chr(ord('a') + i); id 10 decodes to a lone high byte (an incomplete character)."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        text = "".join("\ufffd" if i == 10 else chr(ord("a") + i) for i in ids)
+        return text
+
+
+def toy_step(ids, mask, positions, past):
+    """A 'decoder' whose next token depends on exactly the attended tokens and the position:
+    (sum of attended token ids + count of attended columns + position) mod 9 + 1 (never EOS
+    unless a row attends exactly what makes it 0 — we avoid that by the +1)."""
+    new = (ids + 1).astype(np.float32)[:, None, :, None]  # stored values: token + 1
+    present = [np.concatenate([past[0], new], 2)]
+    attended = present[0][:, 0, :, 0] * mask  # [b, total]
+    b, s = ids.shape
+    logits = np.zeros((b, s, VOCAB), np.float32)
+    total = mask.shape[1]
+    for i in range(b):
+        for j in range(s):
+            col = total - s + j
+            value = attended[i, : col + 1].sum() + mask[i, : col + 1].sum() + positions[i, j]
+            logits[i, j, int(value) % 9 + 1] = 1.0
+    return logits, present
+
+
+def empty_past(batch: int = 1):
+    return [np.zeros((batch, 1, 0, 1), np.float32)]
+
+
+def make(prompt, max_new=5, stop=(), out=None, cancelled=lambda: False):
+    out = out if out is not None else []
+    return Generation(
+        list(prompt),
+        SamplingParams(max_new_tokens=max_new, stop=tuple(stop)),
+        TextStream(CharTokenizer(), stop),
+        on_output=lambda s, text, reason: out.append((s.id, text, reason)),
+        on_error=lambda s, e: out.append((s.id, e, "error")),
+        is_cancelled=cancelled,
+    )
+
+
+def test_parse_sampling_defaults_aliases_and_every_problem_named():
+    assert parse_sampling({}, LIMITS).max_new_tokens == 8
+    p = parse_sampling(
+        {"max_tokens": np.array([4], np.int32), "temperature": "0.5", "stop": ["\n", "END"]},
+        LIMITS,
+    )
+    assert (p.max_new_tokens, p.temperature, p.stop) == (4, 0.5, ("\n", "END"))
+    assert parse_sampling({"max_new_tokens": 3}, LIMITS).max_new_tokens == 3
+    assert parse_sampling({"chat_template": "false"}, LIMITS).chat_template is False
+    with pytest.raises(InvalidInputError) as e:
+        parse_sampling({"max_tokens": 33, "top_p": 0, "temperature": "hot", "stop": [""]}, LIMITS)
+    for field in ("max_tokens", "top_p", "temperature", "stop"):
+        assert field in str(e.value)
+
+
+def test_sampling_greedy_seeded_top_k_top_p():
+    logits = np.array([0.1, 2.0, 1.9, -1.0])
+    greedy = SamplingParams(max_new_tokens=1)
+    assert sample_next(logits, greedy, np.random.default_rng(0)) == 1
+    hot = SamplingParams(max_new_tokens=1, temperature=1.0)
+    draws = [sample_next(logits, hot, np.random.default_rng(s)) for s in range(200)]
+    again = [sample_next(logits, hot, np.random.default_rng(s)) for s in range(200)]
+    assert draws == again and len(set(draws)) > 2  # seeded: reproducible, and it does sample
+    top1 = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=1)
+    assert {sample_next(logits, top1, np.random.default_rng(s)) for s in range(50)} == {1}
+    nucleus = SamplingParams(max_new_tokens=1, temperature=1.0, top_p=0.6)
+    assert {sample_next(logits, nucleus, np.random.default_rng(s)) for s in range(100)} == {1, 2}
+
+
+def test_stop_split_holds_back_partial_stops():
+    assert stop_split("hello wor", ["world"]) == (6, False)
+    assert stop_split("hello world!", ["world"]) == (6, True)
+    assert stop_split("abc", []) == (3, False)
+    assert stop_split("a\nb", ["\n", "b"]) == (1, True)
+
+
+def test_text_stream_never_splits_a_character_or_leaks_a_stop():
+    s = TextStream(CharTokenizer(), ("cd",))
+    assert s.push(0) == "a"
+    assert s.push(10) == ""  # incomplete character held back
+    assert s.push(1) == "\ufffdb"
+    assert s.push(2) == ""  # "c" could start "cd"
+    assert s.push(3) == "" and s.stopped  # "cd" is a stop: never emitted
+    t = TextStream(CharTokenizer(), ("cd",))
+    t.push(2)
+    assert t.finish() == "c"  # at the end the held-back tail is released
+
+
+def test_kv_batch_left_pads_joins_and_trims():
+    batch = KVBatch()
+    row = lambda n, v: [np.full((1, 1, n, 1), v, np.float32)]  # noqa: E731
+    a, b = make([1]), make([2])
+    batch.add(a, row(2, 1.0), 2, 5)
+    batch.add(b, row(4, 2.0), 4, 6)
+    assert batch.mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
+    assert batch.past[0][0, 0, :, 0].tolist() == [0, 0, 1, 1]
+    assert batch.positions.tolist() == [2, 4] and batch.last.tolist() == [5, 6]
+    batch.remove([1])
+    assert batch.mask.tolist() == [[1, 1]]  # columns nobody attends are trimmed
+    assert batch.past[0].shape == (1, 1, 2, 1) and batch.rows == [a]
+    batch.remove([0])
+    assert len(batch) == 0
+
+
+def run_alone(prompt, max_new=6):
+    sched = Scheduler(toy_step, empty_past, [EOS], max_running=1, max_queue=4)
+    seq = make(prompt, max_new)
+    sched.submit(seq)
+    sched.run_until_idle()
+    return seq.tokens
+
+
+def test_in_flight_batching_is_invariant_to_batch_company_and_join_time():
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 2, 1], [3, 3]]
+    alone = [run_alone(p) for p in prompts]
+    sched = Scheduler(toy_step, empty_past, [EOS], max_running=3, max_queue=8)
+    seqs = [make(p, 6) for p in prompts[:2]]
+    for s in seqs:
+        sched.submit(s)
+    sched.step()
+    sched.step()  # the first two are decoding; the others join mid-flight
+    for p in prompts[2:]:
+        seqs.append(make(p, 6))
+        sched.submit(seqs[-1])
+    sched.run_until_idle()
+    assert [s.tokens for s in seqs] == alone
+    assert max(sched.batch_sizes) == 3  # bounded by max_running
+    assert all(len(t) == 6 for t in alone)
+
+
+def test_exactly_one_final_output_per_request_and_stop_reasons():
+    out: list = []
+    sched = Scheduler(toy_step, empty_past, [EOS], max_running=4, max_queue=4)
+    seqs = [make([1, 2], 4, out=out), make([3], 2, out=out, stop=("xyz",))]
+    for s in seqs:
+        sched.submit(s)
+    sched.run_until_idle()
+    for s in seqs:
+        finals = [r for i, _, r in out if i == s.id and r is not None]
+        assert finals == [FINISH_LENGTH]
+        text = "".join(t for i, t, _ in out if i == s.id)
+        assert text == CharTokenizer().decode(s.tokens)
+    stopper = make([1, 2], 10, out=out, stop=(CharTokenizer().decode(seqs[0].tokens[1:2]),))
+    sched.submit(stopper)
+    sched.run_until_idle()
+    assert [r for i, _, r in out if i == stopper.id and r] == [FINISH_STOP]
+
+
+def test_overload_and_cancellation_and_close():
+    out: list = []
+    sched = Scheduler(toy_step, empty_past, [EOS], max_running=1, max_queue=1)
+    flag = {"cancel": False}
+    first = make([1], 20, out=out, cancelled=lambda: flag["cancel"])
+    second = make([2], 20, out=out)
+    sched.submit(first)
+    sched.step()  # first runs; the queue is empty again
+    sched.submit(second)
+    with pytest.raises(StageUnavailableError, match="overloaded"):
+        sched.submit(make([3], 2))
+    flag["cancel"] = True
+    sched.step()  # the cancelled one leaves within one step; the queued one takes its slot
+    assert [r for i, _, r in out if i == first.id and r] == ["error"]
+    assert sched.batch.rows == [second]
+    sched.close()
+    errors = [e for i, e, r in out if i == second.id and r == "error"]
+    assert len(errors) == 1 and isinstance(errors[0], StageUnavailableError)
+    with pytest.raises(StageUnavailableError, match="shutting down"):
+        sched.submit(make([1]))
+
+
+def test_render_prompt_uses_the_chat_template_only_when_asked():
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<a>"
+    assert render_prompt("hi", template, True) == "<user>hi<a>"
+    assert render_prompt("hi", template, False) == "hi"
+    assert render_prompt("hi", None, True) == "hi"
+
+
+def test_prefills_are_batched_within_the_padded_token_budget() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def counting(ids, mask, positions, past):
+        if past[0].shape[2] == 0:
+            calls.append(ids.shape)
+        return toy_step(ids, mask, positions, past)
+
+    prompts = [[1, 2], [3, 4, 5], [6] * 9, [2]]
+    alone = [run_alone(p, 3) for p in prompts]
+    sched = Scheduler(counting, empty_past, [EOS], max_running=8, max_queue=8, max_prefill_tokens=9)
+    seqs = [make(p, 3) for p in prompts]
+    for s in seqs:
+        sched.submit(s)
+    sched.run_until_idle()
+    assert [s.tokens for s in seqs] == alone
+    assert calls == [
+        (2, 3),
+        (1, 9),
+        (1, 1),
+    ]  # 2 x 3 fits 9 tokens; 3 x 9 does not; the long one alone

@@ -1,0 +1,64 @@
+"""An exported KV-cache decoder (ONNX) run with ONNX Runtime: the step function of
+:class:`tritonforge.generation.Scheduler`. Names and shapes are read from the graph, never
+restated: past inputs are ``past_key_values.<i>.key|value`` and presents ``present.<i>.*``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tritonforge.errors import ModelConfigError
+
+INPUT_IDS, ATTENTION_MASK, POSITION_IDS, LOGITS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "logits",
+)
+PAST_PREFIX, PRESENT_PREFIX = "past_key_values.", "present."
+
+
+def past_names(layers: int) -> list[str]:
+    return [f"{PAST_PREFIX}{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+
+
+def present_names(layers: int) -> list[str]:
+    return [f"{PRESENT_PREFIX}{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+
+
+class OrtDecoder:
+    """``step(ids, mask, positions, past) -> (logits, presents)`` over an ONNX decoder."""
+
+    def __init__(self, path: Path, intra_op_threads: int = 1) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        self.layers = sum(1 for n in inputs if n.startswith(PAST_PREFIX)) // 2
+        self.past = past_names(self.layers)
+        missing = [
+            n for n in (INPUT_IDS, ATTENTION_MASK, POSITION_IDS, *self.past) if n not in inputs
+        ]
+        if missing or not self.layers:
+            raise ModelConfigError(f"{path}: not a KV-cache decoder; missing inputs {missing}")
+        shape = inputs[self.past[0]].shape  # [batch, kv_heads, past, head_dim]
+        self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
+        self.outputs = [LOGITS, *present_names(self.layers)]
+        self.vocab_size = int(self.session.get_outputs()[0].shape[-1])
+
+    def empty_past(self, batch: int = 1) -> list[np.ndarray]:
+        shape = (batch, self.kv_heads, 0, self.head_dim)
+        return [np.zeros(shape, np.float32) for _ in self.past]
+
+    def __call__(
+        self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[np.ndarray]
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        feed = {INPUT_IDS: ids, ATTENTION_MASK: mask, POSITION_IDS: positions}
+        feed.update(zip(self.past, past, strict=True))
+        logits, *presents = self.session.run(self.outputs, feed)
+        return logits, presents

@@ -1,0 +1,118 @@
+"""The ``generate`` model's engine outside Triton: artifacts from a model version directory and
+the config's parameters -> a running :class:`Scheduler` plus request building (prompt
+rendering, tokenizing, limits). ``model.py`` only moves tensors in and out; the in-process
+benchmark and the tests drive the same engine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tritonforge.decoder import OrtDecoder
+from tritonforge.errors import InvalidInputError
+from tritonforge.generation import (
+    ErrorFn,
+    Generation,
+    GenerationLimits,
+    OutputFn,
+    Scheduler,
+    TextStream,
+    parse_sampling,
+    render_prompt,
+)
+from tritonforge.integrity import verify_sidecar
+from tritonforge.modelconfig import ModelConfig
+
+
+class GenerateEngine:
+    """Load the decoder variant named by ``parameters.variant``, the tokenizer and the chat
+    template (each checked against its sidecar), and own the scheduler."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        version_dir: Path,
+        variant: str | None = None,
+        on_step: Callable[[int, int], None] | None = None,
+    ) -> None:
+        from tokenizers import Tokenizer
+
+        variant = variant or config.param("variant", "fp32")
+        key = {"fp32": "decoder_file", "int8": "int8_decoder_file"}.get(variant)
+        if key is None:
+            raise InvalidInputError(f"variant must be fp32 or int8, got {variant!r}")
+        decoder_path = version_dir / config.param(key, kind=str)
+        tokenizer_path = version_dir / config.param("tokenizer_file", kind=str)
+        meta_path = version_dir / config.param("generation_file", kind=str)
+        for path in (decoder_path, tokenizer_path, meta_path):
+            verify_sidecar(path, required=True)  # written by `make export`
+        self.name, self.variant = config.name, variant
+        meta = json.loads(meta_path.read_text())
+        self.chat_template: str | None = meta.get("chat_template")
+        self.eos_ids: list[int] = list(meta["eos_token_ids"])
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self.decoder = OrtDecoder(decoder_path, config.param("intra_op_threads", 1, int))
+        self.limits = GenerationLimits(
+            max_prompt_tokens=config.param("max_prompt_tokens", kind=int),
+            max_new_tokens_limit=config.param("max_new_tokens_limit", kind=int),
+            default_max_new_tokens=config.param("default_max_new_tokens", kind=int),
+        )
+        self.scheduler = Scheduler(
+            self.decoder,
+            self.decoder.empty_past,
+            self.eos_ids,
+            max_running=config.param("max_running", kind=int),
+            max_queue=config.param("max_queue", kind=int),
+            on_step=on_step,
+        )
+        self.seeds = np.random.SeedSequence()
+
+    def prompt_ids(self, text: str, chat_template: bool) -> list[int]:
+        """Token ids of the prompt; :class:`InvalidInputError` naming ``text_input`` when it is
+        empty or longer than ``max_prompt_tokens``."""
+        prompt = render_prompt(text, self.chat_template, chat_template)
+        ids = list(self.tokenizer.encode(prompt, add_special_tokens=False).ids)
+        if not ids:
+            raise InvalidInputError("text_input: the prompt is empty")
+        if len(ids) > self.limits.max_prompt_tokens:
+            raise InvalidInputError(
+                f"text_input: the prompt has {len(ids)} tokens, more than max_prompt_tokens "
+                f"{self.limits.max_prompt_tokens}"
+            )
+        return ids
+
+    def build(
+        self,
+        text: str,
+        values: Mapping[str, Any],
+        on_output: OutputFn,
+        on_error: ErrorFn,
+        is_cancelled: Any = lambda: False,
+    ) -> Generation:
+        params = parse_sampling(values, self.limits)
+        seed = params.seed if params.seed is not None else self.seeds.spawn(1)[0]
+        return Generation(
+            self.prompt_ids(text, params.chat_template),
+            params,
+            TextStream(self.tokenizer, params.stop),
+            on_output=on_output,
+            on_error=on_error,
+            is_cancelled=is_cancelled,
+            rng=np.random.default_rng(seed),
+        )
+
+    def warmup(self, text: str) -> None:
+        """One short generation on the calling thread (before :meth:`start`)."""
+        seq = self.build(text, {"max_tokens": 2}, lambda *_: None, lambda *_: None)
+        self.scheduler.submit(seq)
+        self.scheduler.run_until_idle()
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def close(self) -> None:
+        self.scheduler.close()
