@@ -71,19 +71,19 @@ test-integration: $(STAMP)  ## integration tests only (real embedded Triton)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 bench: export  ## throughput/latency table: in-process limit vs FastAPI vs Triton pipelines (Locust + perf_analyzer)
-	@$(PY) -m loadtest.perf_analyzer path >/dev/null 2>&1 || $(PY) -m loadtest.perf_analyzer install
+	@$(PY) -m tritonforge.loadtest.perf_analyzer path >/dev/null 2>&1 || $(PY) -m tritonforge.loadtest.perf_analyzer install
 	$(TF) bench --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
-	$(PY) -m loadtest.bench_generate --model-repository $(REPO)
+	$(PY) -m tritonforge.loadtest.bench_generate --model-repository $(REPO)
 
 loadtest: export  ## bounded Locust run with SLO gates (embedded server, or URL=host:8000 of a running one)
 	$(TF) loadtest --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
 
 loadtest-generate: export  ## bounded Locust run of streaming generation users (TTFT/ITL SLO gates)
-	$(PY) -m loadtest.generate_run --model-repository $(REPO) $(if $(URL),--url $(URL))
+	$(PY) -m tritonforge.loadtest.generate_run --model-repository $(REPO) $(if $(URL),--url $(URL))
 
 soak: export  ## bounded leak soak (RSS and /dev/shm curves)
 	$(TF) soak --model-repository $(REPO)
-	$(PY) -m loadtest.soak_generate --model-repository $(REPO)
+	$(PY) -m tritonforge.loadtest.soak_generate --model-repository $(REPO)
 
 deploy-check: $(STAMP)  ## offline checks of docker-compose.yml, deploy/k8s, GPU configs and image pins
 	$(TF) deploy-check
@@ -92,7 +92,7 @@ gpu-check: $(STAMP)  ## on a GPU host with onnxruntime-gpu: exported ONNX encode
 	$(TF) gpu-check --model-repository $(REPO)
 
 perf: $(STAMP)  ## perf_analyzer input data for every public model + perf_analyzer against a running server (GRPC_URL=host:8001; admin key from TRITONFORGE_ADMIN_KEY)
-	@$(PY) -m loadtest.perf_analyzer path >/dev/null || $(PY) -m loadtest.perf_analyzer install
+	@$(PY) -m tritonforge.loadtest.perf_analyzer path >/dev/null || $(PY) -m tritonforge.loadtest.perf_analyzer install
 	$(TF) perf --model-repository $(REPO) $(if $(GRPC_URL),--url $(GRPC_URL))
 
 gate: export  ## CI gates: served == PyTorch for every pipeline, GPU parity (skips without a GPU), bench ratios vs deploy/perf-baseline.json (BENCH_JSON=... skips the bench run)

@@ -1,11 +1,11 @@
-"""Command line: ``python -m client embed|similarity|health``, printing JSON on stdout.
+"""Command line: ``python -m tritonforge.client embed|similarity|health``, printing JSON on stdout.
 
 Examples::
 
-    python -m client embed "hello world" "second text" --protocol grpc
-    python -m client similarity "a cat sat on the mat" "a kitten sits on a rug"
-    python -m client health --url localhost:8000
-    python -m client generate "What is the capital of France?" --stream --max-tokens 32
+    python -m tritonforge.client embed "hello world" "second text" --protocol grpc
+    python -m tritonforge.client similarity "a cat sat on the mat" "a kitten sits on a rug"
+    python -m tritonforge.client health --url localhost:8000
+    python -m tritonforge.client generate "What is the capital of France?" --stream --max-tokens 32
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from client.errors import ClientError
-from client.settings import PIPELINES, PROTOCOLS, VARIANTS, ClientSettings, route
-from client.sync import EmbeddingClient
+from tritonforge.client.errors import ClientError
+from tritonforge.client.settings import PIPELINES, PROTOCOLS, VARIANTS, ClientSettings, route
+from tritonforge.client.sync import EmbeddingClient
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -92,7 +92,7 @@ def cmd_health(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_generate(args: argparse.Namespace) -> dict[str, Any] | None:
     """Streamed: print chunks as they arrive (then a newline); otherwise JSON."""
-    from client.generate import GenerateClient
+    from tritonforge.client.generate import GenerateClient
 
     sampling = {
         "max_tokens": args.max_tokens,
@@ -133,7 +133,7 @@ def _generate_parser(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m client",
+        prog="python -m tritonforge.client",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

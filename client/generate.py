@@ -1,7 +1,7 @@
 """Streaming text generation against the decoupled ``generate`` model, over gRPC (bidirectional
 stream) or HTTP (Triton's ``generate_stream`` extension, server-sent events).
 
-    from client.generate import GenerateClient
+    from tritonforge.client.generate import GenerateClient
     with GenerateClient("localhost:8001", protocol="grpc") as c:
         for chunk in c.generate("What is the capital of France?", max_tokens=16):
             print(chunk, end="", flush=True)
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from client.errors import (
+from tritonforge.client.errors import (
     ClientError,
     DeadlineExceededError,
     InvalidRequestError,
@@ -35,8 +35,8 @@ from client.errors import (
     ServerError,
     ServerUnavailableError,
 )
-from client.retry import translate
-from client.settings import ClientSettings
+from tritonforge.client.retry import translate
+from tritonforge.client.settings import ClientSettings
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 
 DEFAULT_MODEL = "generate"
@@ -232,7 +232,7 @@ def http_body(prompt: str, params: dict[str, Any], stop: list[str]) -> dict[str,
 
 
 def _http_status(code: int, body: str, context: str) -> ClientError:
-    from client.retry import _from_status
+    from tritonforge.client.retry import _from_status
 
     try:
         message = str(json.loads(body).get("error", body))

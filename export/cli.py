@@ -1,5 +1,5 @@
-"""``python -m export <spec> [--format onnx|torchscript|all] [--quantize int8] [--version N]``
-and ``python -m export clean``."""
+"""``python -m tritonforge.export <spec> [--format onnx|torchscript|all] [--quantize int8] [--version N]``
+and ``python -m tritonforge.export clean``."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from export.decoder.config import clean_decoders
-from export.errors import ExportError
-from export.pipeline import FORMATS, Options, run_export
-from export.repository import clean
-from export.specs import DECODERS, REGISTRY, get_spec
+from tritonforge.export.decoder.config import clean_decoders
+from tritonforge.export.errors import ExportError
+from tritonforge.export.pipeline import FORMATS, Options, run_export
+from tritonforge.export.repository import clean
+from tritonforge.export.specs import DECODERS, REGISTRY, get_spec
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m export", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m tritonforge.export", description=__doc__)
     p.add_argument(
         "spec",
         help=f"a registered spec ({', '.join(sorted([*REGISTRY, *DECODERS]))}) or 'clean'",
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"==> [export clean] removed {len(removed)} item(s): {', '.join(removed) or '-'}")
             return 0
         if args.spec in DECODERS:
-            from export.decoder.pipeline import run_decoder_export
+            from tritonforge.export.decoder.pipeline import run_decoder_export
 
             spec = DECODERS[args.spec]()
             run_decoder_export(spec, args.model_repository, args.quantize == "int8", args.force)

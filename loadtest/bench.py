@@ -1,4 +1,4 @@
-"""``python -m loadtest.bench`` (``make bench``): in-process limit vs FastAPI vs our Triton pipelines.
+"""``python -m tritonforge.loadtest.bench`` (``make bench``): in-process limit vs FastAPI vs our Triton pipelines.
 
 One run, one machine, closed-loop load (no think time), 1 text per request:
 
@@ -40,10 +40,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from client.settings import route
-from loadtest import corpus
-from loadtest.run import exit_on_sigterm, locust_command
-from runtime.server import ADMIN_HEADER, free_port, serving
+from tritonforge.client.settings import route
+from tritonforge.loadtest import corpus
+from tritonforge.loadtest.run import exit_on_sigterm, locust_command
+from tritonforge.runtime.server import ADMIN_HEADER, free_port, serving
 
 HERE = Path(__file__).resolve().parent
 NO_SLO = ["--slo-p95-ms", "1e9", "--slo-p99-ms", "1e9", "--slo-min-rps", "0"]
@@ -238,7 +238,7 @@ def run_perf_analyzer_cell(
     headers: dict[str, str],
 ) -> Cell:
     """One bounded perf_analyzer run (C++ client, far cheaper than Locust on 2 cores)."""
-    from loadtest import perf_analyzer
+    from tritonforge.loadtest import perf_analyzer
 
     model, parameters = route(target.pipeline, target.variant)
     cpu0, t0 = _children_cpu_s(), time.monotonic()
@@ -298,7 +298,7 @@ def fastapi_service() -> Iterator[str]:
         [
             sys.executable,
             "-m",
-            "loadtest.fastapi_app",
+            "tritonforge.loadtest.fastapi_app",
             "--host",
             "127.0.0.1",
             "--port",
@@ -320,7 +320,7 @@ def fastapi_service() -> Iterator[str]:
 
 def load_embedders(repo: Path, variants: Sequence[str]) -> dict[str, Any]:
     """One in-process embedder per variant whose ONNX file exists."""
-    from loadtest.inprocess import InProcessEmbedder, tokenizer_path
+    from tritonforge.loadtest.inprocess import InProcessEmbedder, tokenizer_path
 
     embedders: dict[str, Any] = {}
     for variant in variants:
@@ -335,7 +335,7 @@ def load_embedders(repo: Path, variants: Sequence[str]) -> dict[str, Any]:
 def measure_inprocess(
     embedders: dict[str, Any], texts: Sequence[str], duration_s: float
 ) -> list[dict[str, Any]]:
-    from loadtest.inprocess import measure
+    from tritonforge.loadtest.inprocess import measure
 
     results = []
     for variant, embedder in embedders.items():
@@ -678,7 +678,7 @@ def _csv(value: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m loadtest.bench",
+        prog="python -m tritonforge.loadtest.bench",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -765,11 +765,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 server_pid = server.pid
             plan += targets
         if any(t.generator == "perf_analyzer" for t in plan):
-            from loadtest import perf_analyzer
+            from tritonforge.loadtest import perf_analyzer
 
             if perf_analyzer.binary() is None:
                 print(
-                    "   perf_analyzer is not installed (python -m loadtest.perf_analyzer install): "
+                    "   perf_analyzer is not installed (python -m tritonforge.loadtest.perf_analyzer install): "
                     "its cells are reported as failed"
                 )
         embedders = (

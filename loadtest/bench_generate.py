@@ -8,7 +8,7 @@
 
 Per cell: aggregate output tokens/s, time to first token (p50/p99), inter-token latency (p50),
 request latency (p50/p99). Ratios are printed against the targets of issue 13, and everything is
-written to ``reports/bench_generate.json``. ``python -m loadtest.bench_generate [--quick]``.
+written to ``reports/bench_generate.json``. ``python -m tritonforge.loadtest.bench_generate [--quick]``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime.server import EmbeddedServer, ServerSettings, free_port
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.runtime.server import EmbeddedServer, ServerSettings, free_port
 
 HERE = Path(__file__).resolve().parent
 PROMPTS = (
@@ -175,7 +175,7 @@ def inprocess_target(model_dir: Path) -> tuple[StreamFn, Any, float]:
 
 
 def client_stream(url: str, protocol: str, timeout_s: float = 300) -> StreamFn:
-    from client.generate import GenerateClient
+    from tritonforge.client.generate import GenerateClient
 
     c = GenerateClient(url, protocol=protocol, timeout_s=timeout_s)
 
@@ -200,7 +200,7 @@ def fastapi_generate_service() -> Iterator[str]:
     """The FastAPI + transformers baseline in its own process; yields its host:port."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loadtest.generate_fastapi_app", "--port", str(port)],
+        [sys.executable, "-m", "tritonforge.loadtest.generate_fastapi_app", "--port", str(port)],
         cwd=HERE.parent,
     )
     try:
@@ -265,7 +265,9 @@ def targets(cells: Sequence[Cell], prefill_ms: float, top: int) -> list[dict[str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench_generate", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m tritonforge.loadtest.bench_generate", description=__doc__
+    )
     p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--max-tokens", type=int, default=32)

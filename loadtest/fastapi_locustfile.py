@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 from locust import FastHttpUser, constant, task
 
-from loadtest.locust_common import bounded_network_timeout, next_texts
-from loadtest.slo import ValidationError, validate
+from tritonforge.loadtest.locust_common import bounded_network_timeout, next_texts
+from tritonforge.loadtest.slo import ValidationError, validate
 
 
 class FastApiUser(FastHttpUser):

@@ -2,7 +2,7 @@
 transformers ``generate`` with a ``TextIteratorStreamer``, one generate thread per request (no
 batching), streaming server-sent events.
 
-``python -m loadtest.generate_fastapi_app --port 8090`` serves
+``python -m tritonforge.loadtest.generate_fastapi_app --port 8090`` serves
 ``POST /v2/models/generate/generate_stream {"text_input": ..., "parameters": {"max_tokens": N}}``
 with the same event format as Triton's generate extension (so one client measures both), and
 ``GET /health``.
@@ -22,8 +22,8 @@ import uvicorn
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
 
-from export.decoder.load import load_gguf, package_file
-from export.specs.smollm2 import smollm2_spec
+from tritonforge.export.decoder.load import load_gguf, package_file
+from tritonforge.export.specs.smollm2 import smollm2_spec
 from tritonforge.generation import FINISH_LENGTH, FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 
 
@@ -71,7 +71,7 @@ def create_app() -> FastAPI:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.generate_fastapi_app")
+    parser = argparse.ArgumentParser(prog="python -m tritonforge.loadtest.generate_fastapi_app")
     parser.add_argument("--host", default=os.environ.get("TRITONFORGE_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("FASTAPI_PORT", "8090")))
     args = parser.parse_args(argv)

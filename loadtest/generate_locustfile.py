@@ -19,8 +19,8 @@ from typing import Any
 from locust import HttpUser, events, task
 from locust.env import Environment
 
-from loadtest.generate_slo import GenerationSlos, StreamSample, check, summarize
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
+from tritonforge.loadtest.generate_slo import GenerationSlos, StreamSample, check, summarize
 
 log = logging.getLogger("tritonforge.loadtest.generate")
 PROMPTS = (

@@ -1,4 +1,4 @@
-"""``python -m loadtest.generate_run``: a bounded headless Locust run of streaming generation
+"""``python -m tritonforge.loadtest.generate_run``: a bounded headless Locust run of streaming generation
 users with SLO gates (exit 1 naming each breach). Starts the embedded Triton with only the
 ``generate`` model unless ``--url`` names a running server. SLO flags pass through to
 :mod:`loadtest.generate_locustfile` (``--slo-ttft-p95-ms`` ...)."""
@@ -12,9 +12,9 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from client.settings import normalize_url
-from loadtest.run import exit_on_sigterm, locust_command
-from runtime.server import serving
+from tritonforge.client.settings import normalize_url
+from tritonforge.loadtest.run import exit_on_sigterm, locust_command
+from tritonforge.runtime.server import serving
 
 LOCUSTFILE = Path(__file__).resolve().parent / "generate_locustfile.py"
 
@@ -30,7 +30,9 @@ def http_target(url: str | None, repo: Path) -> Iterator[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.generate_run", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m tritonforge.loadtest.generate_run", description=__doc__
+    )
     p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     p.add_argument("--url", default=os.environ.get("TRITONFORGE_LOADTEST_URL") or None)
     p.add_argument("--users", type=int, default=4)

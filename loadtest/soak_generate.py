@@ -1,4 +1,4 @@
-"""``python -m loadtest.soak_generate``: RSS of the ``generate`` stub and tritonserver over
+"""``python -m tritonforge.loadtest.soak_generate``: RSS of the ``generate`` stub and tritonserver over
 ``--generations`` short streamed generations (default 2000, ``--concurrency`` gRPC streams).
 Fails (exit 1) when a process grows by ``--max-growth-mb`` or more per 10k generations over the
 second half of the run (the KV batch is rebuilt every step; a leak would be sustained).
@@ -13,15 +13,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from client.generate import GenerateClient
-from loadtest.soak import growth_per_10k, measure
-from runtime.server import serving
+from tritonforge.client.generate import GenerateClient
+from tritonforge.loadtest.soak import growth_per_10k, measure
+from tritonforge.runtime.server import serving
 
 PROMPTS = ("Hi", "Name a fruit.", "What is 2 + 2?", "Say something kind about Mondays.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.soak_generate", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m tritonforge.loadtest.soak_generate", description=__doc__
+    )
     p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     p.add_argument("--generations", type=int, default=2000)
     p.add_argument("--concurrency", type=int, default=8)

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.server import EmbeddedServer
 from tritonforge.env import env_float
+from tritonforge.runtime.server import EmbeddedServer
 from tritonforge.text import cosine_matrix, nearest_neighbours
 
 SENTENCES = (
@@ -76,7 +76,7 @@ GENERATE_MODEL = "generate"
 def stream_answer(server: EmbeddedServer, prompt: str = GENERATE_PROMPT) -> str:
     """Stream a greedy answer from the ``generate`` model over gRPC, printing chunks as they
     arrive; returns the text."""
-    from client.generate import GenerateClient
+    from tritonforge.client.generate import GenerateClient
 
     client = GenerateClient(server.grpc_url, "grpc", model=GENERATE_MODEL, timeout_s=TIMEOUT_S)
     print(f"==> {GENERATE_MODEL} (decoupled, gRPC stream): {prompt!r}\n    ", end="", flush=True)

@@ -44,7 +44,7 @@ from aiohttp import web
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
-from runtime.errors import FrontError, ServerStartError
+from tritonforge.runtime.errors import FrontError, ServerStartError
 
 ADMIN_HEADER = "x-tritonforge-admin"
 GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # how Triton prefixes gRPC keys
@@ -551,7 +551,7 @@ class Front:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m runtime front``: the front alone, before a tritonserver started elsewhere with
+    """``python -m tritonforge.runtime front``: the front alone, before a tritonserver started elsewhere with
     ``--http-address=unix:<dir>/http.sock --grpc-address=unix:<dir>/grpc.sock --grpc-port=1``
     (a sidecar sharing ``<dir>``, e.g. in Kubernetes). The admin key comes from the environment
     variable named by ``--admin-key-env`` (never from the command line)."""
@@ -559,7 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     import os
     import signal
 
-    p = argparse.ArgumentParser(prog="python -m runtime front", description=main.__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m tritonforge.runtime front", description=main.__doc__
+    )
     p.add_argument("--host", default=os.environ.get("TRITONFORGE_HOST", "127.0.0.1"))
     p.add_argument(
         "--http-port", type=int, default=int(os.environ.get("TRITONFORGE_HTTP_PORT", 8000))

@@ -1,4 +1,4 @@
-"""What the front costs: ``python -m runtime.front_bench [--requests N]``.
+"""What the front costs: ``python -m tritonforge.runtime.front_bench [--requests N]``.
 
 Serves the same repository twice, behind the front and with Triton on the TCP ports itself
 (``front=False``), and times sequential requests (1 client) to ``embed`` over HTTP and gRPC,
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 
 TEXT = "the front must cost as little latency as possible"
 

@@ -1,6 +1,6 @@
 """Start, watch and stop the embedded tritonserver.
 
-:class:`EmbeddedServer` is both what ``python -m runtime serve`` runs and the context manager the
+:class:`EmbeddedServer` is both what ``python -m tritonforge.runtime serve`` runs and the context manager the
 tests use: free ports, a readiness poll that reports model load errors by name, and a teardown
 that waits for the process group to exit and removes its shared-memory regions.
 """
@@ -29,17 +29,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import NoReturn
 
-from runtime.errors import ModelLoadError, ServerStartError
-from runtime.front import ADMIN_HEADER, GRPC_ADMIN_HEADER, Front, FrontLimits
-from runtime.locate import (
+from tritonforge.drain import fetch_metrics, wait_until_quiet
+from tritonforge.env import env_int
+from tritonforge.runtime.errors import ModelLoadError, ServerStartError
+from tritonforge.runtime.front import ADMIN_HEADER, GRPC_ADMIN_HEADER, Front, FrontLimits
+from tritonforge.runtime.locate import (
     PYTHONPATH_ENV,
     assemble_backend_dir,
     find_triton,
     library_path,
     venv_paths,
 )
-from tritonforge.drain import fetch_metrics, wait_until_quiet
-from tritonforge.env import env_int
 
 SHM_DIR = Path("/dev/shm")
 ADMIN_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
@@ -311,7 +311,7 @@ class EmbeddedServer:
             self.stop()
             raise
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-m", "runtime.watchdog", str(self._proc.pid), self.shm_prefix,
+            [sys.executable, "-m", "tritonforge.runtime.watchdog", str(self._proc.pid), self.shm_prefix,
              str(self._workdir), str(self.socket_dir)],
             stdin=subprocess.PIPE,
             cwd=Path(__file__).resolve().parent.parent,

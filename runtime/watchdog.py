@@ -1,4 +1,4 @@
-"""Launcher-death watchdog: ``python -m runtime.watchdog PGID SHM_PREFIX DIR...``.
+"""Launcher-death watchdog: ``python -m tritonforge.runtime.watchdog PGID SHM_PREFIX DIR...``.
 
 Started by :class:`runtime.server.EmbeddedServer` for each tritonserver it launches, in its own
 session, with a pipe on stdin whose write end only the launcher holds. The launcher writes ``done``

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from export.decoder.spec import DecoderSpec
+from tritonforge.export.decoder.spec import DecoderSpec
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 
 DECODER_FILE = "decoder.onnx"

@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from export.errors import SpecError
+from tritonforge.export.errors import SpecError
 
 
 def package_file(package: str, filename: str) -> Path:

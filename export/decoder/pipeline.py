@@ -22,18 +22,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from export.decoder import verify
-from export.decoder.config import files, render_config
-from export.decoder.load import load_gguf, package_file
-from export.decoder.module import KVCacheDecoder
-from export.decoder.report import write_report
-from export.decoder.spec import BATCH_AXIS, PAST_AXIS, SEQ_AXIS, TOTAL_AXIS, DecoderSpec
-from export.errors import ExportError, VerificationError
-from export.pipeline import Outcome, Progress, _Steps
-from export.repository import Staging, library_versions, up_to_date
-from export.spec import digest_json
-from export.specs.text import read_sentences
 from tritonforge.decoder import OrtDecoder, past_names, present_names
+from tritonforge.export.decoder import verify
+from tritonforge.export.decoder.config import files, render_config
+from tritonforge.export.decoder.load import load_gguf, package_file
+from tritonforge.export.decoder.module import KVCacheDecoder
+from tritonforge.export.decoder.report import write_report
+from tritonforge.export.decoder.spec import BATCH_AXIS, PAST_AXIS, SEQ_AXIS, TOTAL_AXIS, DecoderSpec
+from tritonforge.export.errors import ExportError, VerificationError
+from tritonforge.export.pipeline import Outcome, Progress, _Steps
+from tritonforge.export.repository import Staging, library_versions, up_to_date
+from tritonforge.export.spec import digest_json
+from tritonforge.export.specs.text import read_sentences
 from tritonforge.generation import render_prompt
 from tritonforge.integrity import sha256_file
 

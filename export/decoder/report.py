@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from export.repository import REPORT_JSON, REPORT_MD
+from tritonforge.export.repository import REPORT_JSON, REPORT_MD
 
 
 def render_markdown(report: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from export.decoder.spec import DecoderSpec
+from tritonforge.export.decoder.spec import DecoderSpec
 from tritonforge.generation import (
     Generation,
     SamplingParams,

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from export.decoder.spec import DecoderSpec
-from export.errors import SpecError
-from export.spec import ExportSpec
+from tritonforge.export.decoder.spec import DecoderSpec
+from tritonforge.export.errors import SpecError
+from tritonforge.export.spec import ExportSpec
 
 SpecFactory = Callable[[], ExportSpec]
 
 
 def _minilm() -> ExportSpec:
-    from export.specs.minilm import minilm_spec
+    from tritonforge.export.specs.minilm import minilm_spec
 
     return minilm_spec()
 
@@ -21,7 +21,7 @@ REGISTRY: dict[str, SpecFactory] = {"minilm": _minilm}
 
 
 def _smollm2() -> DecoderSpec:
-    from export.specs.smollm2 import smollm2_spec
+    from tritonforge.export.specs.smollm2 import smollm2_spec
 
     return smollm2_spec()
 

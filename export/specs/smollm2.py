@@ -3,8 +3,8 @@ Llama architecture (30 layers, 3 KV heads x 64), tokenizer and chat template ins
 
 from __future__ import annotations
 
-from export.decoder import DATA_DIR
-from export.decoder.spec import DecoderSpec, GenerationServing, Int8Gate
+from tritonforge.export.decoder import DATA_DIR
+from tritonforge.export.decoder.spec import DecoderSpec, GenerationServing, Int8Gate
 
 # (batch, past, new): past 0 (prefill) and decode (new 1) at several past lengths.
 GRID = tuple((b, p, s) for b in (1, 3) for p in (0, 1, 17, 70) for s in (1, 5))

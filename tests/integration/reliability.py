@@ -88,7 +88,7 @@ class Load:
 
     def _caller(self) -> tuple[Any, Callable[[str], object]]:
         if self.protocol == "retrying-grpc":
-            from client.sync import EmbeddingClient
+            from tritonforge.client.sync import EmbeddingClient
 
             variant = self.model.removeprefix("embed").removeprefix("_") or "fp32"
             embedder = EmbeddingClient(
@@ -165,7 +165,7 @@ def gzip_bomb(inflated_bytes: int) -> bytes:
 
 @dataclass
 class Launcher:
-    """``python -m runtime serve`` in a subprocess, its output collected."""
+    """``python -m tritonforge.runtime serve`` in a subprocess, its output collected."""
 
     proc: subprocess.Popen[str]
     http_port: int
@@ -203,12 +203,12 @@ def launch(
     env: dict[str, str] | None = None,
     ports: tuple[int, int, int] | None = None,
 ) -> Launcher:
-    from runtime.server import free_port
     from tests.conftest import PROJECT_ROOT
+    from tritonforge.runtime.server import free_port
 
     http_port, grpc_port, metrics_port = ports or (free_port(), free_port(), free_port())
     command = [
-        sys.executable, "-m", "runtime", "serve", "--quiet", "--model-repository", str(repo),
+        sys.executable, "-m", "tritonforge.runtime", "serve", "--quiet", "--model-repository", str(repo),
         "--http-port", str(http_port), "--grpc-port", str(grpc_port),
         "--metrics-port", str(metrics_port), "--health-port", "0", *args,
     ]  # fmt: skip

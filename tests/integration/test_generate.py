@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from client.errors import InvalidRequestError, ServerUnavailableError
-from client.generate import AsyncGenerateClient, GenerateClient
-from runtime.server import EmbeddedServer
 from tests.conftest import PIPELINE_REPOSITORY, ServeFn
+from tritonforge.client.errors import InvalidRequestError, ServerUnavailableError
+from tritonforge.client.generate import AsyncGenerateClient, GenerateClient
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.runtime.server import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 MODEL_DIR = PIPELINE_REPOSITORY / "generate"
@@ -191,7 +191,7 @@ def test_cli_streams_tokens_and_prints_json(pipeline_server: EmbeddedServer) -> 
 
     from tests.conftest import PROJECT_ROOT
 
-    base = [sys.executable, "-m", "client", "generate", PROMPTS[0], "--max-tokens", "4"]
+    base = [sys.executable, "-m", "tritonforge.client", "generate", PROMPTS[0], "--max-tokens", "4"]
     streamed = subprocess.run(
         [*base, "--stream", "--protocol", "grpc", "--url", pipeline_server.grpc_url],
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120, check=True,

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from client.errors import ClientError
-from client.generate import GenerateClient
-from runtime.server import EmbeddedServer, ServerSettings
-from runtime.supervisor import Supervisor
 from tests.integration.reliability import linked_repository
+from tritonforge.client.errors import ClientError
+from tritonforge.client.generate import GenerateClient
+from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.supervisor import Supervisor
 
 pytestmark = pytest.mark.integration
 LONG = "Write a long story about a dragon and a knight."

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.server import EmbeddedServer
 from tests.conftest import PROJECT_ROOT
+from tritonforge.runtime.server import EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def loadtest(server: EmbeddedServer, reports: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
-            sys.executable, "-m", "loadtest.run",
+            sys.executable, "-m", "tritonforge.loadtest.run",
             "--url", server.http_url, "--grpc-url", server.grpc_url,
             "--reports-dir", str(reports), "--users", "2", "--duration-s", "8", *args,
         ],
@@ -72,7 +72,7 @@ def test_bench_smoke_writes_rows_with_ratios_and_reports_a_failed_generator(
     }
     done = subprocess.run(
         [
-            sys.executable, "-m", "loadtest.bench", "--url", pipeline_server.http_url,
+            sys.executable, "-m", "tritonforge.loadtest.bench", "--url", pipeline_server.http_url,
             "--grpc-url", pipeline_server.grpc_url, "--reports-dir", str(tmp_path),
             "--duration-s", "3", "--warmup-s", "1", "--inprocess-s", "1", "--concurrency", "1",
             "--pipelines", "ensemble", "--variants", "fp32", "--locust-protocols", "http",
@@ -127,7 +127,7 @@ def test_a_server_that_never_answers_fails_requests_instead_of_stalling_the_run(
     threading.Thread(target=accept, daemon=True).start()
     port = listener.getsockname()[1]
     samples = tmp_path / "samples.json"
-    from loadtest.run import locust_command
+    from tritonforge.loadtest.run import locust_command
 
     command = locust_command(
         locustfile=PROJECT_ROOT / "loadtest" / "locustfile.py",

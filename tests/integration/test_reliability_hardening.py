@@ -27,10 +27,6 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from runtime.errors import ModelLoadError
-from runtime.front import FrontLimits
-from runtime.server import EmbeddedServer, ServerSettings
-from runtime.supervisor import HealthEndpoint
 from tests.conftest import PIPELINE_REPOSITORY
 from tests.integration.reliability import (
     MINIMAL,
@@ -40,6 +36,10 @@ from tests.integration.reliability import (
     linked_repository,
     text_inputs,
 )
+from tritonforge.runtime.errors import ModelLoadError
+from tritonforge.runtime.front import FrontLimits
+from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.supervisor import HealthEndpoint
 
 pytestmark = pytest.mark.integration
 
@@ -457,14 +457,14 @@ def test_launcher_lifecycle_restarts_isolation_and_no_orphans(tmp_path: Path) ->
 def test_standalone_front_guards_a_triton_started_elsewhere(
     stubs_unchanged: EmbeddedServer,
 ) -> None:
-    """``python -m runtime front`` (the sidecar form) before the running server's sockets."""
-    from runtime.server import free_port
+    """``python -m tritonforge.runtime front`` (the sidecar form) before the running server's sockets."""
+    from tritonforge.runtime.server import free_port
 
     server = stubs_unchanged
     http_port, grpc_port = free_port(), free_port()
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "runtime", "front", "--socket-dir", str(server.socket_dir),
+            sys.executable, "-m", "tritonforge.runtime", "front", "--socket-dir", str(server.socket_dir),
             "--http-port", str(http_port), "--grpc-port", str(grpc_port),
         ],
         cwd=Path(__file__).resolve().parents[2],

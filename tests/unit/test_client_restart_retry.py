@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from client.retry import translate
+from tritonforge.client.retry import translate
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from export.decoder.config import clean_decoders, files, render_config
-from export.specs.smollm2 import smollm2_spec
+from tritonforge.export.decoder.config import clean_decoders, files, render_config
+from tritonforge.export.specs.smollm2 import smollm2_spec
 from tritonforge.modelconfig import ModelConfig
 
 

@@ -10,9 +10,11 @@ import zlib
 
 import pytest
 
-from runtime.cli import main as cli_main
-from runtime.errors import FrontError
-from runtime.front import (
+from tests.integration.reliability import gzip_bomb
+from tritonforge.errors import InvalidInputError
+from tritonforge.runtime.cli import main as cli_main
+from tritonforge.runtime.errors import FrontError
+from tritonforge.runtime.front import (
     GRPC_RESTRICTED,
     HTTP_RESTRICTED,
     MAX_ELEMENTS,
@@ -21,8 +23,6 @@ from runtime.front import (
     inflate,
     json_depth,
 )
-from tests.integration.reliability import gzip_bomb
-from tritonforge.errors import InvalidInputError
 from tritonforge.text import TextLimits, decode_texts
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from client.errors import InvalidRequestError, ServerError, ServerUnavailableError
-from client.generate import Chunk, _sse_event, classify, http_body, sampling_parameters
+from tritonforge.client.errors import InvalidRequestError, ServerError, ServerUnavailableError
+from tritonforge.client.generate import Chunk, _sse_event, classify, http_body, sampling_parameters
 
 
 def test_sse_events_become_chunks_and_errors_are_typed() -> None:

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from loadtest import corpus
-from loadtest.bench import EMPTY_SUMMARY, Cell, Target, aggregate, analyse, table
-from loadtest.slo import SloThresholds, ValidationError, check_slos, summarize, validate
+from tritonforge.loadtest import corpus
+from tritonforge.loadtest.bench import EMPTY_SUMMARY, Cell, Target, aggregate, analyse, table
+from tritonforge.loadtest.slo import SloThresholds, ValidationError, check_slos, summarize, validate
 
 LIMITS = SloThresholds(p95_ms=100, p99_ms=200, min_rps=10, max_fail_ratio=0.01)
 
