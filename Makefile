@@ -85,7 +85,7 @@ gpu-check: $(STAMP)  ## on a GPU host with onnxruntime-gpu: exported ONNX encode
 	$(TF) gpu-check --model-repository $(REPO)
 
 perf: $(STAMP)  ## perf_analyzer input data for every public model + perf_analyzer against a running server (GRPC_URL=host:8001; admin key from TRITONFORGE_ADMIN_KEY)
-	@$(PY) -m loadtest.perf_analyzer path >/dev/null || $(PY) -m loadtest.perf_analyzer install
+	@$(PY) -m tritonforge.loadtest.perf_analyzer path >/dev/null || $(PY) -m tritonforge.loadtest.perf_analyzer install
 	$(TF) perf --model-repository $(REPO) $(if $(GRPC_URL),--url $(GRPC_URL))
 
 gate: export  ## CI gates: served == PyTorch for every pipeline, GPU parity (skips without a GPU), bench ratios vs deploy/perf-baseline.json (BENCH_JSON=... skips the bench run)

@@ -1,12 +1,12 @@
 """Typed embedding client for tritonforge's Triton pipelines (HTTP or gRPC, sync or asyncio).
 
-from client import EmbeddingClient
+from tritonforge.client import EmbeddingClient
 with EmbeddingClient("localhost:8000") as c:
     vectors = c.embed(["hello", "world"])          # np.ndarray [2, 384], unit-norm rows
 """
 
-from client.aio import AsyncEmbeddingClient
-from client.errors import (
+from tritonforge.client.aio import AsyncEmbeddingClient
+from tritonforge.client.errors import (
     ClientError,
     ConnectionFailedError,
     DeadlineExceededError,
@@ -16,9 +16,9 @@ from client.errors import (
     ServerError,
     ServerUnavailableError,
 )
-from client.retry import RetryPolicy, translate
-from client.settings import ClientSettings, route
-from client.sync import EmbeddingClient
+from tritonforge.client.retry import RetryPolicy, translate
+from tritonforge.client.settings import ClientSettings, route
+from tritonforge.client.sync import EmbeddingClient
 
 __all__ = [
     "AsyncEmbeddingClient",

@@ -1,6 +1,6 @@
-"""``python -m client``: see :mod:`client.cli`."""
+"""``python -m tritonforge.client``: see :mod:`client.cli`."""
 
-from client.cli import main
+from tritonforge.client.cli import main
 from tritonforge.env import run_main
 
 raise SystemExit(run_main(main))

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from client.errors import ConnectionFailedError
-from client.retry import call_with_retry_async, translate
-from client.settings import ClientSettings, route
-from client.sync import settings_from
-from client.wire import (
+from tritonforge.client.errors import ConnectionFailedError
+from tritonforge.client.retry import call_with_retry_async, translate
+from tritonforge.client.settings import ClientSettings, route
+from tritonforge.client.sync import settings_from
+from tritonforge.client.wire import (
     check_texts,
     chunks,
     decode,

@@ -1,10 +1,10 @@
-"""Command line: ``python -m client embed|similarity|health``, printing JSON on stdout.
+"""Command line: ``python -m tritonforge.client embed|similarity|health``, printing JSON on stdout.
 
 Examples::
 
-    python -m client embed "hello world" "second text" --protocol grpc
-    python -m client similarity "a cat sat on the mat" "a kitten sits on a rug"
-    python -m client health --url localhost:8000
+    python -m tritonforge.client embed "hello world" "second text" --protocol grpc
+    python -m tritonforge.client similarity "a cat sat on the mat" "a kitten sits on a rug"
+    python -m tritonforge.client health --url localhost:8000
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from client.errors import ClientError
-from client.settings import PIPELINES, PROTOCOLS, VARIANTS, ClientSettings, route
-from client.sync import EmbeddingClient
+from tritonforge.client.errors import ClientError
+from tritonforge.client.settings import PIPELINES, PROTOCOLS, VARIANTS, ClientSettings, route
+from tritonforge.client.sync import EmbeddingClient
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -91,7 +91,7 @@ def cmd_health(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m client",
+        prog="python -m tritonforge.client",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from tritonclient.utils import InferenceServerException
 
-from client.errors import (
+from tritonforge.client.errors import (
     ClientError,
     ConnectionFailedError,
     DeadlineExceededError,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from client.errors import InvalidRequestError
-from client.retry import RetryPolicy
+from tritonforge.client.errors import InvalidRequestError
+from tritonforge.client.retry import RetryPolicy
 from tritonforge.env import EnvironmentValueError, env_float, env_int, env_str
 
 PROTOCOLS = ("http", "grpc")

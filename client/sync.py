@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from client.errors import ClientError, ConnectionFailedError
-from client.retry import call_with_retry, translate
-from client.settings import ClientSettings, route
-from client.wire import (
+from tritonforge.client.errors import ClientError, ConnectionFailedError
+from tritonforge.client.retry import call_with_retry, translate
+from tritonforge.client.settings import ClientSettings, route
+from tritonforge.client.wire import (
     check_texts,
     chunks,
     decode,

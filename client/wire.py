@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from client.errors import InvalidRequestError, ResponseError
-from client.settings import INPUT_NAME, OUTPUT_NAME
+from tritonforge.client.errors import InvalidRequestError, ResponseError
+from tritonforge.client.settings import INPUT_NAME, OUTPUT_NAME
 
 TRACEPARENT = "traceparent"
 _TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")

@@ -128,7 +128,7 @@ def baseline_from(report: Mapping[str, Any], reference: str, tolerance: float) -
 def run_bench(baseline: Mapping[str, Any], repo: Path, reports_dir: Path) -> dict[str, Any]:
     """Run ``loadtest.bench`` with the baseline's ``bench_args``; its JSON report."""
     command = [
-        sys.executable, "-m", "loadtest.bench", "--model-repository", str(repo),
+        sys.executable, "-m", "tritonforge.loadtest.bench", "--model-repository", str(repo),
         "--reports-dir", str(reports_dir), *baseline.get("bench_args", []),
     ]  # fmt: skip
     print("==> [gate] " + " ".join(command), flush=True)
@@ -183,7 +183,7 @@ def consistency_gate(repo: Path) -> GateResult:
 
 def gpu_providers() -> tuple[list[str], str]:
     """The GPU execution providers onnxruntime offers here, and why there are none."""
-    from deploy import gpu_check
+    from tritonforge.deploy import gpu_check
 
     try:
         import onnxruntime as ort
@@ -206,7 +206,7 @@ def hardware_gate(
     if not providers:
         return GateResult(name, SKIP, f"skipped: no GPU on this host ({why})")
     if check is None:
-        from deploy import gpu_check
+        from tritonforge.deploy import gpu_check
 
         check = gpu_check.main
     code = check(["--model-repository", str(repo)])
@@ -228,7 +228,7 @@ def summary(results: Sequence[GateResult]) -> tuple[int, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m deploy.gate", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m tritonforge.deploy.gate", description=__doc__)
     p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     p.add_argument("--only", choices=GATES, action="append", help="run only these gates")
     p.add_argument("--baseline", type=Path, default=BASELINE)

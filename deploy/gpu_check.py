@@ -7,7 +7,7 @@ embeddings, and p50/p95 latency. Exit codes: 0 all parity checks pass, 1 a parit
 2 no GPU execution provider (message says what to install).
 
     pip install onnxruntime-gpu==1.32.0 numpy==1.26.4   # on the GPU host, instead of onnxruntime
-    python -m deploy.gpu_check --model-repository model_repository
+    python -m tritonforge.deploy.gpu_check --model-repository model_repository
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Offline checks of the deployment files (no Docker engine, no cluster, no GPU needed).
 
 Every check returns a list of findings (empty = fine) so that tests assert on them and
-``python -m deploy.validate`` prints them all at once:
+``python -m tritonforge.deploy.validate`` prints them all at once:
 
 * ``docker-compose.yml`` against the vendored Compose Specification schema, after compose-style
   ``${VAR:-default}`` interpolation, plus what this project needs from it (GPU reservation,
@@ -200,7 +200,7 @@ def _seconds(value: str | int | float) -> float:
 def launcher_flag_findings(where: str, args: list[str], key: str) -> list[str]:
     """Restricted APIs (the launcher's list and header, keyed by ``key``) and OpenTelemetry
     tracing (Triton's trace config as ``serve --trace-otlp`` builds it)."""
-    from runtime.server import ADMIN_HEADER, RESTRICTED_APIS
+    from tritonforge.runtime.server import ADMIN_HEADER, RESTRICTED_APIS
 
     out: list[str] = []
     want = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={key}"

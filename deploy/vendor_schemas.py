@@ -9,7 +9,7 @@ Sources are PyPI wheels fetched with ``pip download --no-deps`` (tests must not 
   (1.4 MB); we keep only the definitions a kind reaches, inlined under ``$defs``.
 
     pip download --no-deps -d /tmp/wheels check-jsonschema==0.39.0 kubernetes-validate==1.37.0
-    python -m deploy.vendor_schemas /tmp/wheels
+    python -m tritonforge.deploy.vendor_schemas /tmp/wheels
 """
 
 from __future__ import annotations

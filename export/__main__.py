@@ -1,4 +1,4 @@
-from export.cli import main
 from tritonforge.env import run_main
+from tritonforge.export.cli import main
 
 raise SystemExit(run_main(main))

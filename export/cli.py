@@ -1,5 +1,5 @@
-"""``python -m export <spec> [--format onnx|torchscript|all] [--quantize int8] [--version N]``
-and ``python -m export clean``."""
+"""``python -m tritonforge.export <spec> [--format onnx|torchscript|all] [--quantize int8] [--version N]``
+and ``python -m tritonforge.export clean``."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from export.errors import ExportError
-from export.pipeline import FORMATS, Options, run_export
-from export.repository import clean
-from export.specs import REGISTRY, get_spec
+from tritonforge.export.errors import ExportError
+from tritonforge.export.pipeline import FORMATS, Options, run_export
+from tritonforge.export.repository import clean
+from tritonforge.export.specs import REGISTRY, get_spec
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m export", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m tritonforge.export", description=__doc__)
     p.add_argument("spec", help=f"a registered spec ({', '.join(sorted(REGISTRY))}) or 'clean'")
     p.add_argument("--format", choices=[*FORMATS, "all"], default="all")
     p.add_argument("--quantize", choices=["int8"], default=None)

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import helper, shape_inference
 
-from export.spec import ExportSpec, TensorDecl
+from tritonforge.export.spec import ExportSpec, TensorDecl
 
 Dim = str | int | None
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from export.errors import ExportError
-from export.spec import ExportSpec
+from tritonforge.export.errors import ExportError
+from tritonforge.export.spec import ExportSpec
 
 
 def trace_inputs(spec: ExportSpec, seed: int = 1) -> tuple[torch.Tensor, ...]:

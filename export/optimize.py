@@ -7,8 +7,8 @@ import io
 import logging
 from pathlib import Path
 
-from export.errors import ExportError
-from export.spec import GraphOptimization
+from tritonforge.export.errors import ExportError
+from tritonforge.export.spec import GraphOptimization
 
 
 def optimize_graph(src: Path, dst: Path, settings: GraphOptimization) -> dict[str, int]:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from export.spec import ExportSpec, Inputs
+from tritonforge.export.spec import ExportSpec, Inputs
 
 Runner = Callable[[Inputs], dict[str, np.ndarray]]
 

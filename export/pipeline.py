@@ -17,19 +17,19 @@ from typing import Any
 
 import numpy as np
 
-from export import onnx_checks, parity
-from export.errors import QuantAuditError, SpecError, VerificationError
-from export.onnx_export import export_onnx
-from export.progress import StepBar, previous_timings
-from export.report import write_report
-from export.repository import (
+from tritonforge.export import onnx_checks, parity
+from tritonforge.export.errors import QuantAuditError, SpecError, VerificationError
+from tritonforge.export.onnx_export import export_onnx
+from tritonforge.export.progress import StepBar, previous_timings
+from tritonforge.export.report import write_report
+from tritonforge.export.repository import (
     Staging,
     fingerprint,
     library_versions,
     up_to_date,
 )
-from export.spec import ExportSpec, Inputs
-from export.tritonconfig import (
+from tritonforge.export.spec import ExportSpec, Inputs
+from tritonforge.export.tritonconfig import (
     GPU_CONFIG,
     ArtifactIO,
     build_config,
@@ -216,7 +216,7 @@ def _build(
             grid("fp32", parity.ort_runner(raw))
         deployed = raw
         if spec.optimization is not None:
-            from export.optimize import optimize_graph
+            from tritonforge.export.optimize import optimize_graph
 
             opt = work / "optimized.onnx"
             with steps("graph optimisation (onnxruntime.transformers)"):
@@ -254,7 +254,7 @@ def _build(
             staged[str(serving.int8_name)] = (target8, onnx_io(target8), "onnxruntime")
 
     if "torchscript" in options.formats:
-        from export.torchscript import export_torchscript, torchscript_runner
+        from tritonforge.export.torchscript import export_torchscript, torchscript_runner
 
         pt = staging.version_dir(str(serving.torchscript_name), options.version) / "model.pt"
         with steps("TorchScript trace + save"):
@@ -326,7 +326,7 @@ def _int8(
     """Quantize (with the sensitivity search), audit, gate; returns the audit problems."""
     import onnx
 
-    from export.quantize import audit_qdq, cosines, search_exclusions
+    from tritonforge.export.quantize import audit_qdq, cosines, search_exclusions
 
     serving, gate = spec.serving, spec.quality_gate
     assert serving is not None and gate is not None and spec.calibration and spec.evaluation

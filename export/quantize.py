@@ -17,9 +17,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from export.errors import QualityGateError
-from export.parity import Runner, ort_runner
-from export.spec import ExportSpec, Inputs, QualityGate, Quantization
+from tritonforge.export.errors import QualityGateError
+from tritonforge.export.parity import Runner, ort_runner
+from tritonforge.export.spec import ExportSpec, Inputs, QualityGate, Quantization
 
 MIN_SCALE = 1e-8
 

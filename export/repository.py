@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from export.errors import ExportError
-from export.spec import ExportSpec, digest_json
 from tritonforge.errors import ArtifactIntegrityError
+from tritonforge.export.errors import ExportError
+from tritonforge.export.spec import ExportSpec, digest_json
 from tritonforge.integrity import sha256_file, verify_sidecar, write_sidecar
 
 STAGING_PREFIX = "export-"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from export.errors import ExportError
-from export.onnx_export import trace_inputs
-from export.parity import Runner, torch_runner
-from export.spec import ExportSpec
+from tritonforge.export.errors import ExportError
+from tritonforge.export.onnx_export import trace_inputs
+from tritonforge.export.parity import Runner, torch_runner
+from tritonforge.export.spec import ExportSpec
 
 
 def export_torchscript(module: torch.nn.Module, spec: ExportSpec, path: Path) -> None:

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from export.onnx_checks import Dim, graph_io
-from export.spec import BATCH_AXIS, ExportSpec, Inputs, Serving
 from tritonforge.errors import ModelConfigError
+from tritonforge.export.onnx_checks import Dim, graph_io
+from tritonforge.export.spec import BATCH_AXIS, ExportSpec, Inputs, Serving
 from tritonforge.modelconfig import TRITON_TO_NUMPY, pbtxt_to_dict, triton_dtype_of
 
 GPU_CONFIG = Path("configs") / "gpu.pbtxt"

@@ -1,4 +1,4 @@
-"""``python -m loadtest.bench`` (``make bench``): in-process limit vs FastAPI vs our Triton pipelines.
+"""``python -m tritonforge.loadtest.bench`` (``make bench``): in-process limit vs FastAPI vs our Triton pipelines.
 
 One run, one machine, one load generator (Locust, closed loop, 1 text per request):
 
@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest import corpus
-from loadtest.run import exit_on_sigterm, locust_command
-from runtime.server import ADMIN_HEADER, free_port, serving
+from tritonforge.loadtest import corpus
+from tritonforge.loadtest.run import exit_on_sigterm, locust_command
+from tritonforge.runtime.server import ADMIN_HEADER, free_port, serving
 
 HERE = Path(__file__).resolve().parent
 NO_SLO = ["--slo-p95-ms", "1e9", "--slo-p99-ms", "1e9", "--slo-min-rps", "0"]
@@ -170,7 +170,7 @@ def fastapi_service() -> Iterator[str]:
         [
             sys.executable,
             "-m",
-            "loadtest.fastapi_app",
+            "tritonforge.loadtest.fastapi_app",
             "--host",
             "127.0.0.1",
             "--port",
@@ -192,7 +192,7 @@ def fastapi_service() -> Iterator[str]:
 
 def load_embedders(repo: Path, variants: Sequence[str]) -> dict[str, Any]:
     """One in-process embedder per variant whose ONNX file exists."""
-    from loadtest.inprocess import InProcessEmbedder, tokenizer_path
+    from tritonforge.loadtest.inprocess import InProcessEmbedder, tokenizer_path
 
     embedders: dict[str, Any] = {}
     for variant in variants:
@@ -207,7 +207,7 @@ def load_embedders(repo: Path, variants: Sequence[str]) -> dict[str, Any]:
 def measure_inprocess(
     embedders: dict[str, Any], texts: Sequence[str], duration_s: float
 ) -> list[dict[str, Any]]:
-    from loadtest.inprocess import measure
+    from tritonforge.loadtest.inprocess import measure
 
     results = []
     for variant, embedder in embedders.items():
@@ -441,7 +441,7 @@ def _csv(value: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m loadtest.bench",
+        prog="python -m tritonforge.loadtest.bench",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -477,7 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--perf-analyzer",
         action="store_true",
         help="also measure each Triton target with NVIDIA perf_analyzer at the top concurrency "
-        "(python -m loadtest.perf_analyzer install)",
+        "(python -m tritonforge.loadtest.perf_analyzer install)",
     )
     parser.add_argument("--skip-inprocess", action="store_true")
     parser.add_argument("--reports-dir", type=Path, default=Path("reports"))
@@ -501,8 +501,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         def second_opinion(
             targets: list[Target], http: str, grpc_url: str, headers: dict[str, str]
         ) -> None:
-            from client.settings import route
-            from loadtest import perf_analyzer
+            from tritonforge.client.settings import route
+            from tritonforge.loadtest import perf_analyzer
 
             top = max(args.concurrency)
             print(f"==> perf_analyzer (second opinion) at concurrency {top}", flush=True)

@@ -2,7 +2,7 @@
 eager MiniLM (``export.models.bert``, built from the safetensors weights), tokenize, pool and
 normalise in the request handler.
 
-``python -m loadtest.fastapi_app --port 8080`` serves ``POST /embed {"texts": [...]}`` ->
+``python -m tritonforge.loadtest.fastapi_app --port 8080`` serves ``POST /embed {"texts": [...]}`` ->
 ``{"embeddings": [[...384 floats...], ...]}`` and ``GET /health``.
 """
 
@@ -36,7 +36,7 @@ class EmbedRequest(BaseModel):
 
 def create_app(directory: Path | None = None) -> FastAPI:
     """The service; loads the tokenizer and the eager PyTorch encoder once."""
-    from export.models.bert import load_sentence_encoder
+    from tritonforge.export.models.bert import load_sentence_encoder
 
     directory = directory or model_dir()
     tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
@@ -66,7 +66,9 @@ def create_app(directory: Path | None = None) -> FastAPI:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.fastapi_app", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m tritonforge.loadtest.fastapi_app", description=__doc__
+    )
     parser.add_argument("--host", default=os.environ.get("TRITONFORGE_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("FASTAPI_PORT", "8080")))
     args = parser.parse_args(argv)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 from locust import FastHttpUser, constant, task
 
-from loadtest.locust_common import next_texts
-from loadtest.slo import ValidationError, validate
+from tritonforge.loadtest.locust_common import next_texts
+from tritonforge.loadtest.slo import ValidationError, validate
 
 
 class FastApiUser(FastHttpUser):

@@ -17,8 +17,8 @@ import grpc.experimental.gevent as grpc_gevent
 from locust import events
 from locust.env import Environment
 
-from loadtest import corpus
-from loadtest.slo import SloThresholds, Summary, check_slos, summarize
+from tritonforge.loadtest import corpus
+from tritonforge.loadtest.slo import SloThresholds, Summary, check_slos, summarize
 
 # gRPC's C core must cooperate with gevent (Locust's concurrency), or a blocking call stalls
 # every user. Must run before any channel exists.

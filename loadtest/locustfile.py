@@ -1,6 +1,6 @@
 """Locust users for tritonforge: Triton over HTTP and gRPC, plus the FastAPI baseline.
 
-Run through ``python -m loadtest.run`` / ``python -m loadtest.bench``, or directly::
+Run through ``python -m tritonforge.loadtest.run`` / ``python -m tritonforge.loadtest.bench``, or directly::
 
     locust -f loadtest/locustfile.py --headless -u 4 -r 4 -t 30s --host http://127.0.0.1:8000 \
         --grpc-url 127.0.0.1:8001 TritonHttpUser TritonGrpcUser
@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 from locust import FastHttpUser, User, constant, task
 
-from client.settings import INPUT_NAME, OUTPUT_NAME, route
-from loadtest.locust_common import grpc_target, next_texts
-from loadtest.slo import ValidationError, validate
+from tritonforge.client.settings import INPUT_NAME, OUTPUT_NAME, route
+from tritonforge.loadtest.locust_common import grpc_target, next_texts
+from tritonforge.loadtest.slo import ValidationError, validate
 
 
 def _triton_body(texts: list[str], parameters: dict[str, str]) -> dict[str, Any]:

@@ -1,11 +1,11 @@
 """NVIDIA perf_analyzer as a second opinion for ``make bench`` (optional).
 
 perf_analyzer is not on PyPI by itself; the ``tritonclient==2.51.0`` wheel (matching the embedded
-server) ships the binary. ``python -m loadtest.perf_analyzer install`` downloads that wheel with pip
+server) ships the binary. ``python -m tritonforge.loadtest.perf_analyzer install`` downloads that wheel with pip
 (no dependencies, nothing installed into the venv), extracts ``perf_analyzer`` into
 ``<venv>/tools/perf_analyzer/`` and links the two shared libraries it needs (``libb64.so.0d``,
 ``libcudart.so.12``) to the copies bundled in the ``nvidia-pytriton`` wheel. No GPU is used.
-``python -m loadtest.bench --perf-analyzer`` then measures each Triton target with it too.
+``python -m tritonforge.loadtest.bench --perf-analyzer`` then measures each Triton target with it too.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def measure(
     exe = binary()
     if exe is None:
         raise PerfAnalyzerError(
-            "perf_analyzer is not installed: python -m loadtest.perf_analyzer install"
+            "perf_analyzer is not installed: python -m tritonforge.loadtest.perf_analyzer install"
         )
     data = workdir / "pa_input.json"
     data.write_text(json.dumps({"data": [{"text": [t]} for t in texts[:256]]}))
@@ -136,9 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args == ["path"]:
         path = binary()
-        print(path if path else "not installed (python -m loadtest.perf_analyzer install)")
+        print(
+            path if path else "not installed (python -m tritonforge.loadtest.perf_analyzer install)"
+        )
         return 0 if path else 1
-    print("usage: python -m loadtest.perf_analyzer install|path", file=sys.stderr)
+    print("usage: python -m tritonforge.loadtest.perf_analyzer install|path", file=sys.stderr)
     return 2
 
 

@@ -1,7 +1,7 @@
 """perf_analyzer (and Model Analyzer) ready to point: input-data files for every public model of the
 repository, from the load-test corpus, and the perf_analyzer command line with the admin header.
 
-``python -m loadtest.perf_inputs`` (``make perf``) writes ``<out-dir>/<model>.json`` for every
+``python -m tritonforge.loadtest.perf_inputs`` (``make perf``) writes ``<out-dir>/<model>.json`` for every
 public model (discovered from the configs: new pipelines are covered without a change here) and
 runs perf_analyzer against a running server (``--url``, gRPC ``host:port``), passing the admin key
 (``$TRITONFORGE_ADMIN_KEY``) that the restricted model-config/statistics APIs need. Decoupled
@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from loadtest import corpus
-from loadtest.perf_analyzer import TOOL_DIR, binary
-from runtime.server import ADMIN_HEADER, GRPC_ADMIN_HEADER
-from runtime.supervisor import public_models
 from tritonforge.env import env_str
+from tritonforge.loadtest import corpus
+from tritonforge.loadtest.perf_analyzer import TOOL_DIR, binary
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.repository import load_model_config
+from tritonforge.runtime.server import ADMIN_HEADER, GRPC_ADMIN_HEADER
+from tritonforge.runtime.supervisor import public_models
 
 DEFAULT_ROWS = 256
 ADMIN_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
@@ -140,7 +140,9 @@ def _display(command: Sequence[str], admin_key: str | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.perf_inputs", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m tritonforge.loadtest.perf_inputs", description=__doc__
+    )
     p.add_argument("models", nargs="*", help="models to measure (default: every public model)")
     p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     p.add_argument("--out-dir", type=Path, default=Path("reports/perf"))
@@ -161,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         exe = binary()
         if exe is None and not args.write_only:
             raise PerfInputError(
-                "perf_analyzer is not installed: python -m loadtest.perf_analyzer install "
+                "perf_analyzer is not installed: python -m tritonforge.loadtest.perf_analyzer install "
                 "(or use --write-only and NVIDIA's SDK container, docs/performance.md)"
             )
         failed = []

@@ -1,4 +1,4 @@
-"""``python -m loadtest.run``: a bounded, headless Locust run with SLO gates.
+"""``python -m tritonforge.loadtest.run``: a bounded, headless Locust run with SLO gates.
 
 Starts the embedded Triton on free loopback ports (unless ``--url`` names a running server),
 runs :mod:`loadtest.locustfile` for ``--duration-s`` seconds with HTTP and/or gRPC users, writes
@@ -18,9 +18,9 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from client.settings import normalize_url
-from runtime.server import serving
+from tritonforge.client.settings import normalize_url
 from tritonforge.env import env_float, run_main
+from tritonforge.runtime.server import serving
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 USER_CLASSES = {"http": ["TritonHttpUser"], "grpc": ["TritonGrpcUser"]}
@@ -85,7 +85,7 @@ def target(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.run", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tritonforge.loadtest.run", description=__doc__)
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     parser.add_argument(
         "--url",

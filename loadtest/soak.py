@@ -1,4 +1,4 @@
-"""``python -m loadtest.soak`` (``make soak``): a bounded leak soak against the embedded Triton.
+"""``python -m tritonforge.loadtest.soak`` (``make soak``): a bounded leak soak against the embedded Triton.
 
 After a warm-up, ``--concurrency`` workers send the corpus through the ensembles and
 ``embed_bls``, every encoder variant, gRPC and HTTP alternately, for ``--duration-s``. Every ``--sample-s`` it records the RSS of
@@ -23,9 +23,9 @@ import numpy as np
 import psutil
 from tqdm import tqdm
 
-from client.sync import EmbeddingClient
-from loadtest.corpus import generate
-from runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.client.sync import EmbeddingClient
+from tritonforge.loadtest.corpus import generate
+from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 
 MB = 1024 * 1024
 VARIANTS = ("fp32", "int8", "torchscript")
@@ -234,7 +234,7 @@ def write_reports(result: SoakResult, reports_dir: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.soak", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m tritonforge.loadtest.soak", description=__doc__)
     p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     p.add_argument("--duration-s", type=float, default=600.0)
     p.add_argument("--warmup-requests", type=int, default=1000, help="covers the corpus' lengths")

@@ -2,13 +2,13 @@
 CPU, without Docker, plus Python-based ``onnxruntime``/``pytorch`` backends so that the same
 ``config.pbtxt`` runs here and in the NVIDIA container."""
 
-from runtime.errors import (
+from tritonforge.runtime.errors import (
     ModelLoadError,
     ServerError,
     ServerNotFoundError,
     ServerStartError,
 )
-from runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 
 __all__ = [
     "EmbeddedServer",

@@ -1,6 +1,6 @@
-"""``python -m runtime``: serve, demo and lint the model repository on the embedded Triton."""
+"""``python -m tritonforge.runtime``: serve, demo and lint the model repository on the embedded Triton."""
 
-from runtime.cli import main
 from tritonforge.env import run_main
+from tritonforge.runtime.cli import main
 
 raise SystemExit(run_main(main))

@@ -11,16 +11,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from runtime.errors import ServerError, ServerStartError
-from runtime.server import (
+from tritonforge.env import env_int
+from tritonforge.runtime.errors import ServerError, ServerStartError
+from tritonforge.runtime.server import (
     ADMIN_HEADER,
     GRPC_ADMIN_HEADER,
     EmbeddedServer,
     ServerSettings,
 )
-from runtime.supervisor import HealthEndpoint, Supervisor
-from runtime.tracing import TRACE_ENV, TRACE_RATE_ENV, trace_args
-from tritonforge.env import env_int
+from tritonforge.runtime.supervisor import HealthEndpoint, Supervisor
+from tritonforge.runtime.tracing import TRACE_ENV, TRACE_RATE_ENV, trace_args
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 
@@ -174,7 +174,7 @@ def _wait_for_signal(
 
 def _lint_ok(repository: Path) -> bool:
     """Run the repository lint; print the problems and return False when there are any."""
-    from runtime.lint import lint_repository
+    from tritonforge.runtime.lint import lint_repository
 
     problems = lint_repository(repository)
     for problem in problems:
@@ -206,7 +206,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    from runtime.lint import lint_repository
+    from tritonforge.runtime.lint import lint_repository
 
     problems = lint_repository(args.model_repository)
     for problem in problems:
@@ -217,7 +217,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from runtime.demo import run_demo
+    from tritonforge.runtime.demo import run_demo
 
     if not _lint_ok(args.model_repository):
         return 2
@@ -241,7 +241,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runtime", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tritonforge.runtime", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model repository until SIGINT/SIGTERM")
     _server_args(serve)

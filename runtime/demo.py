@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.server import EmbeddedServer
 from tritonforge.env import env_float
+from tritonforge.runtime.server import EmbeddedServer
 from tritonforge.text import cosine_matrix, nearest_neighbours
 
 SENTENCES = (

@@ -16,7 +16,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.errors import ServerNotFoundError
+from tritonforge.runtime.errors import ServerNotFoundError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BACKENDS_SOURCE = Path(__file__).resolve().parent / "backends"

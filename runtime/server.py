@@ -1,6 +1,6 @@
 """Start, watch and stop the embedded tritonserver.
 
-:class:`EmbeddedServer` is both what ``python -m runtime serve`` runs and the context manager the
+:class:`EmbeddedServer` is both what ``python -m tritonforge.runtime serve`` runs and the context manager the
 tests use: free ports, a readiness poll that reports model load errors by name, and a teardown
 that waits for the process group to exit and removes its shared-memory regions.
 """
@@ -29,16 +29,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import NoReturn
 
-from runtime.errors import ModelLoadError, ServerStartError
-from runtime.locate import (
+from tritonforge.drain import fetch_metrics, wait_until_quiet
+from tritonforge.env import env_int
+from tritonforge.runtime.errors import ModelLoadError, ServerStartError
+from tritonforge.runtime.locate import (
     PYTHONPATH_ENV,
     assemble_backend_dir,
     find_triton,
     library_path,
     venv_paths,
 )
-from tritonforge.drain import fetch_metrics, wait_until_quiet
-from tritonforge.env import env_int
 
 SHM_DIR = Path("/dev/shm")
 ADMIN_HEADER = "x-tritonforge-admin"

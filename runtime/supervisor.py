@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from runtime.errors import ServerError
-from runtime.server import EmbeddedServer
 from tritonforge.errors import ModelConfigError
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.repository import load_model_config, model_names, referenced_models
+from tritonforge.runtime.errors import ServerError
+from tritonforge.runtime.server import EmbeddedServer
 
 CANARY_TEXT = b"tritonforge canary"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from runtime.errors import ServerError
+from tritonforge.runtime.errors import ServerError
 
 TRACE_ENV = "TRITONFORGE_TRACE_OTLP"
 TRACE_RATE_ENV = "TRITONFORGE_TRACE_RATE"

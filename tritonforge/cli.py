@@ -40,20 +40,34 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "export": Command("export.cli", "export a model spec into the model repository"),
+    "export": Command("tritonforge.export.cli", "export a model spec into the model repository"),
     "serve": Command(
-        "runtime.cli", "serve the model repository on the embedded Triton", ("serve",)
+        "tritonforge.runtime.cli", "serve the model repository on the embedded Triton", ("serve",)
     ),
-    "demo": Command("runtime.cli", "serve and show every pipeline answering", ("demo",)),
-    "lint": Command("runtime.cli", "check the model repository's configs", ("lint",)),
-    "client": Command("client.cli", "call a running server (embed, similarity, health)"),
-    "bench": Command("loadtest.bench", "throughput/latency table (ratios against baselines)"),
-    "loadtest": Command("loadtest.run", "bounded Locust run with SLO gates"),
-    "soak": Command("loadtest.soak", "bounded leak soak (RSS and /dev/shm curves)"),
-    "perf": Command("loadtest.perf_inputs", "perf_analyzer input data + run against a server"),
-    "gate": Command("deploy.gate", "CI gates: model consistency, hardware, perf baseline"),
-    "deploy-check": Command("deploy.validate", "offline checks of compose, k8s, KServe, images"),
-    "gpu-check": Command("deploy.gpu_check", "ONNX encoders GPU vs CPU parity (GPU hosts)"),
+    "demo": Command(
+        "tritonforge.runtime.cli", "serve and show every pipeline answering", ("demo",)
+    ),
+    "lint": Command("tritonforge.runtime.cli", "check the model repository's configs", ("lint",)),
+    "client": Command(
+        "tritonforge.client.cli", "call a running server (embed, similarity, health)"
+    ),
+    "bench": Command(
+        "tritonforge.loadtest.bench", "throughput/latency table (ratios against baselines)"
+    ),
+    "loadtest": Command("tritonforge.loadtest.run", "bounded Locust run with SLO gates"),
+    "soak": Command("tritonforge.loadtest.soak", "bounded leak soak (RSS and /dev/shm curves)"),
+    "perf": Command(
+        "tritonforge.loadtest.perf_inputs", "perf_analyzer input data + run against a server"
+    ),
+    "gate": Command(
+        "tritonforge.deploy.gate", "CI gates: model consistency, hardware, perf baseline"
+    ),
+    "deploy-check": Command(
+        "tritonforge.deploy.validate", "offline checks of compose, k8s, KServe, images"
+    ),
+    "gpu-check": Command(
+        "tritonforge.deploy.gpu_check", "ONNX encoders GPU vs CPU parity (GPU hosts)"
+    ),
 }
 
 
@@ -83,8 +97,8 @@ def export_defaults(rest: Sequence[str]) -> int:
 
 def _needs_export(rest: Sequence[str]) -> bool:
     """True when the model repository does not lint clean (e.g. a fresh clone: no encoders)."""
-    from runtime.cli import DEFAULT_REPOSITORY
-    from runtime.lint import lint_repository
+    from tritonforge.runtime.cli import DEFAULT_REPOSITORY
+    from tritonforge.runtime.lint import lint_repository
 
     repo = _repository_args(rest)
     return bool(lint_repository(Path(repo[1]) if repo else DEFAULT_REPOSITORY))

@@ -1,7 +1,7 @@
 """Read sibling models' configs from a model repository and check that tensors connect.
 
 Used at load time by the ``tokenizer`` and ``embed_bls`` models (to refuse a repository whose
-stages disagree) and by the repository lint (``python -m runtime lint``).
+stages disagree) and by the repository lint (``python -m tritonforge.runtime lint``).
 """
 
 from __future__ import annotations

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from export.errors import SpecError
-from export.spec import ExportSpec
+from tritonforge.export.errors import SpecError
+from tritonforge.export.spec import ExportSpec
 
 SpecFactory = Callable[[], ExportSpec]
 
 
 def _minilm() -> ExportSpec:
-    from export.specs.minilm import minilm_spec
+    from tritonforge.export.specs.minilm import minilm_spec
 
     return minilm_spec()
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from export.errors import SpecError
-from export.models.bert import load_sentence_encoder
-from export.spec import (
+from tritonforge.export.errors import SpecError
+from tritonforge.export.models.bert import load_sentence_encoder
+from tritonforge.export.spec import (
     BATCH_AXIS,
     ExportSpec,
     GraphOptimization,
@@ -27,7 +27,7 @@ from export.spec import (
     Serving,
     TensorDecl,
 )
-from export.specs.text import (
+from tritonforge.export.specs.text import (
     DATA_DIR,
     TokenizerInputs,
     disjoint_sentences,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from export.errors import SpecError
-from export.spec import Inputs
+from tritonforge.export.errors import SpecError
+from tritonforge.export.spec import Inputs
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 

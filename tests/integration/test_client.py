@@ -10,14 +10,14 @@ import sys
 import numpy as np
 import pytest
 
-from client import (
+from tests.conftest import PROJECT_ROOT
+from tritonforge.client import (
     AsyncEmbeddingClient,
     ConnectionFailedError,
     EmbeddingClient,
     InvalidRequestError,
 )
-from runtime.server import EmbeddedServer, free_port
-from tests.conftest import PROJECT_ROOT
+from tritonforge.runtime.server import EmbeddedServer, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -117,7 +117,7 @@ def test_async_connection_refused_is_retried_until_the_deadline() -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "client", *args],
+        [sys.executable, "-m", "tritonforge.client", *args],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy import validate as dv
-from runtime.locate import find_triton
-from runtime.server import ADMIN_HEADER, EmbeddedServer
 from tests.conftest import ServeFn
+from tritonforge.deploy import validate as dv
+from tritonforge.runtime.locate import find_triton
+from tritonforge.runtime.server import ADMIN_HEADER, EmbeddedServer
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,9 @@ import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from runtime.errors import ModelLoadError, ServerStartError
-from runtime.server import EmbeddedServer, ServerSettings, free_port
 from tests.conftest import PROJECT_ROOT
+from tritonforge.runtime.errors import ModelLoadError, ServerStartError
+from tritonforge.runtime.server import EmbeddedServer, ServerSettings, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -259,7 +259,7 @@ def test_broken_config_fails_fast_naming_the_model(tiny_repo: Path, tmp_path: Pa
 def serve_cli(repo: Path, health_port: int = 0) -> tuple[subprocess.Popen[str], int]:
     http_port = free_port()
     args = [
-        sys.executable, "-m", "runtime", "serve", "--quiet",
+        sys.executable, "-m", "tritonforge.runtime", "serve", "--quiet",
         "--model-repository", str(repo),
         "--http-port", str(http_port),
         "--grpc-port", str(free_port()),
@@ -329,7 +329,7 @@ def test_cli_sigterm_is_graceful_and_leaves_nothing(tiny_repo: Path) -> None:
 
 def test_supervisor_restarts_the_server_when_a_stub_dies(tiny_repo: Path) -> None:
     """Model control ``none``: the supervisor restarts the whole server on the same ports."""
-    from runtime.supervisor import Supervisor
+    from tritonforge.runtime.supervisor import Supervisor
 
     server = EmbeddedServer(ServerSettings.ephemeral(tiny_repo))
     server.start().wait_ready()

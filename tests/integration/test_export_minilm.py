@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from export.pipeline import FORMATS, Options, run_export
-from export.quantize import cosines
-from export.spec import ExportSpec, Inputs
-from export.specs import get_spec
-from export.tritonconfig import check_repository, torchscript_names
-from runtime.errors import ModelLoadError
 from tests.conftest import MODEL_REPOSITORY, ServeFn
+from tritonforge.export.pipeline import FORMATS, Options, run_export
+from tritonforge.export.quantize import cosines
+from tritonforge.export.spec import ExportSpec, Inputs
+from tritonforge.export.specs import get_spec
+from tritonforge.export.tritonconfig import check_repository, torchscript_names
+from tritonforge.runtime.errors import ModelLoadError
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.server import EmbeddedServer
 from tests.conftest import PROJECT_ROOT
+from tritonforge.runtime.server import EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def loadtest(server: EmbeddedServer, reports: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
-            sys.executable, "-m", "loadtest.run",
+            sys.executable, "-m", "tritonforge.loadtest.run",
             "--url", server.http_url, "--grpc-url", server.grpc_url,
             "--reports-dir", str(reports), "--users", "2", "--duration-s", "8", *args,
         ],
@@ -63,7 +63,7 @@ def test_bench_smoke_writes_rows_with_ratios(
 ) -> None:
     done = subprocess.run(
         [
-            sys.executable, "-m", "loadtest.bench", "--url", pipeline_server.http_url,
+            sys.executable, "-m", "tritonforge.loadtest.bench", "--url", pipeline_server.http_url,
             "--grpc-url", pipeline_server.grpc_url, "--reports-dir", str(tmp_path),
             "--duration-s", "3", "--warmup-s", "1", "--inprocess-s", "1", "--concurrency", "1",
             "--pipelines", "ensemble", "--variants", "fp32", "--protocols", "grpc",

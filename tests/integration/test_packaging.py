@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from client import EmbeddingClient
-from runtime.server import free_port
 from tests.conftest import PIPELINE_REPOSITORY, PROJECT_ROOT
+from tritonforge.client import EmbeddingClient
+from tritonforge.runtime.server import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import perf_inputs
-from loadtest.perf_analyzer import binary
-from runtime.server import EmbeddedServer
-from runtime.supervisor import public_models
 from tests.conftest import PIPELINE_REPOSITORY
+from tritonforge.loadtest import perf_inputs
+from tritonforge.loadtest.perf_analyzer import binary
 from tritonforge.repository import load_model_config
+from tritonforge.runtime.server import EmbeddedServer
+from tritonforge.runtime.supervisor import public_models
 
 pytestmark = pytest.mark.integration
 QUICK = ["--concurrency-range", "1", "--measurement-interval-ms", "500"]

@@ -20,9 +20,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from runtime.server import EmbeddedServer
 from tests.conftest import PIPELINE_REPOSITORY
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.runtime.server import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ def reference() -> np.ndarray:
     import torch
     from tokenizers import Tokenizer
 
-    from export.specs.minilm import minilm_spec
+    from tritonforge.export.specs.minilm import minilm_spec
 
     spec = minilm_spec()
     module = spec.build_module().eval()

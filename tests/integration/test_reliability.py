@@ -19,11 +19,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from runtime.errors import ModelLoadError
-from runtime.server import ADMIN_HEADER, EmbeddedServer, ServerSettings, free_port
-from runtime.supervisor import Supervisor
 from tests.conftest import PROJECT_ROOT
 from tests.integration.reliability import MINIMAL, Load, linked_repository, text_inputs
+from tritonforge.runtime.errors import ModelLoadError
+from tritonforge.runtime.server import ADMIN_HEADER, EmbeddedServer, ServerSettings, free_port
+from tritonforge.runtime.supervisor import Supervisor
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,7 @@ def test_sigterm_under_load_flips_readiness_completes_in_flight_and_exits_clean(
     repo = linked_repository(tmp_path / "repo")
     grpc_port = free_port()
     args = [
-        sys.executable, "-m", "runtime", "serve", "--quiet", "--no-supervise",
+        sys.executable, "-m", "tritonforge.runtime", "serve", "--quiet", "--no-supervise",
         "--model-repository", str(repo), "--http-port", str(free_port()),
         "--grpc-port", str(grpc_port), "--metrics-port", str(free_port()),
         "--health-port", "0", "--exit-timeout-s", "20",
@@ -330,9 +330,9 @@ def test_client_retries_real_unavailable_with_backoff_but_never_restricted_or_4x
 ) -> None:
     """A stage that is not loaded answers UNAVAILABLE (503): the client retries it with backoff
     until its deadline. Triton's own "restricted" UNAVAILABLE and 4xx are never retried."""
-    from client.errors import InvalidRequestError, ServerUnavailableError
-    from client.retry import translate
-    from client.sync import EmbeddingClient
+    from tritonforge.client.errors import InvalidRequestError, ServerUnavailableError
+    from tritonforge.client.retry import translate
+    from tritonforge.client.sync import EmbeddingClient
 
     # embed_bls declares an int8 route, but encoder_int8 is not in this repository
     repo = linked_repository(tmp_path / "repo", (*MINIMAL, "embed_bls"))

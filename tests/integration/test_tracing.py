@@ -10,14 +10,14 @@ from collections.abc import Iterator
 import pytest
 from opentelemetry import trace
 
-from client import EmbeddingClient
-from client.settings import BLS_MODEL, ENSEMBLE_MODELS
-from runtime.server import EmbeddedServer, ServerSettings
-from runtime.tracing import TraceSettings
 from tests.conftest import PIPELINE_REPOSITORY
 from tests.integration.otlp import OtlpReceiver, Span
 from tritonforge.bls import build_plan
+from tritonforge.client import EmbeddingClient
+from tritonforge.client.settings import BLS_MODEL, ENSEMBLE_MODELS
 from tritonforge.repository import load_model_config
+from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.tracing import TraceSettings
 
 pytestmark = pytest.mark.integration
 

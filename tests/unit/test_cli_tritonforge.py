@@ -39,16 +39,16 @@ def test_every_subcommand_module_has_a_main(name: str) -> None:
 def test_subcommand_arguments_reach_the_module() -> None:
     done = run("lint", "--model-repository", "no-such-repository")
     assert done.returncode == 1 and "no-such-repository" in done.stderr
-    assert run("serve", "--help").stdout.startswith("usage: python -m runtime serve")
+    assert run("serve", "--help").stdout.startswith("usage: python -m tritonforge.runtime serve")
 
 
 def test_log_level_applies_to_the_project_loggers_only() -> None:
     setup_logging("debug")
-    assert logging.getLogger("client.retry").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("tritonforge.client.retry").isEnabledFor(logging.DEBUG)
     setup_logging("warning")
-    assert not logging.getLogger("runtime.tracing").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("tritonforge.runtime.tracing").isEnabledFor(logging.INFO)
     setup_logging("info")
-    assert logging.getLogger("export.pipeline").isEnabledFor(logging.INFO)
+    assert logging.getLogger("tritonforge.export.pipeline").isEnabledFor(logging.INFO)
     assert not logging.getLogger("onnxruntime").isEnabledFor(logging.INFO)
     with pytest.raises(ValueError, match="log level"):
         setup_logging("loud")
@@ -61,7 +61,7 @@ def test_export_without_a_spec_runs_the_defaults(monkeypatch: pytest.MonkeyPatch
         def main(self):  # type: ignore[no-untyped-def,override]
             return lambda argv: calls.append(list(argv)) or 0
 
-    monkeypatch.setitem(cli.COMMANDS, "export", Fake("export.cli", ""))
+    monkeypatch.setitem(cli.COMMANDS, "export", Fake("tritonforge.export.cli", ""))
     assert cli.run("export", ["--model-repository", "r"]) == 0
     assert calls == [[*spec, "--model-repository", "r"] for spec in cli.DEFAULT_EXPORTS]
     calls.clear()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from client.errors import (
+from tritonforge.client.errors import (
     ClientError,
     ConnectionFailedError,
     DeadlineExceededError,
@@ -17,9 +17,9 @@ from client.errors import (
     ServerError,
     ServerUnavailableError,
 )
-from client.retry import RetryPolicy, call_with_retry, call_with_retry_async, translate
-from client.retry import log as retry_log
-from client.settings import ClientSettings, normalize_url, route
+from tritonforge.client.retry import RetryPolicy, call_with_retry, call_with_retry_async, translate
+from tritonforge.client.retry import log as retry_log
+from tritonforge.client.settings import ClientSettings, normalize_url, route
 
 
 class FakeClock:

@@ -14,8 +14,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from deploy import gpu_check
-from deploy import validate as dv
+from tritonforge.deploy import gpu_check
+from tritonforge.deploy import validate as dv
 
 COMPOSE_ENV_OVERRIDES = {
     "TRITON_MODEL_CONFIG": "config",

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from client import ClientSettings, InvalidRequestError
 from tests.conftest import PROJECT_ROOT
+from tritonforge.client import ClientSettings, InvalidRequestError
 from tritonforge.env import EnvironmentValueError, env_float, env_int
 
 

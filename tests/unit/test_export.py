@@ -12,11 +12,11 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from export.errors import QuantAuditError, VerificationError
-from export.pipeline import Options, run_export
-from export.quantize import audit_qdq, quantize_int8
-from export.repository import clean, staging_parent
-from export.spec import (
+from tritonforge.export.errors import QuantAuditError, VerificationError
+from tritonforge.export.pipeline import Options, run_export
+from tritonforge.export.quantize import audit_qdq, quantize_int8
+from tritonforge.export.repository import clean, staging_parent
+from tritonforge.export.spec import (
     BATCH_AXIS,
     ExportSpec,
     Inputs,
@@ -24,7 +24,7 @@ from export.spec import (
     Serving,
     TensorDecl,
 )
-from export.tritonconfig import check_repository, cross_check, onnx_io
+from tritonforge.export.tritonconfig import check_repository, cross_check, onnx_io
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import pbtxt_to_dict
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from deploy import gate
+from tritonforge.deploy import gate
 
 REFERENCE = "fastapi+torch http"
 

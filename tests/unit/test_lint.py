@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.lint import lint_repository
+from tritonforge.runtime.lint import lint_repository
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 PIPELINE = ["tokenizer", "postprocess", "embed", "embed_int8", "embed_torchscript", "embed_bls"]

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from loadtest import corpus
-from loadtest.slo import SloThresholds, ValidationError, check_slos, summarize, validate
+from tritonforge.loadtest import corpus
+from tritonforge.loadtest.slo import SloThresholds, ValidationError, check_slos, summarize, validate
 
 LIMITS = SloThresholds(p95_ms=100, p99_ms=200, min_rps=10, max_fail_ratio=0.01)
 

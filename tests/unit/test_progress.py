@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from export.progress import StepBar, previous_timings
+from tritonforge.export.progress import StepBar, previous_timings
 
 
 def test_previous_timings_come_from_the_last_export_report(tmp_path: Path) -> None:

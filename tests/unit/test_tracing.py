@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from opentelemetry import trace
 
-from client.errors import InvalidRequestError
-from client.wire import TRACEPARENT, trace_headers
-from runtime import cli
-from runtime.tracing import TRACE_ENV, TraceConfigError, TraceSettings, trace_args
+from tritonforge.client.errors import InvalidRequestError
+from tritonforge.client.wire import TRACEPARENT, trace_headers
+from tritonforge.runtime import cli
+from tritonforge.runtime.tracing import TRACE_ENV, TraceConfigError, TraceSettings, trace_args
 
 
 def serve_args(*argv: str) -> argparse.Namespace:
