@@ -291,24 +291,15 @@ def _wait_http(url: str, timeout_s: float) -> None:
 
 
 @contextlib.contextmanager
-def fastapi_service() -> Iterator[str]:
-    """The baseline service in its own process (one uvicorn worker); yields its base URL."""
+def baseline_service(module: str, ready_timeout_s: float = 120) -> Iterator[str]:
+    """A baseline app (``python -m MODULE --host 127.0.0.1 --port P``) in its own process,
+    ready when ``/health`` answers 200; yields ``127.0.0.1:P``; terminated on exit."""
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tritonforge.loadtest.fastapi_app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        cwd=HERE.parent,
-    )
+    command = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(command, cwd=HERE.parent)
     try:
-        _wait_http(f"http://127.0.0.1:{port}/health", 120)
-        yield f"http://127.0.0.1:{port}"
+        _wait_http(f"http://127.0.0.1:{port}/health", ready_timeout_s)
+        yield f"127.0.0.1:{port}"
     finally:
         proc.terminate()
         try:
@@ -316,6 +307,13 @@ def fastapi_service() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def fastapi_service() -> Iterator[str]:
+    """The embedding baseline (one uvicorn worker); yields its base URL."""
+    with baseline_service("tritonforge.loadtest.fastapi_app") as address:
+        yield f"http://{address}"
 
 
 def load_embedders(repo: Path, variants: Sequence[str]) -> dict[str, Any]:

@@ -17,11 +17,8 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from tritonforge.loadtest.bench import baseline_service
 from tritonforge.modelconfig import ModelConfig
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings, free_port
+from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 
 HERE = Path(__file__).resolve().parent
 PROMPTS = (
@@ -185,34 +183,11 @@ def client_stream(url: str, protocol: str, timeout_s: float = 300) -> StreamFn:
     return stream
 
 
-def _wait_health(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
-            if response.status == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
-
-
 @contextlib.contextmanager
 def fastapi_generate_service() -> Iterator[str]:
     """The FastAPI + transformers baseline in its own process; yields its host:port."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tritonforge.loadtest.generate_fastapi_app", "--port", str(port)],
-        cwd=HERE.parent,
-    )
-    try:
-        _wait_health(f"http://127.0.0.1:{port}/health", 300)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with baseline_service("tritonforge.loadtest.generate_fastapi_app", ready_timeout_s=300) as a:
+        yield a
 
 
 def print_table(cells: Sequence[Cell]) -> None:
