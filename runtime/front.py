@@ -362,6 +362,14 @@ class GrpcFront(grpc.GenericRpcHandler):
         if self._channel is not None:
             await self._channel.close(grace=None)
 
+    def detach(self, grace_s: float) -> None:
+        """Hand new calls a fresh channel; let the calls in flight on the current one (open
+        streams) finish within ``grace_s`` before it is closed. Closing it at once cancelled
+        every open stream when tritonserver was asked to drain."""
+        old, self._channel = self._channel, None
+        if old is not None:
+            asyncio.get_running_loop().create_task(old.close(grace=grace_s))
+
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method
         if method in GRPC_STREAMING:
@@ -537,8 +545,7 @@ class Front:
     async def _release(self) -> None:
         await self.http.close()
         self.http._session = None
-        await self.grpc.close()
-        self.grpc._channel = None
+        self.grpc.detach(grace_s=self.limits.request_timeout_s)
 
     def stop(self) -> None:
         if self._thread.is_alive():

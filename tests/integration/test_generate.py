@@ -133,7 +133,11 @@ def test_cancellation_frees_the_slot(pipeline_server: EmbeddedServer, protocol: 
     stream = c.stream("Write a long story about a dragon and a knight.", max_tokens=400)
     got = [next(stream) for _ in range(2)]
     assert all(chunk.finish_reason is None for chunk in got)
-    assert _gauge(pipeline_server, "running") >= 1
+    # The gauge is set by the scheduler thread once per step: allow it a moment.
+    seen = time.monotonic() + 5
+    while _gauge(pipeline_server, "running") < 1:
+        assert time.monotonic() < seen, "a streaming sequence is not counted as running"
+        time.sleep(0.05)
     stream.close()  # gRPC: stop_stream(cancel_requests=True); HTTP: connection closed
     deadline = time.monotonic() + 30
     while _gauge(pipeline_server, "running") > 0:

@@ -91,7 +91,7 @@ def test_bls_calls_join_the_callers_trace(traced: tuple[EmbeddedServer, OtlpRece
     assert traceparent is not None
     _, trace_id, span_id, _ = traceparent.split("-")
     plan = build_plan(load_model_config(PIPELINE_REPOSITORY, BLS_MODEL), PIPELINE_REPOSITORY)
-    stages = {stage.model for stage in plan.routes["fp32"]}
+    stages = {plan.routes["fp32"].model}  # the BLS tokenizes itself, then calls the encoder
     spans = receiver.trace(trace_id, until={BLS_MODEL, *stages})
     assert {BLS_MODEL, *stages} <= {s.name for s in spans}, sorted(s.name for s in spans)
     assert_one_tree(spans, span_id)
