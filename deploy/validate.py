@@ -214,6 +214,9 @@ def _seconds(value: str | int | float) -> float:
 
 RESTRICTED_FLAGS = ("--http-restricted-api", "--grpc-restricted-protocol")
 FRONT_COMMAND = ["python3", "-m", "runtime", "front"]
+# The package's old top-level and its namespaced name (tools/namespace_imports.py): both import
+# in the image (tritonforge/runtime is a link to runtime/), so either may name the front.
+FRONT_MODULES = ("runtime", "tritonforge.runtime")
 
 
 def launcher_flag_findings(
@@ -246,8 +249,10 @@ def launcher_flag_findings(
 
 def front_args(command: list[str]) -> list[str] | None:
     """The options of a ``python3 -m runtime front`` command line (None: not the front)."""
-    n = len(FRONT_COMMAND)
-    return command[n:] if command[:n] == FRONT_COMMAND else None
+    head = [*FRONT_COMMAND[:2], command[2] if len(command) > 2 else "", *FRONT_COMMAND[3:]]
+    if command[:4] != head or head[2] not in FRONT_MODULES:
+        return None
+    return command[4:]
 
 
 def front_findings(
