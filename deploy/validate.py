@@ -26,7 +26,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,11 @@ CONTAINER_PYTHON = (3, 10)
 # stdlib names new in 3.11 (module or attribute) that would break on the container's 3.10.
 PY311_ONLY = {"tomllib", "StrEnum", "TaskGroup", "ExceptionGroup", "Self", "LiteralString",
               "Never", "assert_never", "reveal_type", "UTC"}  # fmt: skip
+# Pins of the Triton image that cannot equal the lock file, which is resolved on the venv's Python
+# 3.11: name -> the container's (3.10) version. multidict 7.2 requires Python >= 3.11.
+CONTAINER_PINS: dict[str, str] = {"multidict": "7.1.0"}
+# Import names of the image's pins that differ from the package name.
+IMPORT_NAMES = frozenset({"grpc", "google", "attr", "rapidjson"})
 # Kubernetes (apiVersion, kind) -> vendored schema file under deploy/schemas/k8s/.
 K8S_SCHEMAS: dict[tuple[str, str], str] = {
     ("apps/v1", "Deployment"): "v1.31.0/deployment-apps-v1.json",
@@ -88,7 +93,17 @@ KSERVE_DIR = DEPLOY_DIR / "kserve"
 KSERVE_MODEL_DIR = "/mnt/models"
 KSERVE_HTTP_PORT = "8080"
 # Flags that legitimately differ between the KServe runtime and the Deployment.
-KSERVE_OWN_FLAGS = ("--model-repository", "--http-port", "--grpc-port")
+# KServe routes its ports straight to tritonserver (no front, docs/deploy.md): TCP listeners and
+# the restricted-API flags instead of the Deployment's Unix sockets.
+KSERVE_OWN_FLAGS = (
+    "--model-repository",
+    "--http-port",
+    "--grpc-port",
+    "--http-address",
+    "--grpc-address",
+    "--http-restricted-api",
+    "--grpc-restricted-protocol",
+)
 # onnxruntime backend accelerators (Triton onnxruntime_backend README) and TensorRT precisions.
 GPU_ACCELERATORS = {"tensorrt", "cuda"}
 TRT_PRECISIONS = {"FP32", "FP16", "INT8"}
@@ -197,22 +212,85 @@ def _seconds(value: str | int | float) -> float:
     return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, None: 1}[m.group(2)]
 
 
-def launcher_flag_findings(where: str, args: list[str], key: str) -> list[str]:
-    """Restricted APIs (the launcher's list and header, keyed by ``key``) and OpenTelemetry
-    tracing (Triton's trace config as ``serve --trace-otlp`` builds it)."""
+RESTRICTED_FLAGS = ("--http-restricted-api", "--grpc-restricted-protocol")
+FRONT_COMMAND = ["python3", "-m", "tritonforge.runtime", "front"]
+# The package's old top-level and its namespaced name (tools/namespace_imports.py): both import
+# in the image (tritonforge/runtime is a link to runtime/), so either may name the front.
+FRONT_MODULES = ("runtime", "tritonforge.runtime")
+
+
+def launcher_flag_findings(
+    where: str, args: list[str], key: str, fronted: bool = False
+) -> list[str]:
+    """Restricted APIs and OpenTelemetry tracing (Triton's trace config as ``serve --trace-otlp``
+    builds it). Before a front (``fronted``) Triton gets no restricted flags: the front checks the
+    key, which must never be on a command line; otherwise the launcher's list and header, keyed by
+    ``key``."""
     from tritonforge.runtime.server import ADMIN_HEADER, RESTRICTED_APIS
 
     out: list[str] = []
     want = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={key}"
-    for flag in ("--http-restricted-api", "--grpc-restricted-protocol"):
+    for flag in RESTRICTED_FLAGS:
         values = [a.partition("=")[2] for a in args if a.startswith(flag + "=")]
-        if values != [want]:
+        if fronted and values:
+            out.append(
+                f"{where}: tritonserver behind the front takes no {flag} (the front checks the "
+                "admin key; on a command line it is world-readable)"
+            )
+        elif not fronted and values != [want]:
             out.append(f"{where}: needs {flag}={want} (the APIs and header of runtime.server)")
     trace = [a.partition("=")[2] for a in args if a.startswith("--trace-config=")]
     if "mode=opentelemetry" not in trace:
         out.append(f"{where}: needs --trace-config=mode=opentelemetry")
     if not any(t.startswith("opentelemetry,url=") and t.endswith("/v1/traces") for t in trace):
         out.append(f"{where}: needs --trace-config=opentelemetry,url=<collector>/v1/traces")
+    return out
+
+
+def front_args(command: list[str]) -> list[str] | None:
+    """The options of a ``python3 -m tritonforge.runtime front`` command line (None: not the front)."""
+    head = [*FRONT_COMMAND[:2], command[2] if len(command) > 2 else "", *FRONT_COMMAND[3:]]
+    if command[:4] != head or head[2] not in FRONT_MODULES:
+        return None
+    return command[4:]
+
+
+def front_findings(
+    where: str,
+    triton_args: list[str],
+    front_command: list[str],
+    shared: Callable[[str], bool],
+    front_env_has_key: bool,
+) -> list[str]:
+    """What the front before tritonserver needs in a container deployment: Triton's HTTP/gRPC on
+    ``unix:`` sockets in the front's ``--socket-dir`` (runtime.front.triton_listen_args), that
+    directory a volume both containers mount (``shared(dir)``), the admin key from the front's
+    environment and not on any command line, no restricted flags on Triton."""
+    from tritonforge.runtime.front import triton_listen_args
+
+    args = front_args(front_command)
+    if args is None:
+        return [f"{where}: the front must run `{' '.join(FRONT_COMMAND)}`"]
+    flags = triton_flags(args)
+    out: list[str] = []
+    socket_dir = flags.get("--socket-dir")
+    if not socket_dir:
+        return [f"{where}: the front needs --socket-dir=<the shared socket volume>"]
+    have = triton_flags(triton_args)
+    for want in triton_listen_args(Path(socket_dir)):
+        name, _, value = want.partition("=")
+        if have.get(name) != value:
+            out.append(
+                f"{where}: tritonserver needs {want} (Unix sockets in the front's --socket-dir, "
+                "runtime.front.triton_listen_args)"
+            )
+    if not shared(socket_dir):
+        out.append(f"{where}: {socket_dir} must be one volume mounted by both triton and the front")
+    if flags.get("--admin-key-env", ADMIN_KEY_ENV) != ADMIN_KEY_ENV or not front_env_has_key:
+        out.append(f"{where}: the front needs {ADMIN_KEY_ENV} in its environment")
+    if any(ADMIN_KEY_REF in a or "admin-key=" in a for a in [*args, *triton_args]):
+        out.append(f"{where}: the admin key must not be on a command line (world-readable)")
+    out += launcher_flag_findings(where, triton_args, ADMIN_KEY_REF, fronted=True)
     return out
 
 
@@ -262,9 +340,11 @@ def compose_findings(doc: Mapping[str, Any], root: Path = PROJECT_ROOT) -> list[
     elif not (root / str(repo_mounts[0].get("source", ""))).resolve().is_relative_to(root):
         out.append("compose: the /models mount must come from the project's model_repository")
     published = {str(p).rsplit(":", 1)[-1] for p in triton.get("ports") or []}
-    for port in ("8000", "8001", "8002"):
-        if port not in published:
-            out.append(f"compose: container port {port} is not published")
+    if published != {flags.get("--metrics-port")}:
+        out.append(
+            "compose: triton must publish only its --metrics-port (inference goes through the front)"
+        )
+    out += compose_front_findings(doc)
     if _size_bytes(triton.get("shm_size", 0)) < 2**30:
         out.append("compose: shm_size must be at least 1gb for the Python backend")
     user = str(triton.get("user", "")).split(":")[0]
@@ -286,13 +366,18 @@ def compose_findings(doc: Mapping[str, Any], root: Path = PROJECT_ROOT) -> list[
         )
         if grace < needed:
             out.append(f"compose: stop_grace_period {grace:g}s < drain + exit timeout {needed:g}s")
-    out += launcher_flag_findings("compose", command, ADMIN_KEY_REF)
-    for port in triton.get("ports") or []:
-        if str(port).count(":") < 2 or str(port).startswith("0.0.0.0:"):
-            out.append(f"compose: port {port} must be published on a bind address (TRITON_BIND)")
-    test = " ".join(str(t) for t in (triton.get("healthcheck") or {}).get("test") or [])
-    if "/v2/health/ready" not in test:
-        out.append("compose: the healthcheck must query /v2/health/ready")
+    for name, svc in services.items():
+        for port in svc.get("ports") or [] if name in ("triton", "front") else []:
+            if str(port).count(":") < 2 or str(port).startswith("0.0.0.0:"):
+                out.append(
+                    f"compose: port {port} must be published on a bind address (TRITON_BIND)"
+                )
+    for name in ("triton", "front"):
+        test = " ".join(
+            str(t) for t in ((services.get(name) or {}).get("healthcheck") or {}).get("test") or []
+        )
+        if "/v2/health/ready" not in test:
+            out.append(f"compose: the {name} healthcheck must query /v2/health/ready")
     profiles: dict[str, set[str]] = {}
     for name, svc in services.items():
         for profile in svc.get("profiles") or []:
@@ -306,6 +391,72 @@ def compose_findings(doc: Mapping[str, Any], root: Path = PROJECT_ROOT) -> list[
             source = vol.get("source") if isinstance(vol, dict) else str(vol).split(":")[0]
             if source and str(source).startswith("./") and not (root / source).exists():
                 out.append(f"compose: {name} mounts {source}, which does not exist")
+    return out
+
+
+def _compose_volume_sources(svc: Mapping[str, Any]) -> dict[str, str]:
+    """Mount target -> named volume of a compose service (long and short syntax)."""
+    out: dict[str, str] = {}
+    for vol in svc.get("volumes") or []:
+        if isinstance(vol, dict) and vol.get("type", "volume") == "volume":
+            out[str(vol.get("target"))] = str(vol.get("source"))
+        elif isinstance(vol, str) and not vol.startswith((".", "/")) and ":" in vol:
+            source, target = vol.split(":")[:2]
+            out[target] = source
+    return out
+
+
+def compose_front_findings(doc: Mapping[str, Any]) -> list[str]:
+    """The ``front`` service: the only published inference ports, Triton's sockets shared through
+    a private named volume, the key from its environment, stopped after triton (drain)."""
+    services, volumes = doc.get("services") or {}, doc.get("volumes") or {}
+    triton, front = services["triton"], services.get("front")
+    if not front:
+        return ["compose: no `front` service (runtime/front.py before Triton's sockets)"]
+    command = [str(a) for a in front.get("command") or []]
+    env = front.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(str(e).partition("=")[::2] for e in env)
+    t_vols, f_vols = _compose_volume_sources(triton), _compose_volume_sources(front)
+
+    def shared(path: str) -> bool:
+        return path in t_vols and t_vols[path] == f_vols.get(path)
+
+    out = front_findings(
+        "compose",
+        triton_command([str(a) for a in triton.get("command") or []]),
+        command,
+        shared,
+        env.get(ADMIN_KEY_ENV) == ADMIN_KEY_REF,
+    )
+    flags = triton_flags(front_args(command) or [])
+    published = sorted(str(p).rsplit(":", 1)[-1] for p in front.get("ports") or [])
+    want = sorted([flags.get("--http-port", ""), flags.get("--grpc-port", "")])
+    if published != want:
+        out.append(f"compose: the front must publish its --http-port and --grpc-port {want}")
+    if flags.get("--host") != "0.0.0.0":
+        out.append("compose: the front needs --host=0.0.0.0 (published ports reach the container)")
+    if front.get("image") != triton.get("image"):
+        out.append("compose: the front runs the triton image (deploy/Dockerfile)")
+    if str(front.get("user", "")) != str(triton.get("user", "")):
+        out.append("compose: the front must run as triton's user (the socket volume is 0700)")
+    volume = (volumes.get(t_vols.get(flags.get("--socket-dir", ""), "")) or {}).get("driver_opts")
+    o = set(str((volume or {}).get("o", "")).split(","))
+    uid = str(triton.get("user", "")).split(":")[0]
+    if not {"mode=0700", f"uid={uid}"} <= o:
+        out.append(
+            f"compose: the socket volume needs driver_opts o: uid={uid},mode=0700 (only the "
+            "containers' user may connect to Triton's sockets)"
+        )
+    if "front" not in (triton.get("depends_on") or {}):
+        out.append(
+            "compose: triton must depend on the front (compose stops triton first, so in-flight "
+            "requests drain through the front)"
+        )
+    if _seconds(front.get("stop_grace_period", "10s")) < _seconds(
+        triton.get("stop_grace_period", "10s")
+    ):
+        out.append("compose: the front's stop_grace_period must be at least triton's")
     return out
 
 
@@ -366,10 +517,13 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
     ]:
         if flags.get(flag) != want:
             out.append(f"k8s: triton needs {flag}={want}")
-    if ((triton.get("readinessProbe") or {}).get("httpGet") or {}).get(
-        "path"
-    ) != "/v2/health/ready":
-        out.append("k8s: readinessProbe must GET /v2/health/ready")
+    front = containers.get("front")
+    if front is None:
+        return ["k8s: the Deployment has no `front` container (runtime/front.py before Triton)"]
+    out += k8s_front_findings(pod, triton, front)
+    front_flags = triton_flags(
+        front_args([*front.get("command", []), *front.get("args", [])]) or []
+    )
     # liveness: /v2/health/live, or (better, server#8604) an exec canary inference
     liveness = triton.get("livenessProbe") or {}
     canary = " ".join(str(a) for a in (liveness.get("exec") or {}).get("command", []))
@@ -392,13 +546,12 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
             out.append(
                 f"k8s: terminationGracePeriodSeconds < preStop drain + exit timeout ({needed:g})"
             )
-    out += launcher_flag_findings("k8s", [str(a) for a in triton.get("args", [])], ADMIN_KEY_REF)
-    env = {e["name"]: e for e in triton.get("env", [])}
-    if "secretKeyRef" not in (env.get(ADMIN_KEY_ENV, {}).get("valueFrom") or {}):
-        out.append(f"k8s: {ADMIN_KEY_ENV} must come from a Secret (valueFrom.secretKeyRef)")
     startup_grpc = (triton.get("startupProbe") or {}).get("grpc") or {}
-    if startup_grpc and str(startup_grpc.get("port")) != flags.get("--grpc-port"):
-        out.append("k8s: the gRPC startup probe must use --grpc-port (grpc.health.v1)")
+    if startup_grpc and str(startup_grpc.get("port")) != front_flags.get("--grpc-port"):
+        out.append(
+            "k8s: the gRPC startup probe must use the front's --grpc-port (grpc.health.v1 passes "
+            "through the front)"
+        )
     limits = (triton.get("resources") or {}).get("limits") or {}
     if int(limits.get("nvidia.com/gpu", 0)) < 1:
         out.append("k8s: triton needs an nvidia.com/gpu limit")
@@ -448,6 +601,52 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
                     f"k8s: HPA metric {metric['pods']['metric']['name']} is not served by any "
                     f"rule in {adapter_rules.name}"
                 )
+    return out
+
+
+def k8s_front_findings(
+    pod: Mapping[str, Any], triton: Mapping[str, Any], front: Mapping[str, Any]
+) -> list[str]:
+    """The front sidecar: Triton's sockets in an emptyDir both containers mount, the only
+    inference container ports, the readiness probe, the key from a Secret, drain before stop."""
+    command = [str(a) for a in [*front.get("command", []), *front.get("args", [])]]
+    env = {e["name"]: e for e in front.get("env", [])}
+    from_secret = "secretKeyRef" in (env.get(ADMIN_KEY_ENV, {}).get("valueFrom") or {})
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    t_mounts = {m["mountPath"]: m["name"] for m in triton.get("volumeMounts", [])}
+    f_mounts = {m["mountPath"]: m["name"] for m in front.get("volumeMounts", [])}
+
+    def shared(path: str) -> bool:
+        name = t_mounts.get(path)
+        return name is not None and name == f_mounts.get(path) and "emptyDir" in volumes[name]
+
+    out = front_findings(
+        "k8s", [str(a) for a in triton.get("args", [])], command, shared, from_secret
+    )
+    if not from_secret:
+        out.append(f"k8s: {ADMIN_KEY_ENV} must come from a Secret (valueFrom.secretKeyRef)")
+    flags = triton_flags(front_args(command) or [])
+    ports = {p["name"]: str(p["containerPort"]) for p in front.get("ports", [])}
+    if ports != {"http": flags.get("--http-port"), "grpc": flags.get("--grpc-port")}:
+        out.append("k8s: the front's ports http/grpc must be its --http-port/--grpc-port")
+    if {p["name"] for p in triton.get("ports", [])} & {"http", "grpc"}:
+        out.append("k8s: only the front has http/grpc container ports (Triton is on sockets)")
+    if flags.get("--host") != "0.0.0.0":
+        out.append("k8s: the front needs --host=0.0.0.0 (the Service reaches the pod IP)")
+    if ((front.get("readinessProbe") or {}).get("httpGet") or {}).get("path") != "/v2/health/ready":
+        out.append("k8s: the front's readinessProbe must GET /v2/health/ready")
+    pre_stop = (((front.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get(
+        "command"
+    ) or []
+    if DRAIN_MODULE not in pre_stop:
+        out.append(
+            f"k8s: the front needs a preStop `python3 -m {DRAIN_MODULE} wait` (it must forward "
+            "while triton drains)"
+        )
+    if front.get("image") != triton.get("image"):
+        out.append("k8s: the front runs the triton image (deploy/Dockerfile)")
+    if not (front.get("securityContext") or {}).get("readOnlyRootFilesystem"):
+        out.append("k8s: the front needs readOnlyRootFilesystem")
     return out
 
 
@@ -596,9 +795,12 @@ def pins(path: Path) -> dict[str, str]:
     return out
 
 
-def pin_findings(requirements: Path, constraints: Path = CONSTRAINTS) -> list[str]:
-    """Every package of ``requirements`` pinned exactly, to the same version as ``constraints``."""
-    lock = pins(constraints)
+def pin_findings(
+    requirements: Path, constraints: Path = CONSTRAINTS, own: Mapping[str, str] | None = None
+) -> list[str]:
+    """Every package of ``requirements`` pinned exactly, to the same version as ``constraints``
+    (or, for a name in ``own``, to that version)."""
+    lock = {**pins(constraints), **(own or {})}
     out: list[str] = []
     for name, version in pins(requirements).items():
         if not version:
@@ -647,6 +849,9 @@ class ContainerCode:
         )
 
 
+# `python3 -m tritonforge.runtime front` in the Triton image (docker-compose.yml, deploy/k8s).
+FRONT_ENTRY = PROJECT_ROOT / "runtime" / "__main__.py"
+FRONT_FIRST_PARTY = frozenset({"runtime", "tritonforge"})
 # Import roots the Locust image provides beyond its pins: the project's code and the pins' deps.
 LOADTEST_IMPORTS = frozenset({"client", "loadtest", "tritonforge", "grpc", "gevent"})
 
@@ -660,10 +865,12 @@ def _module_file(module: str, root: Path) -> list[Path]:
 
 
 def loadtest_code(
-    entry: Path = PROJECT_ROOT / "loadtest" / "locustfile.py", root: Path = PROJECT_ROOT
+    entry: Path = PROJECT_ROOT / "loadtest" / "locustfile.py",
+    root: Path = PROJECT_ROOT,
+    first_party: frozenset[str] = frozenset({"client", "loadtest", "tritonforge"}),
 ) -> ContainerCode:
-    """What the Locust image runs: the locustfile and the first-party modules it imports."""
-    first_party = {"client", "loadtest", "tritonforge"}
+    """What an image runs from ``entry`` (by default the Locust image's locustfile): the entry and
+    the first-party modules it imports at top level, transitively."""
     seen: list[Path] = []
     todo = [entry]
     while todo:
@@ -803,11 +1010,16 @@ def all_findings(env: Mapping[str, str] | None = None) -> dict[str, list[str]]:
         "kserve schemas": validate_k8s(kserve_docs),
         "kserve contents": kserve_findings(kserve_docs, docs),
         "promql": promql_findings(queries) + duration_findings(queries),
-        "triton image pins": pin_findings(TRITON_REQUIREMENTS),
+        "triton image pins": pin_findings(TRITON_REQUIREMENTS, own=CONTAINER_PINS),
         "loadtest image pins": pin_findings(LOADTEST_REQUIREMENTS),
         "container code": container_code_findings(ContainerCode.find()),
         "loadtest image code": container_code_findings(
             loadtest_code(), LOADTEST_REQUIREMENTS, LOADTEST_IMPORTS, (3, 11)
+        ),
+        "front code": container_code_findings(
+            loadtest_code(FRONT_ENTRY, first_party=FRONT_FIRST_PARTY),
+            TRITON_REQUIREMENTS,
+            FRONT_FIRST_PARTY | IMPORT_NAMES,
         ),
         "gpu configs": [f for d in gpu_config_dirs() for f in gpu_config_findings(d)],
     }

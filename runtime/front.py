@@ -91,9 +91,35 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 _INFLATE_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _JSON_SHAPE = re.compile(rb'"shape"\s*:\s*\[([^\]]*)\]')
+# Triton's private sockets in the socket directory: ``--grpc-address=unix:<dir>/grpc.sock`` listens
+# on ``grpc.sock:<--grpc-port>`` (2.51 appends the port to the path); the HTTP socket is exact.
+HTTP_SOCKET = "http.sock"
+GRPC_SOCKET = "grpc.sock"
+GRPC_SOCKET_PORT = 1
 MAX_ELEMENTS = 2**31 - 1
 """Triton 2.51 truncates dims to 32 bits: ``[2**32 + 1, 1]`` passes as batch 1 (and skips the
 max_batch_size check). Every dim, and every tensor's element count, must fit."""
+
+
+def http_socket(socket_dir: Path) -> Path:
+    """Triton's HTTP socket in ``socket_dir``."""
+    return socket_dir / HTTP_SOCKET
+
+
+def grpc_target(socket_dir: Path) -> str:
+    """The gRPC channel target of Triton's socket in ``socket_dir``."""
+    return f"unix:{socket_dir}/{GRPC_SOCKET}:{GRPC_SOCKET_PORT}"
+
+
+def triton_listen_args(socket_dir: Path) -> list[str]:
+    """tritonserver flags that make it listen (HTTP and gRPC) only on sockets in ``socket_dir``:
+    the launcher's, and those of the container deployments (checked by deploy/validate.py)."""
+    return [
+        f"--http-address=unix:{http_socket(socket_dir)}",
+        "--http-port=1",
+        f"--grpc-address=unix:{socket_dir}/{GRPC_SOCKET}",
+        f"--grpc-port={GRPC_SOCKET_PORT}",
+    ]
 
 
 def check_shape(dims: Iterable[int], where: str) -> None:
@@ -559,8 +585,9 @@ class Front:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m tritonforge.runtime front``: the front alone, before a tritonserver started elsewhere with
-    ``--http-address=unix:<dir>/http.sock --grpc-address=unix:<dir>/grpc.sock --grpc-port=1``
-    (a sidecar sharing ``<dir>``, e.g. in Kubernetes). The admin key comes from the environment
+    ``--http-address=unix:<dir>/http.sock --http-port=1 --grpc-address=unix:<dir>/grpc.sock
+    --grpc-port=1`` (:func:`triton_listen_args`; a sidecar sharing ``<dir>``: docker-compose.yml,
+    deploy/k8s). The admin key comes from the environment
     variable named by ``--admin-key-env`` (never from the command line)."""
     import argparse
     import os
@@ -591,8 +618,8 @@ def main(argv: list[str] | None = None) -> int:
         args.host,
         args.http_port,
         args.grpc_port,
-        http_socket=lambda: args.socket_dir / "http.sock",
-        grpc_target=lambda: f"unix:{args.socket_dir}/grpc.sock:1",
+        http_socket=lambda: http_socket(args.socket_dir),
+        grpc_target=lambda: grpc_target(args.socket_dir),
         admin_key=key,
         admin_header=ADMIN_HEADER,
         grpc_admin_headers=(GRPC_ADMIN_HEADER, ADMIN_HEADER),

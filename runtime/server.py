@@ -32,7 +32,15 @@ from typing import NoReturn
 from tritonforge.drain import fetch_metrics, wait_until_quiet
 from tritonforge.env import env_int
 from tritonforge.runtime.errors import ModelLoadError, ServerStartError
-from tritonforge.runtime.front import ADMIN_HEADER, GRPC_ADMIN_HEADER, Front, FrontLimits
+from tritonforge.runtime.front import (
+    ADMIN_HEADER,
+    GRPC_ADMIN_HEADER,
+    Front,
+    FrontLimits,
+    grpc_target,
+    http_socket,
+    triton_listen_args,
+)
 from tritonforge.runtime.locate import (
     PYTHONPATH_ENV,
     assemble_backend_dir,
@@ -192,12 +200,12 @@ class EmbeddedServer:
     @property
     def http_socket(self) -> Path:
         """Triton's private HTTP socket (behind the front)."""
-        return self.socket_dir / "http.sock"
+        return http_socket(self.socket_dir)
 
     @property
     def grpc_target(self) -> str:
         """Triton's private gRPC address (2.51 appends ``:<port>`` to the socket path)."""
-        return f"unix:{self.socket_dir}/grpc.sock:1"
+        return grpc_target(self.socket_dir)
 
     def log_text(self, last: int | None = None) -> str:
         with self._log_lock:
@@ -245,12 +253,7 @@ class EmbeddedServer:
     def _listen_args(self) -> list[str]:
         s = self.settings
         if s.front:
-            return [
-                f"--http-address=unix:{self.http_socket}",
-                "--http-port=1",
-                f"--grpc-address={self.grpc_target.rsplit(':', 1)[0]}",
-                "--grpc-port=1",
-            ]
+            return triton_listen_args(self.socket_dir)
         return [
             f"--http-address={s.host}",
             f"--http-port={s.http_port}",

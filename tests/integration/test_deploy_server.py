@@ -1,28 +1,45 @@
 """The deployment's Triton command line on the real embedded Triton 2.51: the image tag's release
 equals the embedded server's version, the compose flags are accepted, models without
-configs/gpu.pbtxt still load under --model-config-name=gpu, and every metric the Grafana dashboard
-and the HPA's adapter rule query is exported by this server."""
+configs/gpu.pbtxt still load under --model-config-name=gpu, every metric the Grafana dashboard
+and the HPA's adapter rule query is exported by this server, and docker-compose.yml's `front`
+command and triton healthcheck work on its Unix sockets."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from tests.conftest import ServeFn
 from tritonforge.deploy import validate as dv
 from tritonforge.runtime.locate import find_triton
-from tritonforge.runtime.server import ADMIN_HEADER, EmbeddedServer
+from tritonforge.runtime.server import ADMIN_HEADER, EmbeddedServer, free_port
 
 pytestmark = pytest.mark.integration
 
-# Flags the embedded launcher owns (paths, addresses, ports on free loopback ports).
-LAUNCHER_FLAGS = {"--model-repository", "--http-port", "--grpc-port", "--metrics-port"}
+# Flags the embedded launcher owns (paths, addresses, ports on free loopback ports, its socket
+# directory: the same runtime.front.triton_listen_args the compose file must use).
+LAUNCHER_FLAGS = {
+    "--model-repository",
+    "--http-address",
+    "--http-port",
+    "--grpc-address",
+    "--grpc-port",
+    "--metrics-port",
+}
+# Options of the compose front this test replaces: the server's socket directory, free ports.
+FRONT_OWN_FLAGS = {"--socket-dir", "--host", "--http-port", "--grpc-port"}
+COMPOSE_SOCKET_DIR = "/run/tritonforge"
+ADMIN_KEY = "compose-test-key"
 
 IDENTITY_CONFIG = """
 name: "identity"
@@ -76,8 +93,33 @@ def deployed(tmp_path: Path, serve: ServeFn, compose_args: list[str]) -> Iterato
     (cached / "1").mkdir(parents=True)
     (cached / "config.pbtxt").write_text(CACHED_CONFIG)
     (cached / "1" / "model.py").write_text(IDENTITY_MODEL)
-    # compose's own restricted-API flags (key $(TRITONFORGE_ADMIN_KEY)) instead of the launcher's
+    # the admin key is checked by the compose front below, not by Triton
     yield serve(tmp_path / "repo", extra_args=compose_args + cache_args(), restrict_apis=False)
+
+
+@pytest.fixture
+def compose_front(deployed: EmbeddedServer) -> Iterator[tuple[str, str]]:
+    """docker-compose.yml's `front` command before the server's sockets, with the key in its
+    environment as compose passes it; yields its HTTP and gRPC addresses."""
+    command = dv.compose_document()["services"]["front"]["command"]
+    args = [a for a in dv.front_args(command) or [] if a.split("=", 1)[0] not in FRONT_OWN_FLAGS]
+    http_port, grpc_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, *dv.FRONT_COMMAND[1:], *args, f"--socket-dir={deployed.socket_dir}", "--host=127.0.0.1",
+         f"--http-port={http_port}", f"--grpc-port={grpc_port}"],
+        cwd=dv.PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, dv.ADMIN_KEY_ENV: ADMIN_KEY},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert "==> front on" in proc.stdout.readline()
+        yield f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
 
 
 def _get(url: str) -> bytes:
@@ -96,14 +138,39 @@ def test_compose_flags_run_on_the_images_triton_release(
         assert resp.status == 200
 
 
-def test_compose_restricts_the_admin_apis_to_its_key(deployed: EmbeddedServer) -> None:
-    stats = f"http://{deployed.http_url}/v2/models/identity/stats"
+def test_compose_front_restricts_the_admin_apis_to_its_key(
+    compose_front: tuple[str, str],
+) -> None:
+    http, _ = compose_front
+    stats = f"http://{http}/v2/models/identity/stats"
     with pytest.raises(urllib.error.HTTPError) as info:
         _get(stats)
-    assert info.value.code in (401, 403, 503) or "restricted" in info.value.read().decode()
-    request = urllib.request.Request(stats, headers={ADMIN_HEADER: dv.ADMIN_KEY_REF})
+    assert info.value.code == 403
+    request = urllib.request.Request(stats, headers={ADMIN_HEADER: ADMIN_KEY})
     with urllib.request.urlopen(request, timeout=10) as resp:
         assert resp.status == 200
+    with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=10) as resp:
+        assert resp.status == 200  # the front's healthcheck and the k8s readiness probe
+
+
+def test_compose_front_passes_the_grpc_health_service(compose_front: tuple[str, str]) -> None:
+    """The Kubernetes startup probe (``grpc: {port: <front's --grpc-port>}``) through the front."""
+    _, address = compose_front
+    with grpc.insecure_channel(address) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")
+        # HealthCheckRequest{service=""} is empty; the answer is {status: SERVING (1)}
+        assert check(b"", timeout=10) == b"\x08\x01"
+
+
+def test_compose_triton_healthcheck_reads_readiness_on_its_socket(
+    deployed: EmbeddedServer, tmp_path: Path
+) -> None:
+    test = dv.compose_document()["services"]["triton"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python3", "-c"] and COMPOSE_SOCKET_DIR in test[3]
+    code = test[3].replace(COMPOSE_SOCKET_DIR, str(deployed.socket_dir))
+    assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0
+    missing = test[3].replace(COMPOSE_SOCKET_DIR, str(tmp_path))
+    assert subprocess.run([sys.executable, "-c", missing], timeout=30).returncode != 0
 
 
 def test_dashboard_and_hpa_query_metrics_this_triton_exports(deployed: EmbeddedServer) -> None:

@@ -78,9 +78,24 @@ def test_compose_model_config_name_is_selectable_by_env() -> None:
         (lambda t: t["ports"].__setitem__(0, "8000:8000"), "bind address"),
         (lambda t: t["ports"].__setitem__(0, "0.0.0.0:8000:8000"), "bind address"),
         (
-            lambda t: t.update(command=[a for a in t["command"] if "restricted-api" not in a]),
-            "--http-restricted-api",
+            lambda t: t["command"].append(
+                "--http-restricted-api=model-config:x-tritonforge-admin=$(TRITONFORGE_ADMIN_KEY)"
+            ),
+            "takes no --http-restricted-api",
         ),
+        (lambda t: t["ports"].append("127.0.0.1:8000:8000"), "only its --metrics-port"),
+        (
+            lambda t: t.update(
+                command=[a.replace("unix:", "") if "-address=" in a else a for a in t["command"]]
+            ),
+            "--http-address=unix:/run/tritonforge/http.sock",
+        ),
+        (
+            lambda t: t.update(command=[a for a in t["command"] if a != "--grpc-port=1"]),
+            "--grpc-port=1",
+        ),
+        (lambda t: t["volumes"].pop(1), "mounted by both"),
+        (lambda t: t.pop("depends_on"), "depend on the front"),
         (
             lambda t: t.update(command=[a for a in t["command"] if "mode=opentelemetry" not in a]),
             "mode=opentelemetry",
@@ -95,12 +110,50 @@ def test_compose_findings_catch_regressions(
     assert any(expected in f for f in dv.compose_findings(broken))
 
 
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: d["services"].pop("front"), "no `front` service"),
+        (lambda d: d["services"]["front"]["ports"].pop(1), "--grpc-port"),
+        (lambda d: d["services"]["front"]["ports"].__setitem__(0, "8000:8000"), "bind address"),
+        (lambda d: d["services"]["front"].pop("environment"), "TRITONFORGE_ADMIN_KEY"),
+        (
+            lambda d: d["services"]["front"]["command"].append("--admin-key-env=OTHER"),
+            "TRITONFORGE_ADMIN_KEY in its environment",
+        ),
+        (
+            lambda d: d["services"]["front"]["command"].__setitem__(4, "--socket-dir=/tmp"),
+            "mounted by both",
+        ),
+        (
+            lambda d: d["services"]["front"]["command"].__setitem__(2, "tritonforge"),
+            "python3 -m tritonforge.runtime front",
+        ),
+        (lambda d: d["services"]["front"].update(user="0:0"), "triton's user"),
+        (lambda d: d["services"]["front"].update(stop_grace_period="1s"), "stop_grace_period"),
+        (lambda d: d["services"]["front"].pop("healthcheck"), "front healthcheck"),
+        (
+            lambda d: d["volumes"]["triton-sockets"]["driver_opts"].update(o="mode=0777"),
+            "mode=0700",
+        ),
+    ],
+)
+def test_compose_front_findings_catch_regressions(
+    compose: dict[str, Any], mutate: Any, expected: str
+) -> None:
+    broken = copy.deepcopy(compose)
+    mutate(broken)
+    assert any(expected in f for f in dv.compose_findings(broken))
+
+
 def test_compose_refuses_to_start_without_an_admin_key() -> None:
     raw = dv.load_yaml(dv.COMPOSE_FILE)
     with pytest.raises(dv.DeployCheckError, match="TRITONFORGE_ADMIN_KEY"):
         dv.interpolate(raw, {})
     doc = dv.interpolate(raw, {"TRITONFORGE_ADMIN_KEY": "s3cret"})
-    assert any(a.endswith("=s3cret") for a in doc["services"]["triton"]["command"])
+    assert doc["services"]["front"]["environment"]["TRITONFORGE_ADMIN_KEY"] == "s3cret"
+    commands = [a for svc in doc["services"].values() for a in svc.get("command") or []]
+    assert not any("s3cret" in str(a) for a in commands)  # never on a command line
 
 
 def test_interpolation_follows_compose_rules() -> None:
@@ -129,12 +182,13 @@ def test_monitoring_and_loadtest_point_at_the_triton_service(compose: dict[str, 
         dv.DEPLOY_DIR / "monitoring/grafana/provisioning/dashboards/dashboards.yml"
     )["providers"][0]
     assert any(v.endswith(":" + provider["options"]["path"] + ":ro") for v in grafana["volumes"])
-    http_port = dv.triton_flags(compose["services"]["triton"]["command"])["--http-port"]
+    front = dv.triton_flags(dv.front_args(compose["services"]["front"]["command"]) or [])
+    http_port, grpc_port = front["--http-port"], front["--grpc-port"]
     master = compose["services"]["locust-master"]
-    assert f"--host=http://triton:{http_port}" in master["command"]
+    assert f"--host=http://front:{http_port}" in master["command"]
     assert "/app/loadtest/locustfile.py" in master["command"]
-    assert "--grpc-url=triton:8001" in master["command"]
-    assert master["environment"]["TRITONFORGE_URL"] == f"triton:{http_port}"
+    assert f"--grpc-url=front:{grpc_port}" in master["command"]
+    assert master["environment"]["TRITONFORGE_URL"] == f"front:{http_port}"
 
 
 # -- kubernetes ------------------------------------------------------------------------------------
@@ -157,7 +211,7 @@ def test_k8s_manifests_match_their_schemas() -> None:
 def test_k8s_schemas_reject_unknown_fields_and_wrong_types(k8s_docs: list[dict[str, Any]]) -> None:
     broken = copy.deepcopy(k8s_docs)
     dep = next(d for d in broken if d["kind"] == "Deployment")
-    dep["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGett"] = {}
+    dep["spec"]["template"]["spec"]["containers"][1]["readinessProbe"]["httpGett"] = {}
     dep["spec"]["replicas"] = "two"
     hpa = next(d for d in broken if d["kind"] == "HorizontalPodAutoscaler")
     hpa["spec"]["maxReplica"] = 8
@@ -181,7 +235,10 @@ def test_k8s_deployment_has_what_production_needs(k8s_docs: list[dict[str, Any]]
         ),
         (lambda pod, ctr: pod["securityContext"].pop("runAsNonRoot"), "runAsNonRoot"),
         (lambda pod, ctr: ctr["resources"]["limits"].pop("nvidia.com/gpu"), "nvidia.com/gpu"),
-        (lambda pod, ctr: ctr["readinessProbe"]["httpGet"].update(path="/"), "readinessProbe"),
+        (
+            lambda pod, ctr: pod["containers"][1]["readinessProbe"]["httpGet"].update(path="/"),
+            "readinessProbe",
+        ),
         (lambda pod, ctr: ctr["livenessProbe"]["exec"].update(command=["true"]), "livenessProbe"),
         (lambda pod, ctr: ctr.pop("lifecycle"), "preStop"),
         (
@@ -189,11 +246,29 @@ def test_k8s_deployment_has_what_production_needs(k8s_docs: list[dict[str, Any]]
             "tritonforge.drain wait",
         ),
         (lambda pod, ctr: pod.update(terminationGracePeriodSeconds=30), "GracePeriod"),
-        (lambda pod, ctr: ctr["env"][1].pop("valueFrom"), "Secret"),
+        (lambda pod, ctr: pod["containers"][1]["env"][1].pop("valueFrom"), "Secret"),
         (lambda pod, ctr: ctr["startupProbe"]["grpc"].update(port=9999), "gRPC startup probe"),
         (
-            lambda pod, ctr: ctr.update(args=[a.replace("logging:", "") for a in ctr["args"]]),
-            "--grpc-restricted-protocol",
+            lambda pod, ctr: ctr["args"].append(
+                "--grpc-restricted-protocol=logging:x-tritonforge-admin=$(TRITONFORGE_ADMIN_KEY)"
+            ),
+            "takes no --grpc-restricted-protocol",
+        ),
+        (lambda pod, ctr: pod["containers"].pop(1), "no `front` container"),
+        (
+            lambda pod, ctr: ctr["args"].remove("--http-address=unix:/run/tritonforge/http.sock"),
+            "--http-address=unix:",
+        ),
+        (lambda pod, ctr: ctr["volumeMounts"].pop(3), "mounted by both"),
+        (
+            lambda pod, ctr: ctr["ports"].append({"name": "http", "containerPort": 8000}),
+            "only the front",
+        ),
+        (lambda pod, ctr: pod["containers"][1]["ports"].pop(1), "--grpc-port"),
+        (lambda pod, ctr: pod["containers"][1].pop("lifecycle"), "forward while triton drains"),
+        (
+            lambda pod, ctr: pod["containers"][1]["args"].append("--admin-key-env=OTHER"),
+            "in its environment",
         ),
         (lambda pod, ctr: pod["volumes"][2]["emptyDir"].pop("medium"), "/dev/shm"),
         (lambda pod, ctr: ctr["volumeMounts"][0].pop("readOnly"), "/models"),
@@ -306,11 +381,9 @@ def test_compose_and_k8s_run_triton_with_the_same_flags(
     assert dv.triton_flags(compose_cmd) == dv.triton_flags(ctr["args"])
     ports = {p["name"]: str(p["containerPort"]) for p in ctr["ports"]}
     flags = dv.triton_flags(ctr["args"])
-    assert ports == {
-        "http": flags["--http-port"],
-        "grpc": flags["--grpc-port"],
-        "metrics": flags["--metrics-port"],
-    }
+    assert ports == {"metrics": flags["--metrics-port"]}  # inference through the front
+    front = dep["spec"]["template"]["spec"]["containers"][1]
+    assert front["command"] + front["args"] == compose["services"]["front"]["command"]
     annotations = dep["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == flags["--metrics-port"]
 
@@ -326,16 +399,32 @@ def test_image_tag_is_the_embedded_servers_release() -> None:
 
 
 @pytest.mark.parametrize(
-    ("dockerfile", "requirements"),
+    ("dockerfile", "requirements", "own"),
     [
-        (dv.DOCKERFILE, dv.TRITON_REQUIREMENTS),
-        (dv.DEPLOY_DIR / "Dockerfile.loadtest", dv.LOADTEST_REQUIREMENTS),
+        (dv.DOCKERFILE, dv.TRITON_REQUIREMENTS, dv.CONTAINER_PINS),
+        (dv.DEPLOY_DIR / "Dockerfile.loadtest", dv.LOADTEST_REQUIREMENTS, {}),
     ],
 )
-def test_image_python_packages_equal_the_lock_file(dockerfile: Path, requirements: Path) -> None:
+def test_image_python_packages_equal_the_lock_file(
+    dockerfile: Path, requirements: Path, own: dict[str, str]
+) -> None:
     assert dv.dockerfile_installs(dockerfile, requirements)
     assert dv.pins(requirements), f"{requirements} pins nothing"
-    assert dv.pin_findings(requirements) == []
+    assert dv.pin_findings(requirements, own=own) == []
+    # an own pin only for what the lock cannot give the container's Python
+    lock = dv.pins(dv.CONSTRAINTS)
+    assert all(lock.get(name) != version for name, version in own.items())
+
+
+def test_triton_image_has_what_the_front_imports() -> None:
+    code = dv.loadtest_code(dv.FRONT_ENTRY, first_party=dv.FRONT_FIRST_PARTY)
+    names = {p.name for p in code.package_files}
+    assert {"front.py", "cli.py", "errors.py"} <= names
+    allowed = dv.FRONT_FIRST_PARTY | dv.IMPORT_NAMES
+    assert dv.container_code_findings(code, dv.TRITON_REQUIREMENTS, allowed) == []
+    missing = copy.deepcopy(allowed) - {"grpc"}
+    findings = dv.container_code_findings(code, dv.TRITON_REQUIREMENTS, frozenset(missing))
+    assert any("imports grpc" in f for f in findings)
 
 
 def test_pin_check_catches_drift(tmp_path: Path) -> None:
