@@ -103,7 +103,7 @@ def test_hardware_gate_skips_without_a_gpu_and_says_why(tmp_path: Path) -> None:
 def test_this_host_without_a_gpu_skips_the_hardware_gate() -> None:
     providers, why = gate.gpu_providers()
     if providers:
-        pytest.skip(f"this host has GPU providers {providers}")
+        pytest.skip(reason=f"this host has GPU providers {providers}")
     assert why
 
 
