@@ -205,6 +205,10 @@ class FrontLimits:
     queue_timeout_s: float = 10.0
     max_upstream_connections: int = 64
     idle_timeout_s: float = 75.0
+    # On drain, gRPC calls in flight (open generation streams) get this long to finish before the
+    # old upstream channel is closed; short against Triton's exit timeout, since a client that
+    # keeps an idle stream open would otherwise hold tritonserver's shutdown.
+    drain_grace_s: float = 10.0
 
 
 class HttpFront:
@@ -571,7 +575,7 @@ class Front:
     async def _release(self) -> None:
         await self.http.close()
         self.http._session = None
-        self.grpc.detach(grace_s=self.limits.request_timeout_s)
+        self.grpc.detach(grace_s=self.limits.drain_grace_s)
 
     def stop(self) -> None:
         if self._thread.is_alive():
