@@ -1,9 +1,18 @@
-"""``python -m tritonforge.export <spec> [--format onnx|torchscript|all] [--quantize int8] [--version N]``
-and ``python -m tritonforge.export clean``."""
+"""Export a pipeline into the model repository:
+
+    python -m tritonforge.export minilm [--format onnx|torchscript|all] [--quantize int8]
+    python -m tritonforge.export --from-pretrained DIR --task embedding|classification [--name N]
+    python -m tritonforge.export clean
+
+A registered spec or any Hugging Face checkpoint directory (config.json, safetensors,
+tokenizer.json) takes the same road: encoders exported and verified, then every config of the
+pipeline generated. Without --format/--quantize the spec's variants are exported (all three).
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -11,52 +20,93 @@ from pathlib import Path
 
 from tritonforge.export.decoder.config import clean_decoders
 from tritonforge.export.errors import ExportError
-from tritonforge.export.pipeline import FORMATS, Options, run_export
+from tritonforge.export.pipeline import FORMATS, Options, export_pipeline
+from tritonforge.export.pipeline_configs import stage_files, write_files
+from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.repository import clean
-from tritonforge.export.specs import DECODERS, REGISTRY, get_spec
+from tritonforge.export.specs import DECODERS, REGISTRY, get_pipeline
+from tritonforge.pipelines import TASKS
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tritonforge.export", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m tritonforge.export",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "spec",
+        nargs="?",
         help=f"a registered spec ({', '.join(sorted([*REGISTRY, *DECODERS]))}) or 'clean'",
     )
-    p.add_argument("--format", choices=[*FORMATS, "all"], default="all")
-    p.add_argument("--quantize", choices=["int8"], default=None)
+    p.add_argument("--from-pretrained", type=Path, metavar="DIR", help="a Hugging Face checkpoint")
+    p.add_argument("--task", choices=TASKS, help="with --from-pretrained: what to serve")
+    p.add_argument("--name", help="with --from-pretrained: the pipeline's name (default: DIR's)")
+    p.add_argument("--max-length", type=int, help="with --from-pretrained: tokens per text")
+    p.add_argument("--format", choices=[*FORMATS, "all"], default=None)
+    p.add_argument("--quantize", choices=["int8", "none"], default=None)
     p.add_argument("--version", type=int, default=1)
     p.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     p.add_argument("--force", action="store_true", help="export even if the inputs are unchanged")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if (args.spec is None) == (args.from_pretrained is None):
+        p.error("give a registered spec, 'clean', or --from-pretrained DIR --task TASK")
+    if args.from_pretrained is not None and args.task is None:
+        p.error("--from-pretrained needs --task embedding|classification")
+    return args
+
+
+def options_for(pipeline: PipelineSpec, args: argparse.Namespace) -> Options:
+    """Formats and int8 from the flags, else from the spec's variants."""
+    if args.version < 1:
+        raise ExportError("--version must be >= 1")
+    if args.format is None:
+        formats = ("onnx", *(("torchscript",) if "torchscript" in pipeline.variants else ()))
+    else:
+        formats = FORMATS if args.format == "all" else (args.format,)
+    if args.quantize is None:
+        quantize = "int8" if "int8" in pipeline.variants else None
+    else:
+        quantize = None if args.quantize == "none" else args.quantize
+    return Options(
+        repo=args.model_repository,
+        formats=formats,
+        quantize=quantize,
+        version=args.version,
+        force=args.force,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.spec == "clean":
-            removed = clean(args.model_repository, [get_spec(n) for n in REGISTRY])
+            models = [m for n in REGISTRY for m in get_pipeline(n).model_names()]
+            removed = clean(args.model_repository, models)
             removed += clean_decoders(args.model_repository, [f() for f in DECODERS.values()])
-            print(f"==> [export clean] removed {len(removed)} item(s): {', '.join(removed) or '-'}")
+            log.info(
+                "==> [export clean] removed %d item(s): %s", len(removed), ", ".join(removed) or "-"
+            )
             return 0
         if args.spec in DECODERS:
             from tritonforge.export.decoder.pipeline import run_decoder_export
 
             spec = DECODERS[args.spec]()
             run_decoder_export(spec, args.model_repository, args.quantize == "int8", args.force)
+            write_files(args.model_repository, stage_files(spec.serving.model_name, "generate"))
             return 0
-        if args.version < 1:
-            raise ExportError("--version must be >= 1")
-        formats = FORMATS if args.format == "all" else (args.format,)
-        options = Options(
-            repo=args.model_repository,
-            formats=formats,
-            quantize=args.quantize,
-            version=args.version,
-            force=args.force,
-        )
-        run_export(get_spec(args.spec), options)
+        if args.from_pretrained is not None:
+            from tritonforge.export.specs.hf import pipeline_from_pretrained
+
+            pipeline = pipeline_from_pretrained(
+                args.from_pretrained, args.task, args.name, max_length=args.max_length
+            )
+        else:
+            pipeline = get_pipeline(args.spec)
+        export_pipeline(pipeline, options_for(pipeline, args))
     except ExportError as e:
         print(f"export failed: {e}", file=sys.stderr)
         return 1

@@ -20,6 +20,7 @@ import numpy as np
 from tritonforge.export import onnx_checks, parity
 from tritonforge.export.errors import QuantAuditError, SpecError, VerificationError
 from tritonforge.export.onnx_export import export_onnx
+from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.progress import StepBar, previous_timings
 from tritonforge.export.report import write_report
 from tritonforge.export.repository import (
@@ -68,6 +69,7 @@ class Outcome:
     skipped: bool
     report: dict[str, Any] = field(default_factory=dict)
     moved: list[str] = field(default_factory=list)
+    generated: list[str] = field(default_factory=list)
 
 
 class _Steps:
@@ -112,6 +114,23 @@ def planned_artifacts(spec: ExportSpec, options: Options) -> dict[str, str]:
     for _, rel in spec.extra_files:
         out[rel] = rel
     return out
+
+
+def export_pipeline(
+    pipeline: PipelineSpec, options: Options, progress: Progress = print
+) -> Outcome:
+    """Export the pipeline's encoders (skipped when up to date), then generate every other config
+    of the pipeline from its spec and the exported encoders' configs."""
+    outcome = run_export(pipeline.encoder, options, progress)
+    from tritonforge.export.pipeline_configs import write_pipeline
+
+    outcome.generated = write_pipeline(pipeline, options.repo)
+    models = sorted({rel.split("/", 1)[0] for rel in outcome.generated})
+    progress(
+        f"==> [export {pipeline.encoder.name}] pipeline {pipeline.name!r} ({pipeline.task}): "
+        + (f"generated {', '.join(models)}" if models else "configs up to date")
+    )
+    return outcome
 
 
 def run_export(spec: ExportSpec, options: Options, progress: Progress = print) -> Outcome:
@@ -371,12 +390,8 @@ def _int8(
             "op_types": list(spec.quantization.op_types),
             "weights_only": spec.quantization.weights_only,
         },
-        "gate": {"mean_cosine_min": gate.mean_cosine_min, "min_cosine_min": gate.min_cosine_min},
-        "quality": {
-            "mean_cosine": result.chosen.mean_cosine,
-            "min_cosine": result.chosen.min_cosine,
-            "sentences": sum(len(b[next(iter(b))]) for b in evaluation),
-        },
+        "gate": {"metric": gate.metric, **gate.thresholds()},
+        "quality": result.chosen.figures,
         "search": result.as_dict(),
         "audit": {"counts": counts, "problems": problems},
         "latency_ms": {

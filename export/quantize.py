@@ -336,19 +336,65 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray(num / np.maximum(den, 1e-12))
 
 
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return np.asarray(e / e.sum(axis=-1, keepdims=True))
+
+
 def gate_figures(
     runner: Runner, evaluation: Sequence[Inputs], reference: Sequence[np.ndarray], gate: QualityGate
 ) -> dict[str, float]:
-    cos = np.concatenate(
-        [cosines(runner(b)[gate.output], ref) for b, ref in zip(evaluation, reference, strict=True)]
-    )
+    """The gate's figures of ``runner`` against ``reference`` (fp32) on ``evaluation``."""
+    got = [runner(b)[gate.output] for b in evaluation]
+    rows = int(sum(len(r) for r in reference))
+    if gate.metric == "top1":
+        agree = np.concatenate(
+            [g.argmax(-1) == r.argmax(-1) for g, r in zip(got, reference, strict=True)]
+        )
+        diff = np.concatenate(
+            [np.abs(softmax(g) - softmax(r)).max(-1) for g, r in zip(got, reference, strict=True)]
+        )
+        return {
+            "top1_agreement": float(agree.mean()) if agree.size else math.nan,
+            "max_prob_diff": float(diff.max()) if diff.size else math.nan,
+            "mean_prob_diff": float(diff.mean()) if diff.size else math.nan,
+            "sentences": rows,
+        }
+    cos = np.concatenate([cosines(g, r) for g, r in zip(got, reference, strict=True)])
     mean = float(cos.mean()) if cos.size else math.nan
     low = float(cos.min()) if cos.size else math.nan
-    return {"mean_cosine": mean, "min_cosine": low, "sentences": int(cos.size)}
+    return {"mean_cosine": mean, "min_cosine": low, "sentences": rows}
 
 
 def passes(fig: dict[str, float], gate: QualityGate) -> bool:
+    if gate.metric == "top1":
+        return (
+            fig["top1_agreement"] >= gate.top1_agreement_min
+            and fig["max_prob_diff"] <= gate.max_prob_diff_max
+        )
     return fig["mean_cosine"] >= gate.mean_cosine_min and fig["min_cosine"] >= gate.min_cosine_min
+
+
+def score(fig: dict[str, float], gate: QualityGate) -> float:
+    """Higher is better (ranks the search's candidates)."""
+    if gate.metric == "top1":
+        return fig["top1_agreement"] - 1e-3 * fig["max_prob_diff"]
+    return fig["mean_cosine"]
+
+
+def describe(fig: dict[str, float], gate: QualityGate) -> str:
+    """The figures next to their thresholds, for logs and errors."""
+    if gate.metric == "top1":
+        return (
+            f"top-1 agreement {fig['top1_agreement']:.4f} (gate >= {gate.top1_agreement_min}), "
+            f"max probability difference {fig['max_prob_diff']:.4f} "
+            f"(gate <= {gate.max_prob_diff_max})"
+        )
+    return (
+        f"mean cosine {fig['mean_cosine']:.4f} (gate {gate.mean_cosine_min}), min "
+        f"{fig['min_cosine']:.4f} (gate {gate.min_cosine_min})"
+    )
 
 
 @dataclass
@@ -356,8 +402,8 @@ class Trial:
     excluded_groups: list[str]
     excluded_nodes: list[str]
     excluded_weights: int
-    mean_cosine: float
-    min_cosine: float
+    figures: dict[str, float]
+    score: float
     passed: bool
 
 
@@ -404,14 +450,14 @@ def search_exclusions(
             excluded_groups=excluded_groups,
             excluded_nodes=excl,
             excluded_weights=sum(nodes[n] for n in excl),
-            mean_cosine=fig["mean_cosine"],
-            min_cosine=fig["min_cosine"],
+            figures=fig,
+            score=score(fig, gate),
             passed=passes(fig, gate),
         )
         trials.append(t)
         progress(
-            f"int8 excluding {excluded_groups or 'nothing'}: mean cos {t.mean_cosine:.4f}, "
-            f"min {t.min_cosine:.4f} -> {'pass' if t.passed else 'fail'}"
+            f"int8 excluding {excluded_groups or 'nothing'}: {describe(fig, gate)} -> "
+            f"{'pass' if t.passed else 'fail'}"
         )
         return t
 
@@ -428,18 +474,17 @@ def search_exclusions(
             break
         passing = [o for o in options if o[0].passed]
         if passing:
-            cand, path = min(passing, key=lambda o: (o[0].excluded_weights, -o[0].mean_cosine))
+            cand, path = min(passing, key=lambda o: (o[0].excluded_weights, -o[0].score))
         else:
-            cand, path = max(options, key=lambda o: o[0].mean_cosine)
-            if cand.mean_cosine <= best.mean_cosine:
+            cand, path = max(options, key=lambda o: o[0].score)
+            if cand.score <= best.score:
                 break
         best, best_path = cand, path
     if not best.passed:
         raise QualityGateError(
             [
-                f"best int8 setting (excluding {best.excluded_groups or 'nothing'}): mean cosine "
-                f"{best.mean_cosine:.4f} (gate {gate.mean_cosine_min}), min "
-                f"{best.min_cosine:.4f} (gate {gate.min_cosine_min}) after {len(trials)} trials",
+                f"best int8 setting (excluding {best.excluded_groups or 'nothing'}): "
+                f"{describe(best.figures, gate)} after {len(trials)} trials",
                 "relax the spec's quality_gate, add sensitivity_groups, or skip --quantize",
             ]
         )

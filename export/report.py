@@ -64,22 +64,20 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"## int8 ({q['settings'].get('method', 'static_qdq')})",
             "",
             f"- audit: {q['audit']['counts']}, problems: {len(q['audit']['problems'])}",
-            f"- quality (held-out {q['quality']['sentences']} sentences): mean cosine "
-            f"{chosen['mean_cosine']:.4f} (gate {q['gate']['mean_cosine_min']}), min "
-            f"{chosen['min_cosine']:.4f} (gate {q['gate']['min_cosine_min']})",
+            f"- quality (held-out {q['quality']['sentences']} sentences): "
+            + ", ".join(f"{k} {v:.4f}" for k, v in chosen["figures"].items() if k != "sentences")
+            + f" (gate {q['gate']})",
             f"- kept in fp32: {chosen['excluded_groups'] or 'nothing'} "
             f"({len(chosen['excluded_nodes'])} of {q['search']['candidate_nodes']} weight nodes)",
             f"- latency {q['latency_ms']} ms -> speed-up vs fp32 "
             f"{q['speedup_vs_fp32']:.2f}x (vs optimised fp32 {q['speedup_vs_optimized']:.2f}x)",
             "",
-            "| excluded | mean cos | min cos | pass |",
-            "|---|---|---|---|",
+            "| excluded | figures | pass |",
+            "|---|---|---|",
         ]
         for t in q["search"]["trials"]:
-            lines.append(
-                f"| {t['excluded_groups'] or '-'} | {t['mean_cosine']:.4f} | "
-                f"{t['min_cosine']:.4f} | {t['passed']} |"
-            )
+            figures = ", ".join(f"{k} {v:.4f}" for k, v in t["figures"].items() if k != "sentences")
+            lines.append(f"| {t['excluded_groups'] or '-'} | {figures} | {t['passed']} |")
     lines += ["", "## Timings (s)", ""]
     lines += [f"- {k}: {v:.2f}" for k, v in report["timings_s"].items()]
     return "\n".join(lines) + "\n"

@@ -166,26 +166,19 @@ class Staging:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def clean(repo: Path, specs: Iterable[ExportSpec]) -> list[str]:
-    """Remove what the exporter generated (model dirs it owns, copied extra files, staging)."""
+def clean(repo: Path, models: Iterable[str]) -> list[str]:
+    """Remove what the exporter generated: the directories of ``models`` (every model of the
+    pipelines, :meth:`PipelineSpec.model_names`) and stale staging directories."""
     removed: list[str] = []
     if not repo.exists():
         return removed
     for stale in staging_parent(repo).glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(stale, ignore_errors=True)
         removed.append(stale.name)
-    for spec in specs:
-        serving = spec.serving
-        names = [serving.fp32_name, serving.int8_name, serving.torchscript_name] if serving else []
-        for name in filter(None, names):
-            if (repo / name).exists():
-                shutil.rmtree(repo / name)
-                removed.append(name)
-        for _, rel in spec.extra_files:
-            for p in (repo / rel, (repo / rel).with_name(Path(rel).name + ".sha256")):
-                if p.exists():
-                    p.unlink()
-                    removed.append(str(p.relative_to(repo)))
+    for name in models:
+        if (repo / name).exists():
+            shutil.rmtree(repo / name)
+            removed.append(name)
     return removed
 
 

@@ -40,13 +40,36 @@ class TensorDecl:
         return {i: a for i, a in enumerate(self.axes) if isinstance(a, str)}
 
 
+GATE_METRICS = ("cosine", "top1")
+
+
 @dataclass(frozen=True)
 class QualityGate:
-    """int8 vs fp32 cosine similarity of ``output`` on the held-out set."""
+    """int8 vs fp32 on the held-out set, compared on ``output``.
+
+    ``metric="cosine"`` (embeddings): mean and minimum cosine similarity per row.
+    ``metric="top1"`` (classifier logits): the share of rows whose argmax agrees, and the largest
+    absolute difference of any class probability (softmax of the logits).
+    """
 
     output: str
+    metric: str = "cosine"
     mean_cosine_min: float = 0.99
     min_cosine_min: float = 0.97
+    top1_agreement_min: float = 0.99
+    max_prob_diff_max: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.metric not in GATE_METRICS:
+            raise ValueError(f"quality gate metric {self.metric!r} is not one of {GATE_METRICS}")
+
+    def thresholds(self) -> dict[str, float]:
+        if self.metric == "cosine":
+            return {"mean_cosine_min": self.mean_cosine_min, "min_cosine_min": self.min_cosine_min}
+        return {
+            "top1_agreement_min": self.top1_agreement_min,
+            "max_prob_diff_max": self.max_prob_diff_max,
+        }
 
 
 @dataclass(frozen=True)
@@ -86,6 +109,8 @@ class Serving:
     fp32_name: str
     int8_name: str | None = None
     torchscript_name: str | None = None
+    pipeline: str = ""  # filled in by the PipelineSpec (marks the encoders' configs)
+    task: str = ""
     # CPU: no batching delay and no preferred sizes. Batching pays little on a CPU (cost grows
     # with the rows), so a lone request must not wait for a batch that is not coming; requests
     # already queued when the instance frees up are still merged (docs/performance.md).

@@ -17,6 +17,7 @@ from tritonforge.errors import ModelConfigError
 from tritonforge.export.onnx_checks import Dim, graph_io
 from tritonforge.export.spec import BATCH_AXIS, ExportSpec, Inputs, Serving
 from tritonforge.modelconfig import TRITON_TO_NUMPY, pbtxt_to_dict, triton_dtype_of
+from tritonforge.pipelines import PIPELINE_KEY, ROLE_KEY, TASK_KEY, VARIANT_KEY
 
 GPU_CONFIG = Path("configs") / "gpu.pbtxt"
 
@@ -109,6 +110,20 @@ def build_config(
         params["inter_op_thread_count"] = str(serving.inter_op_threads)
         if not gpu:
             params.update(serving.session_config)
+    if serving.pipeline:
+        variant = {
+            serving.fp32_name: "fp32",
+            serving.int8_name: "int8",
+            serving.torchscript_name: "torchscript",
+        }.get(name, "")
+        params.update(
+            {
+                PIPELINE_KEY: serving.pipeline,
+                TASK_KEY: serving.task,
+                ROLE_KEY: "encoder",
+                VARIANT_KEY: variant,
+            }
+        )
     preferred = serving.gpu_preferred_batch_sizes if gpu else serving.preferred_batch_sizes
     config: dict[str, Any] = {
         "name": name,

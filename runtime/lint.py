@@ -32,8 +32,7 @@ ARTIFACT_DEFAULTS = {"onnxruntime": "model.onnx", "pytorch": "model.pt"}
 
 
 def _missing(name: str) -> str:
-    hint = "run `make export`" if name.startswith("encoder") else "add it to the repository"
-    return f"model {name!r} does not exist ({hint})"
+    return f"model {name!r} does not exist (run `make export`: it generates every pipeline model)"
 
 
 def _artifacts(repo: Path, cfg: ModelConfig) -> list[str]:
@@ -41,6 +40,8 @@ def _artifacts(repo: Path, cfg: ModelConfig) -> list[str]:
     files: list[str] = []
     if backend in ARTIFACT_DEFAULTS:
         files.append(cfg.default_model_filename or ARTIFACT_DEFAULTS[backend])
+    if backend == "python":
+        files.append("model.py")
     if "tokenizer_file" in cfg.parameters:
         files.append(cfg.parameters["tokenizer_file"])
     versions = sorted(p for p in (repo / cfg.name).iterdir() if p.is_dir() and p.name.isdigit())

@@ -1,4 +1,4 @@
-"""The ``embed_bls`` orchestrator's logic: a plan read from the configs, and batched stage calls.
+"""The BLS orchestrators' logic: a plan read from the configs, and batched stage calls.
 
 :func:`build_plan` resolves, once at load, how each encoder variant connects to the tokenizer
 (from the sibling configs, never literals). The BLS model tokenizes in its own process with the
@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tritonforge.batching import Batch, plan_batches, split_outputs
+from tritonforge.classify import TOP_K_PARAMETER, check_top_k, read_labels
 from tritonforge.errors import InvalidInputError, ModelConfigError, StageUnavailableError
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.repository import feed_mapping, load_model_config, parse_targets, single_output
@@ -47,20 +48,32 @@ class TokenizerSettings:
     path: Path
     max_length: int
     pad_to_multiple_of: int
+    outputs: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")
+    pad_id: int = 0
+
+
+@dataclass(frozen=True)
+class Postprocess:
+    """Classification: the labels and default top-k of the pipeline's postprocess model."""
+
+    model: str
+    labels: tuple[str, ...]
+    top_k: int
 
 
 @dataclass(frozen=True)
 class BlsPlan:
-    """Everything ``embed_bls`` needs per request, resolved at load."""
+    """Everything the BLS needs per request, resolved at load."""
 
     text_input: str
-    output: str
+    output: str  # embeddings: the one output; classifiers: the encoder's logits are postprocessed
     tokenizer: TokenizerSettings
     routes: Mapping[str, EncoderRoute]
     default_variant: str
     missing: Mapping[str, str]  # variant -> why it cannot be served (encoder not exported)
     limits: TextLimits
     stage_timeout_ms: int
+    postprocess: Postprocess | None = None
 
 
 def _latest_version(model_dir: Path) -> Path:
@@ -80,6 +93,8 @@ def tokenizer_settings(repository: Path, tokenizer: ModelConfig) -> TokenizerSet
         path=version / tokenizer.param("tokenizer_file", kind=str),
         max_length=tokenizer.param("max_length", kind=int),
         pad_to_multiple_of=tokenizer.param("pad_to_multiple_of", 1, int),
+        outputs=tuple(t.name for t in tokenizer.outputs),
+        pad_id=tokenizer.param("pad_id", 0, int),
     )
 
 
@@ -93,7 +108,13 @@ def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
     if len(config.inputs) != 1:
         raise ModelConfigError(f"{config.name!r} must have exactly one (text) input")
     text = config.inputs[0]
-    output = single_output(config)
+    post = None
+    if "postprocess_model" in config.parameters:
+        post = postprocess_settings(config, repository)
+        expected = load_model_config(repository, post.model).inputs[0]
+        output = expected
+    else:
+        output = single_output(config)
     tokenizer = load_model_config(repository, config.param("tokenizer_model", kind=str))
     if len(tokenizer.inputs) != 1 or tokenizer.inputs[0].data_type != text.data_type:
         raise ModelConfigError(
@@ -118,9 +139,10 @@ def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
         except ModelConfigError as e:
             raise ModelConfigError(f"{config.name!r} variant {variant!r}: {e}") from e
         if enc_out.data_type != output.data_type or enc_out.dims != output.dims:
+            consumer = f"{post.model!r} takes" if post else f"{config.name!r} returns"
             raise ModelConfigError(
                 f"{config.name!r} variant {variant!r}: {name!r} output {enc_out.name!r} is "
-                f"{enc_out.data_type} {list(enc_out.dims)}, {config.name!r} returns "
+                f"{enc_out.data_type} {list(enc_out.dims)}, {consumer} "
                 f"{output.data_type} {list(output.dims)}"
             )
         routes[variant] = EncoderRoute(encoder.name, enc_map, enc_out.name)
@@ -142,20 +164,51 @@ def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
             max_text_bytes=config.param("max_text_bytes", TextLimits.max_text_bytes, int),
         ),
         stage_timeout_ms=config.param("stage_timeout_ms", 0, int),
+        postprocess=post,
     )
 
 
-def request_variant(parameters_json: str | Mapping[str, Any] | None, plan: BlsPlan) -> str:
-    """The encoder variant a request asks for (request parameter ``variant``) or the default."""
+def postprocess_settings(config: ModelConfig, repository: Path) -> Postprocess:
+    """The classification postprocess model's labels (its probabilities output's label file) and
+    default ``top_k``; the BLS's outputs must be the postprocess model's (names, dtypes)."""
+    post = load_model_config(repository, config.param("postprocess_model", kind=str))
+    probabilities = post.output("probabilities")
+    label_file = probabilities.label_filename
+    if not label_file:
+        raise ModelConfigError(f"{post.name!r}: output 'probabilities' has no label_filename")
+    labels = read_labels(Path(repository) / post.name / label_file)
+    theirs = {(t.name, t.data_type) for t in post.outputs}
+    ours = {(t.name, t.data_type) for t in config.outputs}
+    if theirs != ours:
+        raise ModelConfigError(
+            f"{config.name!r} outputs {sorted(ours)} differ from {post.name!r}'s {sorted(theirs)}"
+        )
+    return Postprocess(post.name, labels, post.param("top_k", 1, int))
+
+
+def request_top_k(parameters_json: str | Mapping[str, Any] | None, post: Postprocess) -> int:
+    """The ``top_k`` a request asks for (request parameter), else the postprocess default."""
+    params = _parameters(parameters_json)
+    if TOP_K_PARAMETER not in params:
+        return post.top_k
+    return check_top_k(params[TOP_K_PARAMETER], len(post.labels))
+
+
+def _parameters(parameters_json: str | Mapping[str, Any] | None) -> Mapping[str, Any]:
     params: Any = parameters_json or {}
     if isinstance(params, str):
         try:
             params = json.loads(params) if params.strip() else {}
         except json.JSONDecodeError as e:
             raise InvalidInputError(f"request parameters are not valid JSON: {e}") from e
-    value = (
-        params.get(VARIANT_PARAMETER, plan.default_variant) if isinstance(params, dict) else None
-    )
+    if not isinstance(params, Mapping):
+        raise InvalidInputError(f"request parameters must be a JSON object, got {params!r:.40}")
+    return params
+
+
+def request_variant(parameters_json: str | Mapping[str, Any] | None, plan: BlsPlan) -> str:
+    """The encoder variant a request asks for (request parameter ``variant``) or the default."""
+    value = _parameters(parameters_json).get(VARIANT_PARAMETER, plan.default_variant)
     if isinstance(value, str) and value in plan.missing:
         raise StageUnavailableError(f"variant {value!r}: {plan.missing[value]}")
     if not isinstance(value, str) or value not in plan.routes:

@@ -62,6 +62,7 @@ class TensorSpec:
     data_type: str
     dims: tuple[int, ...]
     optional: bool = False
+    label_filename: str = ""
 
     @property
     def numpy_dtype(self) -> Any:
@@ -95,6 +96,7 @@ class TensorSpec:
             data_type=str(obj.get("data_type", "TYPE_INVALID")),
             dims=tuple(int(d) for d in dims),
             optional=bool(obj.get("optional", False)),
+            label_filename=str(obj.get("label_filename", "")),
         )
 
 

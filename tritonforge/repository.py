@@ -18,11 +18,13 @@ _INDEXED = re.compile(r"^(INPUT|OUTPUT)__(\d+)$")
 
 
 def load_model_config(repository: Path, name: str) -> ModelConfig:
-    """Parse ``<repository>/<name>/config.pbtxt``; a missing ``encoder_*`` says run make export."""
+    """Parse ``<repository>/<name>/config.pbtxt``; a missing one says run make export."""
     path = Path(repository) / name / CONFIG_FILE
     if not path.is_file():
-        hint = "run `make export`" if name.startswith("encoder") else f"add {name}/{CONFIG_FILE}"
-        raise ModelConfigError(f"model {name!r} is missing from {repository} ({hint})")
+        raise ModelConfigError(
+            f"model {name!r} is missing from {repository} (run `make export`: it generates "
+            "every model of a pipeline)"
+        )
     try:
         config = ModelConfig.from_pbtxt(path.read_text())
     except ModelConfigError as e:

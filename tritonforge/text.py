@@ -17,7 +17,12 @@ import numpy as np
 from tritonforge.errors import InvalidInputError, NumericalError
 
 TOKENIZER_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
-"""What :meth:`TextTokenizer.encode` returns, in this order (the encoder's ONNX input names)."""
+"""What :meth:`TextTokenizer.encode` returns by default, in this order (BERT's input names)."""
+_ENCODING_FIELDS = {
+    "input_ids": "ids",
+    "attention_mask": "attention_mask",
+    "token_type_ids": "type_ids",
+}
 
 
 @dataclass(frozen=True)
@@ -95,11 +100,26 @@ def decode_texts(values: Any, field: str, limits: TextLimits) -> list[str]:
 class TextTokenizer:
     """A ``tokenizers`` tokenizer loaded once: truncation to ``max_length``, pad to the longest.
 
-    The padding/truncation stored in tokenizer.json (fixed 128 for all-MiniLM-L6-v2) is replaced.
+    The padding/truncation stored in tokenizer.json (fixed 128 for all-MiniLM-L6-v2) is replaced;
+    ``pad_id`` (default: tokenizer.json's, else 0) must be the model's pad token (RoBERTa: 1).
+    ``outputs``: the model's input names, in order (DistilBERT and RoBERTa take no
+    ``token_type_ids``).
     """
 
-    def __init__(self, path: Path | str, max_length: int, pad_to_multiple_of: int = 1) -> None:
+    def __init__(
+        self,
+        path: Path | str,
+        max_length: int,
+        pad_to_multiple_of: int = 1,
+        outputs: Sequence[str] = TOKENIZER_OUTPUTS,
+        pad_id: int | None = None,
+    ) -> None:
         from tokenizers import Tokenizer
+
+        unknown = sorted(set(outputs) - set(_ENCODING_FIELDS))
+        if unknown or not outputs:
+            raise ValueError(f"outputs {list(outputs)}: use names from {list(_ENCODING_FIELDS)}")
+        self.outputs = tuple(outputs)
 
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2 (room for [CLS]/[SEP]), got {max_length}")
@@ -114,7 +134,7 @@ class TextTokenizer:
         padding = self._tokenizer.padding or {}
         self._tokenizer.enable_truncation(max_length=max_length)
         self._tokenizer.enable_padding(
-            pad_id=int(padding.get("pad_id", 0)),
+            pad_id=int(padding.get("pad_id", 0)) if pad_id is None else pad_id,
             pad_type_id=int(padding.get("pad_type_id", 0)),
             pad_token=str(padding.get("pad_token", "[PAD]")),
             pad_to_multiple_of=pad_to_multiple_of if pad_to_multiple_of > 1 else None,
@@ -126,9 +146,8 @@ class TextTokenizer:
             raise InvalidInputError("nothing to tokenize: the batch is empty")
         encodings = self._tokenizer.encode_batch(list(texts))
         return {
-            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
+            name: np.array([getattr(e, _ENCODING_FIELDS[name]) for e in encodings], dtype=np.int64)
+            for name in self.outputs
         }
 
 

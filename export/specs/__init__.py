@@ -1,4 +1,5 @@
-"""Registry of export specs: name -> factory. Adding a model = adding an entry here."""
+"""Registry of pipeline specs: name -> factory. Adding a default model = adding an entry here;
+any other Hugging Face checkpoint needs no entry (``--from-pretrained DIR``)."""
 
 from __future__ import annotations
 
@@ -6,18 +7,19 @@ from collections.abc import Callable
 
 from tritonforge.export.decoder.spec import DecoderSpec
 from tritonforge.export.errors import SpecError
+from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.spec import ExportSpec
 
-SpecFactory = Callable[[], ExportSpec]
+PipelineFactory = Callable[[], PipelineSpec]
 
 
-def _minilm() -> ExportSpec:
-    from tritonforge.export.specs.minilm import minilm_spec
+def _minilm() -> PipelineSpec:
+    from tritonforge.export.specs.minilm import minilm_pipeline
 
-    return minilm_spec()
+    return minilm_pipeline()
 
 
-REGISTRY: dict[str, SpecFactory] = {"minilm": _minilm}
+REGISTRY: dict[str, PipelineFactory] = {"minilm": _minilm}
 
 
 def _smollm2() -> DecoderSpec:
@@ -30,10 +32,15 @@ def _smollm2() -> DecoderSpec:
 DECODERS: dict[str, Callable[[], DecoderSpec]] = {"smollm2": _smollm2}
 
 
-def get_spec(name: str) -> ExportSpec:
+def get_pipeline(name: str) -> PipelineSpec:
     try:
         factory = REGISTRY[name]
     except KeyError as e:
         known = sorted([*REGISTRY, *DECODERS])
         raise SpecError(f"unknown export spec {name!r}; known: {known}") from e
     return factory()
+
+
+def get_spec(name: str) -> ExportSpec:
+    """The encoder export spec of pipeline ``name``."""
+    return get_pipeline(name).encoder

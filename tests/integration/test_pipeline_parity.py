@@ -57,9 +57,9 @@ def reference() -> np.ndarray:
     import torch
     from tokenizers import Tokenizer
 
-    from tritonforge.export.specs.minilm import minilm_spec
+    from tritonforge.export.specs import get_spec
 
-    spec = minilm_spec()
+    spec = get_spec("minilm")
     module = spec.build_module().eval()
     tokenizer_cfg = ModelConfig.from_pbtxt(
         (PIPELINE_REPOSITORY / "tokenizer" / "config.pbtxt").read_text()

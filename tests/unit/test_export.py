@@ -113,7 +113,9 @@ def test_tiny_export_writes_verified_artifacts_and_skips_rerun(populated_repo: P
 
 
 def test_clean_removes_only_generated_models(populated_repo: Path) -> None:
-    removed = clean(populated_repo, [tiny_spec(Pooled)])
+    serving = tiny_spec(Pooled).serving
+    assert serving is not None
+    removed = clean(populated_repo, [serving.fp32_name, str(serving.torchscript_name)])
     assert sorted(removed) == ["tiny_fp32", "tiny_torchscript"]
     assert sorted(p.name for p in populated_repo.iterdir()) == ["other"]
 

@@ -1,16 +1,21 @@
-"""runtime.lint on tmp copies of the real model repository, each broken by one rule."""
+"""runtime.lint on generated pipelines (stand-in encoders), each broken by one rule."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tritonforge.export.pipeline_configs import write_pipeline
+from tritonforge.export.pipeline_spec import PipelineSpec
+from tritonforge.export.specs import get_pipeline
+from tritonforge.export.tritonconfig import render_pbtxt
+from tritonforge.modelconfig import pbtxt_to_dict
 from tritonforge.runtime.lint import lint_repository
 
-REPO = Path(__file__).resolve().parents[2] / "model_repository"
-PIPELINE = ["tokenizer", "embed", "embed_int8", "embed_torchscript", "embed_bls"]
 ONNX_INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
 
 
@@ -23,13 +28,15 @@ def encoder_config(name: str, backend: str, inputs: list[str], output: str) -> s
     )
 
 
+@pytest.fixture(scope="module")
+def embed_spec() -> PipelineSpec:
+    return get_pipeline("minilm")
+
+
 @pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    """The committed pipeline configs plus stand-in encoders and artifacts (what export writes)."""
+def repo(tmp_path: Path, embed_spec: PipelineSpec) -> Path:
+    """Stand-in encoders and artifacts plus the pipeline configs generated from the spec."""
     root = tmp_path / "repo"
-    for name in PIPELINE:
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("tokenizer.json"))
-    (root / "tokenizer" / "1" / "tokenizer.json").write_text("{}")
     encoders = {
         "encoder_fp32": ("onnxruntime", ONNX_INPUTS, "sentence_embedding", "model.onnx"),
         "encoder_int8": ("onnxruntime", ONNX_INPUTS, "sentence_embedding", "model.onnx"),
@@ -44,6 +51,7 @@ def repo(tmp_path: Path) -> Path:
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(encoder_config(name, backend, inputs, output))
         (root / name / "1" / artifact).write_bytes(b"stand-in")
+    write_pipeline(embed_spec, root)
     return root
 
 
@@ -51,6 +59,21 @@ def edit(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text, f"{old!r} not in {path}"
     path.write_text(text.replace(old, new))
+
+
+def edit_config(repo: Path, model: str, change: Callable[[dict[str, Any]], None]) -> None:
+    """Apply ``change`` to the JSON form of ``model``'s config and write it back."""
+    path = repo / model / "config.pbtxt"
+    config = pbtxt_to_dict(path.read_text())
+    change(config)
+    path.write_text(render_pbtxt(config))
+
+
+def set_param(key: str, value: str) -> Callable[[dict[str, Any]], None]:
+    def change(config: dict[str, Any]) -> None:
+        config["parameters"][key] = {"string_value": value}
+
+    return change
 
 
 def only(problems: list[str], needle: str) -> None:
@@ -76,7 +99,7 @@ def test_name_differs_from_directory(repo: Path) -> None:
 def test_missing_encoder_says_run_make_export(repo: Path) -> None:
     shutil.rmtree(repo / "encoder_int8")
     problems = lint_repository(repo)
-    only(problems, "embed_int8: step model 'encoder_int8' does not exist (run `make export`)")
+    only(problems, "embed_int8: step model 'encoder_int8' does not exist (run `make export`")
     only(problems, "encoder_models[int8] target model 'encoder_int8' does not exist")
 
 
@@ -89,7 +112,11 @@ def test_missing_artifact(repo: Path) -> None:
 
 
 def test_ensemble_maps_unknown_input(repo: Path) -> None:
-    edit(repo / "embed" / "config.pbtxt", 'key: "input_ids"', 'key: "ids"')
+    def rename(config: dict[str, Any]) -> None:
+        step = config["ensemble_scheduling"]["step"][1]
+        step["input_map"]["ids"] = step["input_map"].pop("input_ids")
+
+    edit_config(repo, "embed", rename)
     problems = lint_repository(repo)
     only(problems, "embed: step 'encoder_fp32' has no input 'ids'")
     only(problems, "embed: input 'input_ids' of step 'encoder_fp32' is not mapped")
@@ -109,17 +136,24 @@ def test_ensemble_dtype_mismatch(repo: Path) -> None:
 
 
 def test_ensemble_output_not_produced(repo: Path) -> None:
-    edit(repo / "embed" / "config.pbtxt", 'value: "embedding"', 'value: "emb"')
+    def rename(config: dict[str, Any]) -> None:
+        config["ensemble_scheduling"]["step"][1]["output_map"]["sentence_embedding"] = "emb"
+
+    edit_config(repo, "embed", rename)
     only(lint_repository(repo), "embed: ensemble output 'embedding' is produced by no step")
 
 
 def test_ensemble_unknown_output_of_step(repo: Path) -> None:
-    edit(repo / "embed_int8" / "config.pbtxt", 'key: "sentence_embedding" value', 'key: "x" value')
+    def rename(config: dict[str, Any]) -> None:
+        out = config["ensemble_scheduling"]["step"][1]["output_map"]
+        out["x"] = out.pop("sentence_embedding")
+
+    edit_config(repo, "embed_int8", rename)
     only(lint_repository(repo), "embed_int8: step 'encoder_int8' has no output 'x'")
 
 
 def test_bls_target_missing(repo: Path) -> None:
-    edit(repo / "embed_bls" / "config.pbtxt", 'string_value: "tokenizer"', 'string_value: "tk"')
+    edit_config(repo, "embed_bls", set_param("tokenizer_model", "tk"))
     only(lint_repository(repo), "embed_bls: parameters.tokenizer_model target model 'tk'")
 
 
@@ -145,12 +179,15 @@ def test_bls_variant_chain_does_not_connect(repo: Path) -> None:
 
 
 def test_bls_default_variant_unknown(repo: Path) -> None:
-    edit(repo / "embed_bls" / "config.pbtxt", 'string_value: "fp32" }', 'string_value: "fp16" }')
+    edit_config(repo, "embed_bls", set_param("default_variant", "fp16"))
     only(lint_repository(repo), "default_variant 'fp16' is not one of")
 
 
 def test_tokenizer_outputs_must_match_encoder_inputs(repo: Path) -> None:
-    edit(repo / "tokenizer" / "config.pbtxt", 'name: "token_type_ids"', 'name: "segment_ids"')
+    def rename(config: dict[str, Any]) -> None:
+        config["output"][2]["name"] = "segment_ids"
+
+    edit_config(repo, "tokenizer", rename)
     only(
         lint_repository(repo), "tokenizer: input 'token_type_ids' of 'encoder_fp32' is not produced"
     )

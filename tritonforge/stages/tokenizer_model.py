@@ -27,7 +27,13 @@ class TritonPythonModel:
         path = model_dir / args["model_version"] / self.config.param("tokenizer_file")
         verify_sidecar(path, required=True)  # written by `make export`; missing/mismatch: no load
         self.pad_to = self.config.param("pad_to_multiple_of", 1, int)
-        self.tokenizer = TextTokenizer(path, self.config.param("max_length", kind=int), self.pad_to)
+        self.tokenizer = TextTokenizer(
+            path,
+            self.config.param("max_length", kind=int),
+            self.pad_to,
+            outputs=[t.name for t in self.config.outputs],
+            pad_id=self.config.param("pad_id", 0, int),
+        )
 
     def execute(self, requests):
         responses = [None] * len(requests)

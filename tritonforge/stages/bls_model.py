@@ -1,7 +1,9 @@
-"""BLS orchestrator: text -> tokenize (here) -> encoder (per-request ``variant``) -> embedding.
+"""BLS orchestrator: text -> tokenize (here) -> encoder (per-request ``variant``) -> outputs.
 
 One ``execute`` handles all its requests together: decode and validate each (a bad one fails
 alone), tokenize every text in one batch, run one encoder call per variant and shape, split back.
+Embeddings are returned as the encoder computes them; a classifier's logits are turned into
+labels, probabilities and the (per-request ``top_k``) best classes here.
 """
 
 import triton_python_backend_utils as pb_utils
@@ -12,9 +14,11 @@ from tritonforge.bls import (
     build_plan,
     call_encoder,
     plan_encoder_calls,
+    request_top_k,
     request_variant,
     split_encoder_output,
 )
+from tritonforge.classify import classify
 from tritonforge.errors import ServingError
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
@@ -29,20 +33,33 @@ class TritonPythonModel:
         settings = self.plan.tokenizer
         verify_sidecar(settings.path, required=True)  # the tokenizer model's file (make export)
         self.tokenizer = TextTokenizer(
-            settings.path, settings.max_length, settings.pad_to_multiple_of
+            settings.path,
+            settings.max_length,
+            settings.pad_to_multiple_of,
+            outputs=settings.outputs,
+            pad_id=settings.pad_id,
         )
 
     def _decode(self, request):
-        variant = request_variant(request.parameters(), self.plan)
+        params = request.parameters()
+        variant = request_variant(params, self.plan)
+        top_k = request_top_k(params, self.plan.postprocess) if self.plan.postprocess else 0
         values = pb_utils.get_input_tensor_by_name(request, self.plan.text_input).as_numpy()
-        return variant, decode_texts(values, self.plan.text_input, self.plan.limits)
+        return variant, top_k, decode_texts(values, self.plan.text_input, self.plan.limits)
+
+    def _outputs(self, rows, top_k):
+        post = self.plan.postprocess
+        if post is None:
+            return {self.plan.output: rows}
+        return classify(rows, post.labels, top_k)
 
     def execute(self, requests):
         responses = [None] * len(requests)
         by_variant = {}
+        top_ks = {}
         for i, request in enumerate(requests):
             try:
-                variant, texts = self._decode(request)
+                variant, top_ks[i], texts = self._decode(request)
             except ServingError as e:
                 responses[i] = error_response(pb_utils, e, self.config.name)
                 continue
@@ -64,9 +81,8 @@ class TritonPythonModel:
                         pb_utils, route, batch.inputs, self.plan.stage_timeout_ms, trace
                     )
                     for i, rows in split_encoder_output(out, batch, route):
-                        responses[i] = encode_response(
-                            pb_utils, {self.plan.output: rows}, self.config
-                        )
+                        outputs = self._outputs(rows, top_ks[i])
+                        responses[i] = encode_response(pb_utils, outputs, self.config)
                 except Exception as e:
                     for m in batch.members:
                         responses[m.request_index] = error_response(pb_utils, e, self.config.name)

@@ -1,0 +1,146 @@
+"""A pipeline spec: the single source of truth for one served pipeline.
+
+One :class:`PipelineSpec` declares a pipeline's name, task, model (its :class:`ExportSpec`),
+tokenizer, variants and every stage's knobs. ``make export`` builds the encoders from it and then
+generates every ``config.pbtxt`` of the pipeline (tokenizer, encoders, postprocess, ensembles,
+BLS: :mod:`export.pipeline_configs`); the public models' configs carry ``tritonforge.*``
+parameters from which clients, load tests and probes discover the pipeline
+(:mod:`tritonforge.pipelines`). Several pipelines live side by side, each under its own names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonforge.export.errors import SpecError
+from tritonforge.export.spec import ExportSpec
+from tritonforge.pipelines import TASKS, VARIANTS, StageNames
+
+
+@dataclass(frozen=True)
+class TokenizerStage:
+    """The tokenizer model (Python backend): batching, padding bucket, overload policy."""
+
+    pad_to_multiple_of: int = 16
+    instance_count: int = 1
+    max_queue_delay_us: int = 0
+    max_queue_size: int = 128
+    queue_timeout_us: int = 10_000_000
+
+
+@dataclass(frozen=True)
+class BlsStage:
+    """The BLS orchestrator (Python backend): tokenizes itself, one encoder call per shape."""
+
+    instance_count: int = 2
+    max_queue_delay_us: int = 0
+    max_queue_size: int = 32
+    queue_timeout_us: int = 10_000_000
+    stage_timeout_ms: int = 30_000
+    default_variant: str = "fp32"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caller-facing limits of every public model: texts per request and bytes per text."""
+
+    max_items: int = 64
+    max_text_bytes: int = 16384
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The classification head's serving side: labels (index order) and the default top-k."""
+
+    labels: tuple[str, ...]
+    top_k: int = 3
+    instance_count: int = 1
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """Everything that defines a served pipeline.
+
+    ``name`` is the public name (the fp32 ensemble's); ``stage_prefix`` prefixes the internal
+    stages (default ``"<name>_"``). ``encoder`` is the model's export spec; its serving names are
+    filled in from :attr:`names` (a spec never spells a model name twice).
+    """
+
+    name: str
+    task: str
+    encoder: ExportSpec
+    tokenizer_file: Path
+    description: str = ""
+    stage_prefix: str | None = None
+    variants: tuple[str, ...] = VARIANTS
+    input_name: str = "text"
+    output_name: str = "embedding"  # embeddings: the public output (the encoder's, renamed)
+    tokenizer: TokenizerStage = field(default_factory=TokenizerStage)
+    bls: BlsStage | None = field(default_factory=BlsStage)
+    limits: Limits = field(default_factory=Limits)
+    classification: Classification | None = None
+    source_files: tuple[Path, ...] = ()
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.task not in TASKS:
+            problems.append(f"task {self.task!r} is not one of {list(TASKS)}")
+        unknown = sorted(set(self.variants) - set(VARIANTS))
+        if unknown or "fp32" not in self.variants:
+            problems.append(f"variants {list(self.variants)} must include fp32, from {VARIANTS}")
+        if (self.task == "classification") != (self.classification is not None):
+            problems.append("a classification pipeline (only) needs a `classification` section")
+        if self.classification is not None and len(self.classification.labels) < 2:
+            problems.append("a classifier needs at least two labels")
+        if self.bls is not None and self.bls.default_variant not in self.variants:
+            problems.append(f"bls.default_variant {self.bls.default_variant!r} is not a variant")
+        if self.limits.max_items > self.encoder.max_batch:
+            problems.append(
+                f"limits.max_items {self.limits.max_items} > the encoder's max_batch "
+                f"{self.encoder.max_batch}"
+            )
+        if self.encoder.max_length % self.tokenizer.pad_to_multiple_of:
+            problems.append(
+                f"tokenizer.pad_to_multiple_of {self.tokenizer.pad_to_multiple_of} must divide "
+                f"max_length {self.encoder.max_length}"
+            )
+        if problems:
+            raise SpecError(f"pipeline spec {self.name!r}: " + "; ".join(problems))
+        if self.encoder.serving is None:
+            raise SpecError(f"pipeline spec {self.name!r}: the encoder spec has no serving section")
+        names = self.names
+        serving = dataclasses.replace(
+            self.encoder.serving,
+            pipeline=self.name,
+            task=self.task,
+            fp32_name=names.encoder("fp32"),
+            int8_name=names.encoder("int8") if "int8" in self.variants else None,
+            torchscript_name=(
+                names.encoder("torchscript") if "torchscript" in self.variants else None
+            ),
+        )
+        object.__setattr__(self, "encoder", dataclasses.replace(self.encoder, serving=serving))
+
+    @property
+    def names(self) -> StageNames:
+        prefix = f"{self.name}_" if self.stage_prefix is None else self.stage_prefix
+        return StageNames(self.name, prefix)
+
+    @property
+    def encoder_output(self) -> str:
+        """The encoder graph's one output (embedding or logits)."""
+        return self.encoder.outputs[0].name
+
+    def model_names(self, variants: tuple[str, ...] | None = None) -> list[str]:
+        """Every model this pipeline puts in the repository (for ``variants``, default all)."""
+        names = self.names
+        chosen = self.variants if variants is None else variants
+        out = [names.tokenizer(), *(names.encoder(v) for v in chosen)]
+        if self.classification is not None:
+            out.append(names.postprocess())
+        out += [names.ensemble(v) for v in chosen]
+        if self.bls is not None:
+            out.append(names.bls())
+        return out

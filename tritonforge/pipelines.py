@@ -1,0 +1,178 @@
+"""Pipelines discovered from model configs: what clients, load tests and probes read.
+
+Export generates every config of a pipeline from its spec (:mod:`export.pipeline_spec`) and marks
+each model with ``tritonforge.*`` parameters (:data:`PIPELINE_KEY` and friends). This module reads
+them back, from a repository on disk or from a running server's configs, so no consumer restates a
+model name, a variant list, an output dimension or a label. Only the standard library is needed
+(the Triton container imports this too).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TASKS = ("embedding", "classification")
+VARIANTS = ("fp32", "int8", "torchscript")
+
+PIPELINE_KEY = "tritonforge.pipeline"
+TASK_KEY = "tritonforge.task"
+ROLE_KEY = "tritonforge.role"  # tokenizer | encoder | postprocess | ensemble | bls
+VARIANT_KEY = "tritonforge.variant"  # encoders and ensembles
+LABELS_KEY = "tritonforge.labels"  # classification: JSON list, index order
+PUBLIC_ROLES = ("ensemble", "bls")
+
+
+@dataclass(frozen=True)
+class StageNames:
+    """The model names of one pipeline (the naming rule lives here and nowhere else)."""
+
+    pipeline: str
+    prefix: str
+
+    def tokenizer(self) -> str:
+        return f"{self.prefix}tokenizer"
+
+    def encoder(self, variant: str) -> str:
+        return f"{self.prefix}encoder_{variant}"
+
+    def postprocess(self) -> str:
+        return f"{self.prefix}postprocess"
+
+    def ensemble(self, variant: str) -> str:
+        return self.pipeline if variant == "fp32" else f"{self.pipeline}_{variant}"
+
+    def bls(self) -> str:
+        return f"{self.pipeline}_bls"
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    datatype: str  # the protocol's spelling: FP32, BYTES, ...
+    dims: tuple[int, ...]  # without the batch axis; -1 is variable
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """One pipeline as its public models declare it."""
+
+    name: str
+    task: str
+    ensembles: Mapping[str, str]  # variant -> ensemble model
+    bls: str | None
+    bls_variants: tuple[str, ...]
+    input: str
+    outputs: tuple[Output, ...]
+    labels: tuple[str, ...] = ()
+    max_items: int = 1
+    max_text_bytes: int = 0
+    models: tuple[str, ...] = field(default_factory=tuple)  # every model of the pipeline
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """Variants served through an ensemble (the BLS may list more, exported or not)."""
+        return tuple(v for v in VARIANTS if v in self.ensembles)
+
+    @property
+    def public_models(self) -> tuple[str, ...]:
+        return (*self.ensembles.values(), *((self.bls,) if self.bls else ()))
+
+    def model(self, variant: str = "fp32", bls: bool = False) -> str:
+        """The model to call for ``variant`` (through the BLS when ``bls``)."""
+        if bls:
+            if self.bls is None:
+                raise KeyError(f"pipeline {self.name!r} has no BLS model")
+            return self.bls
+        try:
+            return self.ensembles[variant]
+        except KeyError as e:
+            raise KeyError(
+                f"pipeline {self.name!r} has no {variant!r} ensemble; it has {list(self.variants)}"
+            ) from e
+
+    def output(self, name: str) -> Output:
+        for out in self.outputs:
+            if out.name == name:
+                return out
+        raise KeyError(f"pipeline {self.name!r} has no output {name!r}")
+
+    @property
+    def dim(self) -> int:
+        """Embeddings: the vector size; classifiers: the number of classes."""
+        first = self.outputs[0] if self.task == "embedding" else self.output("probabilities")
+        return int(first.dims[-1])
+
+
+def _params(config: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        str(k): str(v.get("string_value", "")) if isinstance(v, Mapping) else str(v)
+        for k, v in (config.get("parameters") or {}).items()
+    }
+
+
+def _wire(data_type: str) -> str:
+    name = str(data_type).removeprefix("TYPE_")
+    return "BYTES" if name == "STRING" else name
+
+
+def discover(configs: Iterable[Mapping[str, Any]]) -> dict[str, Pipeline]:
+    """Pipelines declared by ``configs`` (Triton's JSON form of each model config), by name.
+
+    Models without ``tritonforge.*`` parameters are ignored (a repository may hold others).
+    """
+    members: dict[str, list[tuple[dict[str, str], Mapping[str, Any]]]] = {}
+    for config in configs:
+        params = _params(config)
+        if PIPELINE_KEY in params:
+            members.setdefault(params[PIPELINE_KEY], []).append((params, config))
+    pipelines: dict[str, Pipeline] = {}
+    for name, models in sorted(members.items()):
+        public = [(p, c) for p, c in models if p.get(ROLE_KEY) in PUBLIC_ROLES]
+        if not public:
+            continue
+        ensembles = {
+            p[VARIANT_KEY]: str(c["name"]) for p, c in public if p.get(ROLE_KEY) == "ensemble"
+        }
+        bls = next(((p, c) for p, c in public if p.get(ROLE_KEY) == "bls"), None)
+        params, first = public[0]
+        pipelines[name] = Pipeline(
+            name=name,
+            task=params.get(TASK_KEY, "embedding"),
+            ensembles=dict(sorted(ensembles.items(), key=lambda kv: VARIANTS.index(kv[0]))),
+            bls=str(bls[1]["name"]) if bls else None,
+            bls_variants=tuple(
+                v.split("=", 1)[0].strip()
+                for v in (bls[0].get("encoder_models", "") if bls else "").split(",")
+                if v.strip()
+            ),
+            input=str(first["input"][0]["name"]),
+            outputs=tuple(
+                Output(str(o["name"]), _wire(o.get("data_type", "")), tuple(o.get("dims", [])))
+                for o in first.get("output", [])
+            ),
+            labels=tuple(json.loads(params[LABELS_KEY])) if LABELS_KEY in params else (),
+            max_items=int(params.get("max_items") or first.get("max_batch_size", 1) or 1),
+            max_text_bytes=int(params.get("max_text_bytes") or 0),
+            models=tuple(sorted(str(c["name"]) for _, c in models)),
+        )
+    return pipelines
+
+
+def repository_configs(repository: Path) -> list[dict[str, Any]]:
+    """Every ``<model>/config.pbtxt`` of a repository in JSON form (needs ``tritonclient``)."""
+    from tritonforge.modelconfig import pbtxt_to_dict
+
+    configs = []
+    for path in sorted(Path(repository).glob("*/config.pbtxt")):
+        if not path.parent.name.startswith("."):
+            configs.append(pbtxt_to_dict(path.read_text()))
+    return configs
+
+
+def from_repository(repository: Path) -> dict[str, Pipeline]:
+    """The pipelines a model repository on disk declares."""
+    return discover(repository_configs(repository))
