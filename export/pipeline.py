@@ -6,6 +6,7 @@ Every verification failure is collected; if there is any, one :class:`Verificati
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import shutil
 import time
@@ -122,6 +123,12 @@ def export_pipeline(
     """Export the pipeline's encoders (skipped when up to date), then generate every other config
     of the pipeline from its spec and the exported encoders' configs."""
     outcome = run_export(pipeline.encoder, options, progress)
+    for extra in pipeline.extra_versions:
+        more = run_export(
+            extra.encoder, dataclasses.replace(options, version=extra.number), progress
+        )
+        outcome.moved += more.moved
+        outcome.skipped = outcome.skipped and more.skipped
     from tritonforge.export.pipeline_configs import write_pipeline
 
     outcome.generated = write_pipeline(pipeline, options.repo)

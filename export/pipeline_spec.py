@@ -60,6 +60,23 @@ class Classification:
 
 
 @dataclass(frozen=True)
+class ModelVersion:
+    """One version of a pipeline's model: its own export spec (e.g. another checkpoint)."""
+
+    number: int
+    encoder: ExportSpec
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Canary:
+    """How the BLS splits unpinned requests between versions: percent per version number,
+    chosen by a hash of the request id (or of its texts), so a client can reproduce the split."""
+
+    weights: tuple[tuple[int, int], ...]  # (version, percent), percents sum to 100
+
+
+@dataclass(frozen=True)
 class PipelineSpec:
     """Everything that defines a served pipeline.
 
@@ -81,7 +98,10 @@ class PipelineSpec:
     bls: BlsStage | None = field(default_factory=BlsStage)
     limits: Limits = field(default_factory=Limits)
     classification: Classification | None = None
-    source_files: tuple[Path, ...] = ()
+    # Further versions of the model (version 1 is ``encoder``); all are served side by side.
+    extra_versions: tuple[ModelVersion, ...] = ()
+    canary: Canary | None = None
+    response_cache: bool = False  # Triton's response cache on the ensembles (the server's size)
 
     def __post_init__(self) -> None:
         problems = []
@@ -106,13 +126,36 @@ class PipelineSpec:
                 f"tokenizer.pad_to_multiple_of {self.tokenizer.pad_to_multiple_of} must divide "
                 f"max_length {self.encoder.max_length}"
             )
+        numbers = [1, *(v.number for v in self.extra_versions)]
+        if len(set(numbers)) != len(numbers) or min(numbers) < 1:
+            problems.append(f"version numbers {numbers} must be distinct and >= 1")
+        if self.canary is not None:
+            split = dict(self.canary.weights)
+            if sum(split.values()) != 100 or set(split) - set(numbers) or min(split.values()) < 0:
+                problems.append(
+                    f"canary weights {split} must be percents of versions {numbers} summing to 100"
+                )
         if problems:
             raise SpecError(f"pipeline spec {self.name!r}: " + "; ".join(problems))
         if self.encoder.serving is None:
             raise SpecError(f"pipeline spec {self.name!r}: the encoder spec has no serving section")
+        object.__setattr__(self, "encoder", self._named(self.encoder, numbers))
+        object.__setattr__(
+            self,
+            "extra_versions",
+            tuple(
+                dataclasses.replace(v, encoder=self._named(v.encoder, numbers))
+                for v in self.extra_versions
+            ),
+        )
+
+    def _named(self, encoder: ExportSpec, versions: list[int]) -> ExportSpec:
+        """``encoder`` with this pipeline's stage names and served versions filled in."""
         names = self.names
+        base = encoder.serving or self.encoder.serving
+        assert base is not None
         serving = dataclasses.replace(
-            self.encoder.serving,
+            base,
             pipeline=self.name,
             task=self.task,
             fp32_name=names.encoder("fp32"),
@@ -120,8 +163,14 @@ class PipelineSpec:
             torchscript_name=(
                 names.encoder("torchscript") if "torchscript" in self.variants else None
             ),
+            versions=tuple(sorted(versions)),
         )
-        object.__setattr__(self, "encoder", dataclasses.replace(self.encoder, serving=serving))
+        return dataclasses.replace(encoder, serving=serving)
+
+    @property
+    def versions(self) -> tuple[ModelVersion, ...]:
+        """Every version, version 1 (``encoder``) first."""
+        return (ModelVersion(1, self.encoder), *self.extra_versions)
 
     @property
     def names(self) -> StageNames:

@@ -20,6 +20,7 @@ from tritonforge.modelconfig import TRITON_TO_NUMPY, pbtxt_to_dict, triton_dtype
 from tritonforge.pipelines import PIPELINE_KEY, ROLE_KEY, TASK_KEY, VARIANT_KEY
 
 GPU_CONFIG = Path("configs") / "gpu.pbtxt"
+LABEL_FILE = "labels.txt"
 
 
 @dataclass(frozen=True)
@@ -143,10 +144,17 @@ def build_config(
                 "name": t.name,
                 "data_type": triton_dtype_of(t.dtype),
                 "dims": _config_dims(t, batched),
+                # a classifier's logits name their classes (Triton's classification extension);
+                # the pipeline writes the file next to the config
+                **({"label_filename": LABEL_FILE} if serving.task == "classification" else {}),
             }
             for t in io.outputs
         ],
-        "version_policy": {"latest": {"num_versions": 1}},
+        "version_policy": (
+            {"latest": {"num_versions": 1}}
+            if serving.versions == (1,)
+            else {"specific": {"versions": list(serving.versions)}}
+        ),
         "instance_group": [
             {
                 "count": serving.gpu_instance_count if gpu else serving.instance_count,

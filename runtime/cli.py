@@ -12,6 +12,7 @@ from pathlib import Path
 from types import FrameType
 
 from tritonforge.env import env_int
+from tritonforge.runtime.cache import CACHE_ENV, DEFAULT_CACHE_BYTES, cache_args
 from tritonforge.runtime.errors import ServerError, ServerStartError
 from tritonforge.runtime.server import (
     ADMIN_HEADER,
@@ -72,6 +73,11 @@ def _server_args(p: argparse.ArgumentParser) -> None:
         "--trace-rate", type=int, help=f"trace one request in N (default ${TRACE_RATE_ENV} or 1)"
     )
     p.add_argument(
+        "--cache-bytes",
+        type=int,
+        help=f"response cache size (default ${CACHE_ENV} or {DEFAULT_CACHE_BYTES}; 0 turns it off)",
+    )
+    p.add_argument(
         "--unrestricted",
         action="store_true",
         help="do not restrict the admin APIs (model-repository, config, shm, stats, trace, logging)",
@@ -92,7 +98,7 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         log_verbose=args.log_verbose,
         echo_log=not args.quiet,
         restrict_apis=not args.unrestricted,
-        extra_args=trace_args(args.trace_otlp, args.trace_rate),
+        extra_args=[*trace_args(args.trace_otlp, args.trace_rate), *cache_args(args.cache_bytes)],
     )
 
 

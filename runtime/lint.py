@@ -44,13 +44,19 @@ def _artifacts(repo: Path, cfg: ModelConfig) -> list[str]:
         files.append("model.py")
     if "tokenizer_file" in cfg.parameters:
         files.append(cfg.parameters["tokenizer_file"])
+    labels = [
+        f"{cfg.name}: output {o.name!r} label file {o.label_filename} is missing (run `make export`)"
+        for o in cfg.outputs
+        if o.label_filename and not (repo / cfg.name / o.label_filename).is_file()
+    ]
     versions = sorted(p for p in (repo / cfg.name).iterdir() if p.is_dir() and p.name.isdigit())
     if not versions:
         return [f"{cfg.name}: no version directory (e.g. {cfg.name}/1/)"]
-    return [
-        f"{cfg.name}: {f} is missing from {versions[-1].name}/ (run `make export`)"
+    return labels + [
+        f"{cfg.name}: {f} is missing from {v.name}/ (run `make export`)"
+        for v in (versions if backend in ARTIFACT_DEFAULTS else versions[-1:])
         for f in files
-        if not (versions[-1] / f).exists()
+        if not (v / f).exists()
     ]
 
 

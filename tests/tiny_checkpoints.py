@@ -19,10 +19,10 @@ CORPUS = [
 ] * 4
 
 
-def _seed() -> None:
+def _seed(seed: int = 0) -> None:
     import torch
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
 
 
 def minilm_tokenizer() -> Path:
@@ -66,8 +66,9 @@ def distilbert(directory: Path, labels: tuple[str, ...] = ()) -> Path:
     return directory
 
 
-def roberta(directory: Path, labels: tuple[str, ...] = ()) -> Path:
-    """RoBERTa (2 layers, hidden 32) with a byte-level BPE tokenizer trained on :data:`CORPUS`."""
+def roberta(directory: Path, labels: tuple[str, ...] = (), seed: int = 0) -> Path:
+    """RoBERTa (2 layers, hidden 32) with a byte-level BPE tokenizer trained on :data:`CORPUS`;
+    ``seed`` draws other weights (the tokenizer stays the same)."""
     from tokenizers import ByteLevelBPETokenizer
     from tokenizers.processors import RobertaProcessing
     from transformers import (
@@ -77,7 +78,7 @@ def roberta(directory: Path, labels: tuple[str, ...] = ()) -> Path:
         RobertaModel,
     )
 
-    _seed()
+    _seed(seed)
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(CORPUS, vocab_size=400, min_frequency=1, special_tokens=specials)

@@ -13,9 +13,11 @@ then sat 100-800 ms in the *idle* encoder's queue and throughput fell 3-5x at 4 
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,8 @@ from tritonforge.repository import feed_mapping, load_model_config, parse_target
 from tritonforge.text import TextLimits
 
 VARIANT_PARAMETER = "variant"
+VERSION_PARAMETER = "version"
+VERSION_OUTPUT = "model_version"
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,9 @@ class BlsPlan:
     limits: TextLimits
     stage_timeout_ms: int
     postprocess: Postprocess | None = None
+    versions: tuple[int, ...] = ()  # the encoders' served versions (several: A/B)
+    weights: Mapping[int, int] = field(default_factory=dict)  # canary split, percent per version
+    version_output: str | None = None  # the output that says which version answered
 
 
 def _latest_version(model_dir: Path) -> Path:
@@ -114,7 +121,11 @@ def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
         expected = load_model_config(repository, post.model).inputs[0]
         output = expected
     else:
-        output = single_output(config)
+        output = single_output(
+            dataclasses.replace(
+                config, outputs=tuple(o for o in config.outputs if o.name != VERSION_OUTPUT)
+            )
+        )
     tokenizer = load_model_config(repository, config.param("tokenizer_model", kind=str))
     if len(tokenizer.inputs) != 1 or tokenizer.inputs[0].data_type != text.data_type:
         raise ModelConfigError(
@@ -152,6 +163,7 @@ def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
             f"{config.name!r}: default_variant {default!r} is not one of {sorted(routes)}"
             + (f" ({missing[default]})" if default in missing else "")
         )
+    versions, weights = _versions(config)
     return BlsPlan(
         text_input=text.name,
         output=output.name,
@@ -165,7 +177,64 @@ def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
         ),
         stage_timeout_ms=config.param("stage_timeout_ms", 0, int),
         postprocess=post,
+        versions=versions,
+        weights=weights,
+        version_output=VERSION_OUTPUT
+        if any(o.name == VERSION_OUTPUT for o in config.outputs)
+        else None,
     )
+
+
+def _versions(config: ModelConfig) -> tuple[tuple[int, ...], dict[int, int]]:
+    """``parameters.versions`` ("1,2") and ``parameters.version_weights`` ("1=10,2=90")."""
+    try:
+        versions = tuple(int(v) for v in config.param("versions", "", str).split(",") if v)
+        weights = {
+            int(k): int(v)
+            for k, v in parse_targets(config.param("version_weights", "", str)).items()
+        }
+    except ValueError as e:
+        raise ModelConfigError(
+            f"{config.name!r}: parameters.versions / version_weights: {e}"
+        ) from e
+    if weights and (sum(weights.values()) != 100 or set(weights) - set(versions)):
+        raise ModelConfigError(
+            f"{config.name!r}: version_weights {weights} must be percents of versions "
+            f"{list(versions)} summing to 100"
+        )
+    return versions, weights
+
+
+def canary_bucket(key: str) -> int:
+    """A stable bucket in [0, 100) for ``key`` (sha256: the same on every host and run)."""
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") % 100
+
+
+def request_version(
+    parameters_json: str | Mapping[str, Any] | None, key: str, plan: BlsPlan
+) -> int:
+    """The encoder version for a request: the ``version`` request parameter when given (one of
+    the plan's versions), else the canary split by ``key`` (the request id, or its texts), else
+    -1 (Triton's latest)."""
+    value = _parameters(parameters_json).get(VERSION_PARAMETER)
+    if value is not None:
+        try:
+            version = int(value)
+        except (TypeError, ValueError):
+            version = -2
+        if isinstance(value, bool) or version not in plan.versions:
+            raise InvalidInputError(
+                f"request parameter {VERSION_PARAMETER!r}={value!r} is unknown; "
+                f"use one of {list(plan.versions) or '(this pipeline has one version)'}"
+            )
+        return version
+    if plan.weights:
+        bucket, edge = canary_bucket(key), 0
+        for version, percent in sorted(plan.weights.items()):
+            edge += percent
+            if bucket < edge:
+                return version
+    return max(plan.versions) if plan.versions else -1
 
 
 def postprocess_settings(config: ModelConfig, repository: Path) -> Postprocess:
@@ -178,7 +247,7 @@ def postprocess_settings(config: ModelConfig, repository: Path) -> Postprocess:
         raise ModelConfigError(f"{post.name!r}: output 'probabilities' has no label_filename")
     labels = read_labels(Path(repository) / post.name / label_file)
     theirs = {(t.name, t.data_type) for t in post.outputs}
-    ours = {(t.name, t.data_type) for t in config.outputs}
+    ours = {(t.name, t.data_type) for t in config.outputs if t.name != VERSION_OUTPUT}
     if theirs != ours:
         raise ModelConfigError(
             f"{config.name!r} outputs {sorted(ours)} differ from {post.name!r}'s {sorted(theirs)}"
@@ -250,11 +319,14 @@ def call_encoder(
     inputs: Mapping[str, np.ndarray],
     timeout_ms: int,
     trace: Any = None,
+    version: int = -1,
 ) -> np.ndarray:
     """One synchronous BLS ``exec``; errors become INVALID_ARG (the stage rejected the caller's
     data) or UNAVAILABLE (not ready, failed, timed out), each naming the stage. ``trace`` (a
     caller request's ``request.trace()``) makes the stage's spans children of that request's."""
     kwargs: dict[str, Any] = {} if trace is None else {"trace": trace}
+    if version >= 0:
+        kwargs["model_version"] = version
     if timeout_ms > 0:
         kwargs["timeout"] = timeout_ms * 1000  # Triton's request timeout is in microseconds
     request = pb_utils.InferenceRequest(

@@ -3,12 +3,16 @@
 One ``execute`` handles all its requests together: decode and validate each (a bad one fails
 alone), tokenize every text in one batch, run one encoder call per variant and shape, split back.
 Embeddings are returned as the encoder computes them; a classifier's logits are turned into
-labels, probabilities and the (per-request ``top_k``) best classes here.
+labels, probabilities and the (per-request ``top_k``) best classes here. With several model
+versions, a request pins one (parameter ``version``) or the canary split picks one by request id;
+``model_version`` in the response says which answered.
 """
 
 import triton_python_backend_utils as pb_utils
 
 from pathlib import Path
+
+import numpy as np
 
 from tritonforge.bls import (
     build_plan,
@@ -16,6 +20,7 @@ from tritonforge.bls import (
     plan_encoder_calls,
     request_top_k,
     request_variant,
+    request_version,
     split_encoder_output,
 )
 from tritonforge.classify import classify
@@ -45,26 +50,29 @@ class TritonPythonModel:
         variant = request_variant(params, self.plan)
         top_k = request_top_k(params, self.plan.postprocess) if self.plan.postprocess else 0
         values = pb_utils.get_input_tensor_by_name(request, self.plan.text_input).as_numpy()
-        return variant, top_k, decode_texts(values, self.plan.text_input, self.plan.limits)
+        texts = decode_texts(values, self.plan.text_input, self.plan.limits)
+        version = request_version(params, request.request_id() or "\n".join(texts), self.plan)
+        return (variant, version), top_k, texts
 
-    def _outputs(self, rows, top_k):
+    def _outputs(self, rows, top_k, version):
         post = self.plan.postprocess
-        if post is None:
-            return {self.plan.output: rows}
-        return classify(rows, post.labels, top_k)
+        out = {self.plan.output: rows} if post is None else classify(rows, post.labels, top_k)
+        if self.plan.version_output:
+            out[self.plan.version_output] = np.full((len(rows), 1), version, dtype=np.int32)
+        return out
 
     def execute(self, requests):
         responses = [None] * len(requests)
-        by_variant = {}
+        by_route = {}
         top_ks = {}
         for i, request in enumerate(requests):
             try:
-                variant, top_ks[i], texts = self._decode(request)
+                key, top_ks[i], texts = self._decode(request)
             except ServingError as e:
                 responses[i] = error_response(pb_utils, e, self.config.name)
                 continue
-            by_variant.setdefault(variant, []).append((i, texts))
-        for variant, members in by_variant.items():
+            by_route.setdefault(key, []).append((i, texts))
+        for (variant, version), members in by_route.items():
             route = self.plan.routes[variant]
             texts = [t for _, ts in members for t in ts]
             parts = split_tokens(
@@ -78,10 +86,10 @@ class TritonPythonModel:
                 trace = requests[batch.members[0].request_index].trace()
                 try:
                     out = call_encoder(
-                        pb_utils, route, batch.inputs, self.plan.stage_timeout_ms, trace
+                        pb_utils, route, batch.inputs, self.plan.stage_timeout_ms, trace, version
                     )
                     for i, rows in split_encoder_output(out, batch, route):
-                        outputs = self._outputs(rows, top_ks[i])
+                        outputs = self._outputs(rows, top_ks[i], version)
                         responses[i] = encode_response(pb_utils, outputs, self.config)
                 except Exception as e:
                     for m in batch.members:

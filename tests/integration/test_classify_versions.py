@@ -1,0 +1,173 @@
+"""Two versions of a classifier side by side: pinning, the canary split, per-version metrics and
+the response cache, on the real embedded Triton over HTTP and gRPC.
+
+Version 1 and 2 are tiny random RoBERTa classifiers with different weights (same tokenizer),
+exported into one pipeline (``extra_versions``) whose BLS splits unpinned traffic 30/70.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests import tiny_checkpoints
+from tritonforge.bls import canary_bucket
+from tritonforge.export.pipeline import Options, export_pipeline
+from tritonforge.export.pipeline_spec import Canary, ModelVersion
+from tritonforge.export.specs.hf import pipeline_from_pretrained
+from tritonforge.runtime.cache import cache_args
+from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TEXTS = ["The service answered every request in time.", "I really did not like it!"]
+WEIGHTS = ((1, 30), (2, 70))
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    root = tmp_path_factory.mktemp("ab-checkpoints")
+    return {
+        n: tiny_checkpoints.roberta(root / f"v{n}", tiny_checkpoints.LABELS, seed=n) for n in (1, 2)
+    }
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, versions: dict[int, Path]
+) -> Iterator[EmbeddedServer]:
+    repo = tmp_path_factory.mktemp("ab") / "model_repository"
+    v2 = pipeline_from_pretrained(versions[2], "classification", "ab", max_length=64).encoder
+    spec = pipeline_from_pretrained(
+        versions[1],
+        "classification",
+        "ab",
+        max_length=64,
+        variants=("fp32",),
+        extra_versions=(ModelVersion(2, v2),),
+        canary=Canary(WEIGHTS),
+        response_cache=True,
+    )
+    export_pipeline(spec, Options(repo=repo, formats=("onnx",)), progress=lambda _: None)
+    settings = ServerSettings.ephemeral(repo, extra_args=cache_args(1 << 20))
+    server = EmbeddedServer(settings)
+    server.start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def probabilities(directory: Path) -> np.ndarray:
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    model = AutoModelForSequenceClassification.from_pretrained(str(directory)).eval()
+    with torch.inference_mode():
+        return np.stack(
+            [
+                torch.softmax(model(**tokenizer(t, return_tensors="pt")).logits, -1)[0].numpy()
+                for t in TEXTS
+            ]
+        )
+
+
+def infer(server: EmbeddedServer, protocol: str, model: str, **kw: Any) -> Any:
+    data = np.array([t.encode() for t in TEXTS], dtype=np.object_).reshape(-1, 1)
+    lib: Any = httpclient if protocol == "http" else grpcclient
+    url = server.http_url if protocol == "http" else server.grpc_url
+    with lib.InferenceServerClient(url) as client:
+        tensor = lib.InferInput("text", list(data.shape), "BYTES")
+        tensor.set_data_from_numpy(data)
+        return client.infer(model, [tensor], **kw)
+
+
+def metric(server: EmbeddedServer, name: str, **labels: str) -> float:
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_pinned_version_answers_and_says_so(
+    server: EmbeddedServer, versions: dict[int, Path], protocol: str
+) -> None:
+    for n, directory in versions.items():
+        result = infer(server, protocol, "ab_bls", parameters={"version": n})
+        np.testing.assert_allclose(
+            result.as_numpy("probabilities"), probabilities(directory), atol=1e-4
+        )
+        assert result.as_numpy("model_version").reshape(-1).tolist() == [n] * len(TEXTS)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_unknown_version_is_invalid_argument(server: EmbeddedServer, protocol: str) -> None:
+    with pytest.raises(InferenceServerException, match=r"'version'=3 is unknown") as err:
+        infer(server, protocol, "ab_bls", parameters={"version": 3})
+    assert "400" in str(err.value.status()) or "INVALID_ARGUMENT" in str(err.value.status())
+
+
+def test_canary_split_is_deterministic_per_request_id(server: EmbeddedServer) -> None:
+    seen: dict[str, int] = {}
+    for i in range(40):
+        rid = f"req-{i}"
+        got = int(infer(server, "grpc", "ab_bls", request_id=rid).as_numpy("model_version")[0][0])
+        bucket = canary_bucket(rid)
+        assert got == (1 if bucket < WEIGHTS[0][1] else 2), rid
+        seen[rid] = got
+    assert set(seen.values()) == {1, 2}
+    again = int(infer(server, "http", "ab_bls", request_id="req-7").as_numpy("model_version")[0][0])
+    assert again == seen["req-7"]
+
+
+def test_standard_model_version_on_the_encoder_and_per_version_metrics(
+    server: EmbeddedServer,
+) -> None:
+    before = {
+        n: metric(server, "nv_inference_request_success", model="ab_encoder_fp32", version=str(n))
+        for n in (1, 2)
+    }
+    ids = np.array([[0, 10, 20, 2]], dtype=np.int64)
+    logits = {}
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        for n in (1, 2):
+            inputs = []
+            for name, value in (("input_ids", ids), ("attention_mask", np.ones_like(ids))):
+                tensor = httpclient.InferInput(name, list(value.shape), "INT64")
+                tensor.set_data_from_numpy(value)
+                inputs.append(tensor)
+            out = httpclient.InferRequestedOutput("logits", class_count=3)
+            result = client.infer("ab_encoder_fp32", inputs, model_version=str(n), outputs=[out])
+            top = result.as_numpy("logits")[0][0].decode().split(":")
+            assert top[2] in tiny_checkpoints.LABELS
+            logits[n] = top
+    assert logits[1] != logits[2]  # different weights
+    after = {
+        n: metric(server, "nv_inference_request_success", model="ab_encoder_fp32", version=str(n))
+        for n in (1, 2)
+    }
+    assert all(after[n] >= before[n] + 1 for n in (1, 2))
+
+
+def test_identical_requests_hit_the_response_cache(server: EmbeddedServer) -> None:
+    hits = metric(server, "nv_cache_num_hits_per_model", model="ab")
+    first = infer(server, "http", "ab").as_numpy("probabilities")
+    second = infer(server, "grpc", "ab").as_numpy("probabilities")
+    np.testing.assert_array_equal(first, second)
+    assert metric(server, "nv_cache_num_hits_per_model", model="ab") >= hits + 1
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    assert re.search(r"^nv_cache_num_entries", text, re.M), "cache metrics missing"
