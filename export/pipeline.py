@@ -267,6 +267,12 @@ def _build(
                     f"optimised speed-up {t_raw / t_opt:.2f}x ({t_raw:.1f} -> {t_opt:.1f} ms)"
                 )
             deployed = opt
+        if spec.task_metrics is not None:
+            with steps("task metrics of fp32 (held-out set)"):
+                report.setdefault("task_metrics", {})["fp32"] = spec.task_metrics(
+                    parity.ort_runner(deployed)
+                )
+                steps.note(f"fp32: {report['task_metrics']['fp32']}")
         target = staging.version_dir(serving.fp32_name, options.version) / "model.onnx"
         shutil.copyfile(deployed, target)
         staged[serving.fp32_name] = (target, onnx_io(target), "onnxruntime")
@@ -277,6 +283,10 @@ def _build(
             )
             failures += audit_problems + report["graph_checks"].get("int8", [])
             target8 = staging.version_dir(str(serving.int8_name), options.version) / "model.onnx"
+            if spec.task_metrics is not None:
+                with steps("task metrics of int8 (held-out set)"):
+                    report["task_metrics"]["int8"] = spec.task_metrics(parity.ort_runner(target8))
+                    steps.note(f"int8: {report['task_metrics']['int8']}")
             staged[str(serving.int8_name)] = (target8, onnx_io(target8), "onnxruntime")
 
     if "torchscript" in options.formats:

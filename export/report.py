@@ -78,6 +78,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         for t in q["search"]["trials"]:
             figures = ", ".join(f"{k} {v:.4f}" for k, v in t["figures"].items() if k != "sentences")
             lines.append(f"| {t['excluded_groups'] or '-'} | {figures} | {t['passed']} |")
+    tasks = report.get("task_metrics")
+    if tasks:
+        lines += ["", "## Task metrics (held-out set)", ""]
+        lines += [f"- {variant}: {figures}" for variant, figures in tasks.items()]
     lines += ["", "## Timings (s)", ""]
     lines += [f"- {k}: {v:.2f}" for k, v in report["timings_s"].items()]
     return "\n".join(lines) + "\n"

@@ -160,6 +160,11 @@ class ExportSpec:
     optimization: GraphOptimization | None = None
     serving: Serving | None = None
     warmup: Callable[[], Inputs] | None = None
+    # Task figures of each exported ONNX variant (e.g. a classifier's test accuracy and
+    # macro-F1): ``runner -> {figure: value}``, run on fp32 and int8, kept in the report.
+    task_metrics: Callable[[Callable[[Inputs], dict[str, np.ndarray]]], dict[str, Any]] | None = (
+        None
+    )
     source_files: tuple[Path, ...] = ()  # hashed: a change re-exports
     extra_files: tuple[tuple[Path, str], ...] = ()  # (source, repo-relative destination)
 

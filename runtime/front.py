@@ -49,6 +49,8 @@ from tritonforge.runtime.errors import FrontError, ServerStartError
 ADMIN_HEADER = "x-tritonforge-admin"
 GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # how Triton prefixes gRPC keys
 GRPC_SERVICE = "/inference.GRPCInferenceService/"
+# The first seed's header: pins a model version of a BLS pipeline (request parameter `version`).
+VERSION_HEADER = "X-Model-Version"
 GRPC_STREAMING = {f"{GRPC_SERVICE}ModelStreamInfer"}
 GRPC_INFER = f"{GRPC_SERVICE}ModelInfer"
 GRPC_RESTRICTED = {
@@ -191,6 +193,29 @@ def inflate(data: bytes, encoding: str, limit_bytes: int) -> bytes:
     return out
 
 
+def apply_version_header(
+    body: bytes, header_length: str | None, value: str
+) -> tuple[bytes, str | None]:
+    """An inference body with ``X-Model-Version: N`` turned into the request parameter
+    ``version`` (what the BLS reads to pin a model version); returns the new body and
+    ``Inference-Header-Content-Length``. A parameter already in the body wins."""
+    if not value.strip().isdigit() or int(value) < 1:
+        raise FrontError(f"{VERSION_HEADER} must be a positive integer, got {value[:20]!r}", 400)
+    split = int(header_length) if header_length is not None else len(body)
+    try:
+        header = json.loads(body[:split] or b"{}")
+    except ValueError as e:
+        raise FrontError(f"the inference request is not valid JSON: {e}", 400) from e
+    if not isinstance(header, dict):
+        raise FrontError("the inference request must be a JSON object", 400)
+    params = header.setdefault("parameters", {})
+    if not isinstance(params, dict):
+        raise FrontError("'parameters' must be a JSON object", 400)
+    params.setdefault("version", int(value))
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    return encoded + body[split:], (str(len(encoded)) if header_length is not None else None)
+
+
 def admin_ok(given: str | None, key: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), key.encode())
 
@@ -311,6 +336,17 @@ class HttpFront:
                 headers.pop("content-encoding", None)
             if body:
                 self._check_json(request, body)
+            version = request.headers.get(VERSION_HEADER)
+            if version is not None and body and request.path.endswith("/infer"):
+                length = request.headers.get("Inference-Header-Content-Length")
+                body, length = apply_version_header(body, length, version)
+                headers = {
+                    k: v
+                    for k, v in headers.items()
+                    if k.lower() not in ("inference-header-content-length", "content-length")
+                }
+                if length is not None:
+                    headers["Inference-Header-Content-Length"] = length
             return await self._forward(request, headers, body)
         except FrontError as e:
             return web.json_response({"error": str(e)}, status=e.status)

@@ -27,6 +27,7 @@ from torch import nn
 from tritonforge.export.errors import SpecError
 
 TASKS = ("embedding", "classification")
+INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids")
 # transformers model_type -> ONNX Runtime transformer optimizer model_type (its fusions).
 OPTIMIZER_TYPES = {
     "bert": "bert",
@@ -99,13 +100,15 @@ def inspect_checkpoint(directory: Path, normalize: bool | None = None) -> Checkp
         raise SpecError(f"transformers cannot load {directory}: {e}") from e
     id2label = getattr(config, "id2label", None) or {}
     labels = tuple(str(id2label[i]) for i in sorted(int(k) for k in id2label))
-    names = tuple(tokenizer.model_input_names)
-    if names[:2] != ("input_ids", "attention_mask") and set(names) - {
-        "input_ids",
-        "attention_mask",
-        "token_type_ids",
-    }:
-        raise SpecError(f"{directory}: tokenizer inputs {list(names)} are not supported")
+    # Canonical order (BERT's tokenizer lists token_type_ids second): the encoder's inputs, the
+    # tokenizer model's outputs and TorchScript's INPUT__i positions all follow it.
+    given = set(tokenizer.model_input_names)
+    if not {"input_ids", "attention_mask"} <= given or given - set(INPUT_ORDER):
+        raise SpecError(
+            f"{directory}: tokenizer inputs {sorted(given)} are not supported "
+            f"(input_ids and attention_mask, optionally token_type_ids)"
+        )
+    names = tuple(n for n in INPUT_ORDER if n in given)
     positions = int(getattr(config, "max_position_embeddings", 512))
     if config.model_type in ("roberta", "xlm-roberta", "camembert"):
         positions -= int(config.pad_token_id or 0) + 1  # positions start after padding_idx

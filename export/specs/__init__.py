@@ -19,7 +19,13 @@ def _minilm() -> PipelineSpec:
     return minilm_pipeline()
 
 
-REGISTRY: dict[str, PipelineFactory] = {"minilm": _minilm}
+def _sentiment() -> PipelineSpec:
+    from tritonforge.export.specs.sentiment import sentiment_pipeline
+
+    return sentiment_pipeline()
+
+
+REGISTRY: dict[str, PipelineFactory] = {"minilm": _minilm, "sentiment": _sentiment}
 
 
 def _smollm2() -> DecoderSpec:

