@@ -25,7 +25,7 @@ from tritonforge.export.pipeline_configs import stage_files, write_files
 from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.repository import clean
 from tritonforge.export.specs import DECODERS, REGISTRY, get_pipeline
-from tritonforge.pipelines import TASKS
+from tritonforge.pipelines import TASKS, pipeline_models
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 log = logging.getLogger(__name__)
@@ -84,8 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.spec == "clean":
-            models = [m for n in REGISTRY for m in get_pipeline(n).model_names()]
-            removed = clean(args.model_repository, models)
+            repo = args.model_repository
+            removed = clean(repo, pipeline_models(repo) if repo.is_dir() else [])
             removed += clean_decoders(args.model_repository, [f() for f in DECODERS.values()])
             log.info(
                 "==> [export clean] removed %d item(s): %s", len(removed), ", ".join(removed) or "-"

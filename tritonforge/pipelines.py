@@ -176,3 +176,10 @@ def repository_configs(repository: Path) -> list[dict[str, Any]]:
 def from_repository(repository: Path) -> dict[str, Pipeline]:
     """The pipelines a model repository on disk declares."""
     return discover(repository_configs(repository))
+
+
+def pipeline_models(repository: Path) -> list[str]:
+    """Every model directory of ``repository`` whose config marks it as part of a pipeline."""
+    return sorted(
+        str(c["name"]) for c in repository_configs(repository) if PIPELINE_KEY in _params(c)
+    )

@@ -1,0 +1,95 @@
+"""Configs generated from a pipeline spec (stand-in encoders): names, marks, versions, lint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests import tiny_checkpoints
+from tritonforge.export.pipeline_configs import generate_files, write_pipeline
+from tritonforge.export.pipeline_spec import Canary, ModelVersion
+from tritonforge.export.specs.hf import pipeline_from_pretrained
+from tritonforge.export.tritonconfig import render_pbtxt
+from tritonforge.modelconfig import ModelConfig
+from tritonforge.pipelines import from_repository
+from tritonforge.runtime.lint import lint_repository
+
+
+def stand_in_encoder(repo: Path, name: str, versions: list[int]) -> None:
+    config = {
+        "name": name,
+        "backend": "onnxruntime",
+        "max_batch_size": 64,
+        "input": [
+            {"name": n, "data_type": "TYPE_INT64", "dims": [-1]}
+            for n in ("input_ids", "attention_mask")
+        ],
+        "output": [
+            {
+                "name": "logits",
+                "data_type": "TYPE_FP32",
+                "dims": [3],
+                "label_filename": "labels.txt",
+            }
+        ],
+        "parameters": {"tritonforge.pipeline": {"string_value": "ab"}},
+    }
+    (repo / name).mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(render_pbtxt(config))
+    for v in versions:
+        (repo / name / str(v)).mkdir()
+        (repo / name / str(v) / "model.onnx").write_bytes(b"stand-in")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ckpt")
+    return tiny_checkpoints.roberta(root / "r", tiny_checkpoints.LABELS)
+
+
+def test_classification_pipeline_with_two_versions(tmp_path: Path, checkpoint: Path) -> None:
+    v2 = pipeline_from_pretrained(checkpoint, "classification", "ab").encoder
+    spec = pipeline_from_pretrained(
+        checkpoint,
+        "classification",
+        "ab",
+        variants=("fp32", "int8"),
+        extra_versions=(ModelVersion(2, v2),),
+        canary=Canary(((1, 90), (2, 10))),
+    )
+    assert spec.encoder.serving is not None and spec.encoder.serving.versions == (1, 2)
+    repo = tmp_path / "repo"
+    stand_in_encoder(repo, "ab_encoder_fp32", [1, 2])
+    files = generate_files(spec, repo)
+    # int8 not exported: no ensemble for it, and the BLS lists only what exists
+    assert "ab_int8/config.pbtxt" not in files
+    write_pipeline(spec, repo)
+    bls = ModelConfig.from_pbtxt((repo / "ab_bls" / "config.pbtxt").read_text())
+    assert bls.parameters["encoder_models"] == "fp32=ab_encoder_fp32"
+    assert bls.parameters["versions"] == "1,2"
+    assert bls.parameters["version_weights"] == "1=90,2=10"
+    assert [o.name for o in bls.outputs][-1] == "model_version"
+    pipeline = from_repository(repo)["ab"]
+    assert pipeline.labels == tiny_checkpoints.LABELS and pipeline.dim == 3
+    assert pipeline.ensembles == {"fp32": "ab"} and pipeline.bls == "ab_bls"
+    assert lint_repository(repo) == []
+    # a second run changes nothing
+    assert write_pipeline(spec, repo) == []
+
+
+def test_generation_needs_the_exported_fp32_encoder(tmp_path: Path, checkpoint: Path) -> None:
+    from tritonforge.export.errors import ExportError
+
+    spec = pipeline_from_pretrained(checkpoint, "classification", "ab")
+    with pytest.raises(ExportError, match="ab_encoder_fp32 is not in"):
+        generate_files(spec, tmp_path)
+
+
+def test_spec_refuses_bad_canary(checkpoint: Path) -> None:
+    from tritonforge.export.errors import SpecError
+
+    with pytest.raises(SpecError, match="canary weights"):
+        pipeline_from_pretrained(
+            checkpoint, "classification", "ab", canary=Canary(((1, 50), (3, 50)))
+        )
