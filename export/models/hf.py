@@ -79,6 +79,15 @@ def _token_id(tokenizer: Any, *attrs: str) -> int:
     return 0
 
 
+def _quiet_transformers() -> None:
+    """transformers' weight-loading bars and config notices would interleave with the export's
+    own progress; its errors still raise."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def inspect_checkpoint(directory: Path, normalize: bool | None = None) -> CheckpointInfo:
     """Read config.json and the tokenizer of ``directory``; :class:`SpecError` says what is
     missing (a Hugging Face checkpoint needs config.json, weights and tokenizer.json)."""
@@ -91,6 +100,7 @@ def inspect_checkpoint(directory: Path, normalize: bool | None = None) -> Checkp
             f"{directory} is not a Hugging Face checkpoint directory: missing {missing} "
             "(save it with `model.save_pretrained(dir)` and `tokenizer.save_pretrained(dir)`)"
         )
+    _quiet_transformers()
     from transformers import AutoConfig, AutoTokenizer
 
     try:
@@ -161,6 +171,7 @@ def load_hf_encoder(info: CheckpointInfo, task: str) -> nn.Module:
     from transformers import AutoModel, AutoModelForSequenceClassification
 
     cls = AutoModelForSequenceClassification if task == "classification" else AutoModel
+    _quiet_transformers()
     try:
         model = cls.from_pretrained(str(info.directory), attn_implementation="eager")
     except (OSError, ValueError) as e:
