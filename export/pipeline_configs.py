@@ -204,7 +204,6 @@ def ensemble_config(
         "output": public_outputs(spec, encoder),
         "ensemble_scheduling": {"step": steps},
         "parameters": _params({**_marks(spec, "ensemble", variant), **_public(spec)}),
-        **({"response_cache": {"enable": True}} if spec.response_cache else {}),
     }
 
 

@@ -101,7 +101,10 @@ class PipelineSpec:
     # Further versions of the model (version 1 is ``encoder``); all are served side by side.
     extra_versions: tuple[ModelVersion, ...] = ()
     canary: Canary | None = None
-    response_cache: bool = False  # Triton's response cache on the ensembles (the server's size)
+    # Triton's response cache on the encoders (the server gives its size). Not on the ensembles:
+    # their cache key holds the ensemble's version, not the encoder's, so a new encoder version
+    # would be answered from the old one's entries.
+    response_cache: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -164,6 +167,7 @@ class PipelineSpec:
                 names.encoder("torchscript") if "torchscript" in self.variants else None
             ),
             versions=tuple(sorted(versions)),
+            response_cache=self.response_cache,
         )
         return dataclasses.replace(encoder, serving=serving)
 

@@ -163,6 +163,8 @@ def build_config(
         ],
         "parameters": _params(params),
     }
+    if serving.response_cache:
+        config["response_cache"] = {"enable": True}
     if batched:
         config["dynamic_batching"] = {
             "max_queue_delay_microseconds": serving.gpu_max_queue_delay_us

@@ -164,13 +164,17 @@ def test_standard_model_version_on_the_encoder_and_per_version_metrics(
 
 
 def test_identical_requests_hit_the_response_cache(server: EmbeddedServer) -> None:
-    hits = metric(server, "nv_cache_num_hits_per_model", model="ab")
+    hits = metric(server, "nv_cache_num_hits_per_model", model="ab_encoder_fp32")
     first = infer(server, "http", "ab").as_numpy("probabilities")
     second = infer(server, "grpc", "ab").as_numpy("probabilities")
     np.testing.assert_array_equal(first, second)
-    assert metric(server, "nv_cache_num_hits_per_model", model="ab") >= hits + 1
+    assert metric(server, "nv_cache_num_hits_per_model", model="ab_encoder_fp32") >= hits + 1
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
     assert re.search(r"^nv_cache_num_entries", text, re.M), "cache metrics missing"
+    # entries are per version: the same input to v1 and v2 gives each version's own answer
+    v1 = infer(server, "http", "ab_bls", parameters={"version": 1}).as_numpy("probabilities")
+    v2 = infer(server, "http", "ab_bls", parameters={"version": 2}).as_numpy("probabilities")
+    assert not np.allclose(v1, v2)
 
 
 def test_x_model_version_header_pins_the_version_over_http(server: EmbeddedServer) -> None:
