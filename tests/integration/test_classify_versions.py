@@ -20,6 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests import tiny_checkpoints
+from tests.integration.reliability import Load
 from tritonforge.bls import canary_bucket
 from tritonforge.export.pipeline import Options, export_pipeline
 from tritonforge.export.pipeline_spec import Canary, ModelVersion
@@ -58,7 +59,9 @@ def server(
         response_cache=True,
     )
     export_pipeline(spec, Options(repo=repo, formats=("onnx",)), progress=lambda _: None)
-    settings = ServerSettings.ephemeral(repo, extra_args=cache_args(1 << 20))
+    settings = ServerSettings.ephemeral(
+        repo, extra_args=cache_args(1 << 20), model_control_mode="explicit"
+    )
     server = EmbeddedServer(settings)
     server.start()
     try:
@@ -183,3 +186,29 @@ def test_x_model_version_header_pins_the_version_over_http(server: EmbeddedServe
         assert result.as_numpy("model_version").reshape(-1).tolist() == [n] * len(TEXTS)
     with pytest.raises(InferenceServerException, match="X-Model-Version must be a positive"):
         infer(server, "http", "ab_bls", headers={"X-Model-Version": "latest"})
+
+
+def test_canary_switch_under_load_loses_nothing(server: EmbeddedServer) -> None:
+    """Move all unpinned traffic to version 2 (a config change reloaded with explicit model
+    control) while clients keep calling the BLS: no request fails, and afterwards v2 answers."""
+    path = server.settings.model_repository / "ab_bls" / "config.pbtxt"
+    before = path.read_text()
+    load = Load(server.grpc_url, "ab_bls", workers=3).start()
+    try:
+        load.wait_for(10)
+        path.write_text(before.replace('string_value: "1=30,2=70"', 'string_value: "1=0,2=100"'))
+        assert path.read_text() != before
+        server.load_model("ab_bls")
+        load.wait_for(len(load.outcomes) + 10)
+    finally:
+        load.stop()
+        path.write_text(before)
+    assert load.outcomes and not load.failures, load.failures[:3]
+    versions = {
+        int(
+            infer(server, "grpc", "ab_bls", request_id=f"after-{i}").as_numpy("model_version")[0][0]
+        )
+        for i in range(10)
+    }
+    assert versions == {2}
+    server.load_model("ab_bls")  # back to the spec's split for any later test
