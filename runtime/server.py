@@ -232,10 +232,6 @@ class EmbeddedServer:
             raise ModelLoadError(failures, tail)
         raise ServerStartError(f"{why}{port_hint(tail)}; last log lines:\n{tail}")
 
-    def repository_call(self, path: str, body: bytes = b"{}", timeout_s: float = 120.0) -> str:
-        """POST to the model-repository API (with the admin header); returns the error text or ""."""
-        return self._repository().call(path, body, timeout_s)
-
     def load_model(self, model: str, timeout_s: float = 120.0, force: bool = False) -> None:
         """(Re)load ``model`` (explicit model control only); see :meth:`RepositoryAPI.load_model`."""
         self._repository().load_model(model, timeout_s, force)
