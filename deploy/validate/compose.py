@@ -20,9 +20,9 @@ from tritonforge.deploy.validate.launcher import (
     ADMIN_KEY_ENV,
     ADMIN_KEY_REF,
     DRAIN_MODULE,
-    drain_args,
     front_args,
     front_findings,
+    stop_budget_s,
     triton_command,
 )
 from tritonforge.deploy.validate.paths import COMPOSE_FILE, PROJECT_ROOT, SCHEMA_DIR
@@ -80,14 +80,11 @@ def compose_findings(doc: Mapping[str, Any], root: Path = PROJECT_ROOT) -> list[
     if not any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices):
         out.append("compose: triton has no nvidia GPU reservation")
     command = [str(a) for a in triton.get("command") or []]
-    drain = drain_args(command)
     if "run" not in command[:5] or DRAIN_MODULE not in command[:3]:
         out.append(f"compose: triton must run under `python3 -m {DRAIN_MODULE} run --` (drain)")
     else:
         grace = seconds(triton.get("stop_grace_period", "10s"))
-        needed = seconds(drain.get("--timeout-s", "20")) + seconds(
-            flags.get("--exit-timeout-secs", "30")
-        )
+        needed = stop_budget_s(command, flags)
         if grace < needed:
             out.append(f"compose: stop_grace_period {grace:g}s < drain + exit timeout {needed:g}s")
     for name, svc in services.items():

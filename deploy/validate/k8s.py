@@ -13,15 +13,15 @@ from tritonforge.deploy.validate.documents import (
     load_yaml,
     load_yaml_all,
     schema_errors,
-    seconds,
     triton_flags,
 )
 from tritonforge.deploy.validate.launcher import (
     ADMIN_KEY_ENV,
     DRAIN_MODULE,
-    drain_args,
     front_args,
     front_findings,
+    pre_stop_command,
+    stop_budget_s,
 )
 from tritonforge.deploy.validate.monitoring import adapter_metric_aliases
 from tritonforge.deploy.validate.paths import ADAPTER_RULES, K8S_DIR, K8S_SCHEMA_DIR
@@ -115,19 +115,14 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
     canary = " ".join(str(a) for a in (liveness.get("exec") or {}).get("command", []))
     if (liveness.get("httpGet") or {}).get("path") != "/v2/health/live" and "/infer" not in canary:
         out.append("k8s: livenessProbe must GET /v2/health/live or run a canary inference")
-    pre_stop = (((triton.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get(
-        "command"
-    ) or []
+    pre_stop = pre_stop_command(triton)
     if DRAIN_MODULE not in pre_stop or "wait" not in pre_stop:
         out.append(
             f"k8s: triton needs a preStop hook running `python3 -m {DRAIN_MODULE} wait` "
             "(drain before SIGTERM, server#6287)"
         )
     else:
-        drain = drain_args([str(a) for a in pre_stop])
-        needed = seconds(drain.get("--timeout-s", "20")) + seconds(
-            flags.get("--exit-timeout-secs", "30")
-        )
+        needed = stop_budget_s(pre_stop, flags)
         if float(pod.get("terminationGracePeriodSeconds", 30)) < needed:
             out.append(
                 f"k8s: terminationGracePeriodSeconds < preStop drain + exit timeout ({needed:g})"
@@ -221,9 +216,7 @@ def k8s_front_findings(
         out.append("k8s: the front needs --host=0.0.0.0 (the Service reaches the pod IP)")
     if ((front.get("readinessProbe") or {}).get("httpGet") or {}).get("path") != "/v2/health/ready":
         out.append("k8s: the front's readinessProbe must GET /v2/health/ready")
-    pre_stop = (((front.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get(
-        "command"
-    ) or []
+    pre_stop = pre_stop_command(front)
     if DRAIN_MODULE not in pre_stop:
         out.append(
             f"k8s: the front needs a preStop `python3 -m {DRAIN_MODULE} wait` (it must forward "

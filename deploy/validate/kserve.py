@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tritonforge.deploy.validate.documents import seconds, triton_flags
+from tritonforge.deploy.validate.documents import triton_flags
 from tritonforge.deploy.validate.k8s import by_kind
 from tritonforge.deploy.validate.launcher import (
     ADMIN_KEY_REF,
     DRAIN_MODULE,
-    drain_args,
     launcher_flag_findings,
+    pre_stop_command,
+    stop_budget_s,
 )
 
 # KServe's conventions: the storage initializer mounts the model at /mnt/models; HTTP on 8080.
@@ -55,9 +56,7 @@ def kserve_findings(docs: list[dict[str, Any]], base: list[dict[str, Any]]) -> l
         out.append("kserve: the h2c container port must be --grpc-port")
     if int(((ctr.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0)) < 1:
         out.append("kserve: the runtime needs an nvidia.com/gpu limit")
-    pre_stop = (((ctr.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get(
-        "command"
-    ) or []
+    pre_stop = pre_stop_command(ctr)
     if DRAIN_MODULE not in pre_stop:
         out.append(f"kserve: the runtime needs a preStop `python3 -m {DRAIN_MODULE} wait`")
     spec = isvc["spec"]["predictor"]
@@ -73,9 +72,7 @@ def kserve_findings(docs: list[dict[str, Any]], base: list[dict[str, Any]]) -> l
     claims = {d["metadata"]["name"] for d in by_kind(base, "PersistentVolumeClaim")}
     if uri.startswith("pvc://") and uri[len("pvc://") :].split("/")[0] not in claims:
         out.append(f"kserve: storageUri {uri} names no PVC of deploy/k8s")
-    needed = seconds(drain_args([str(a) for a in pre_stop]).get("--timeout-s", "20")) + seconds(
-        flags.get("--exit-timeout-secs", "30")
-    )
+    needed = stop_budget_s(pre_stop, flags)
     if float(spec.get("terminationGracePeriodSeconds", 30)) < needed:
         out.append(f"kserve: terminationGracePeriodSeconds < drain + exit timeout ({needed:g})")
     out += launcher_flag_findings("kserve", args, ADMIN_KEY_REF)

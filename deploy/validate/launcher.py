@@ -3,10 +3,11 @@ Triton's sockets, restricted admin APIs keyed from the environment, OpenTelemetr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from tritonforge.deploy.validate.documents import triton_flags
+from tritonforge.deploy.validate.documents import seconds, triton_flags
 from tritonforge.runtime.settings import ADMIN_KEY_ENV
 
 # What the admin key reads as after interpolation (compose) and in the Deployment's args (the
@@ -110,3 +111,18 @@ def drain_args(command: list[str]) -> dict[str, str]:
     head = command[command.index(DRAIN_MODULE) + 1 :]
     head = head[: head.index("--")] if "--" in head else head
     return triton_flags(head)
+
+
+def pre_stop_command(container: Mapping[str, Any]) -> list[str]:
+    """The exec command of a Kubernetes container's preStop hook ([] when it has none)."""
+    hook = ((container.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}
+    return [str(a) for a in hook.get("command") or []]
+
+
+def stop_budget_s(drain_command: list[str], triton: Mapping[str, str]) -> float:
+    """The longest a graceful stop takes: the drain's ``--timeout-s`` (default 20, see
+    :mod:`tritonforge.drain`) plus tritonserver's ``--exit-timeout-secs`` (default 30)."""
+    drain = drain_args(drain_command)
+    return seconds(drain.get("--timeout-s", "20")) + seconds(
+        triton.get("--exit-timeout-secs", "30")
+    )
