@@ -30,7 +30,6 @@ K8S_KINDS = (
     "horizontalpodautoscaler-autoscaling-v2",
 )
 COMPOSE_MEMBER = "check_jsonschema/builtin_schemas/vendor/compose-spec.json"
-DEFS_PREFIX = "/api/_definitions.json#/$defs/"
 
 
 class VendorError(RuntimeError):

@@ -318,7 +318,7 @@ def fastapi_service() -> Iterator[str]:
 
 def load_embedders(repo: Path, variants: Sequence[str]) -> dict[str, Any]:
     """One in-process embedder per variant whose ONNX file exists."""
-    from tritonforge.loadtest.inprocess import InProcessEmbedder, tokenizer_path
+    from tritonforge.loadtest.inprocess import InProcessEmbedder, repository_tokenizer
 
     embedders: dict[str, Any] = {}
     for variant in variants:
@@ -326,7 +326,7 @@ def load_embedders(repo: Path, variants: Sequence[str]) -> dict[str, Any]:
         if not onnx.exists():
             print(f"   (no {onnx}: in-process {variant} skipped; run `make export`)")
             continue
-        embedders[variant] = InProcessEmbedder(onnx, tokenizer_path(repo))
+        embedders[variant] = InProcessEmbedder(onnx, repository_tokenizer(repo))
     return embedders
 
 

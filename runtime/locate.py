@@ -41,10 +41,6 @@ class TritonInstall:
     stub: Path
     libs: Path
 
-    @property
-    def version_file(self) -> Path:
-        return self.root / "bin" / "tritonserver"
-
 
 def find_triton() -> TritonInstall:
     """Locate tritonserver, the Python backend and the stub for this interpreter's version."""

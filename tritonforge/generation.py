@@ -30,7 +30,7 @@ TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
 FINISH_REASON = "finish_reason"
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "chat_template")
-FINISH_LENGTH, FINISH_STOP, FINISH_CANCELLED = "length", "stop", "cancelled"
+FINISH_LENGTH, FINISH_STOP = "length", "stop"
 
 StepFn = Callable[
     [np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]], tuple[np.ndarray, list[np.ndarray]]

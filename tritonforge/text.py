@@ -233,3 +233,21 @@ def nearest_neighbours(similarity: np.ndarray, k: int = 1) -> list[list[int]]:
     np.fill_diagonal(sim, -np.inf)
     order = np.argsort(-sim, axis=1, kind="stable")[:, :k]
     return [[int(j) for j in row] for row in order]
+
+
+def served_tokenizer(
+    model_dir: Path, version: str = "1", pad_to_multiple_of: int = 1
+) -> TextTokenizer:
+    """The tokenizer of the served tokenizer model at ``model_dir``, configured from its
+    ``config.pbtxt`` (``tokenizer_file``, ``max_length``), so that code outside Triton (the
+    in-process bench, the FastAPI baseline) turns a text into the same ids as the server.
+    Rows pad to the longest (rounded up to ``pad_to_multiple_of``: 1 by default, not the model's
+    bucket, as a user's own loop would pad)."""
+    from tritonforge.modelconfig import ModelConfig
+
+    config = ModelConfig.from_pbtxt((model_dir / "config.pbtxt").read_text())
+    return TextTokenizer(
+        model_dir / version / config.param("tokenizer_file", kind=str),
+        config.param("max_length", kind=int),
+        pad_to_multiple_of,
+    )

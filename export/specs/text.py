@@ -9,6 +9,7 @@ import numpy as np
 
 from tritonforge.export.errors import SpecError
 from tritonforge.export.spec import Inputs
+from tritonforge.text import TextTokenizer
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
@@ -32,24 +33,19 @@ def disjoint_sentences(path: Path, held_out: Path) -> list[str]:
 
 
 class TokenizerInputs:
-    """Tokenize sentences into BERT inputs (padded to the longest row, truncated at max_length)."""
+    """Tokenize sentences into the encoder's inputs (padded to the longest row, truncated at
+    ``max_length``) with the served models' tokenizer (:class:`tritonforge.text.TextTokenizer`),
+    so calibration and evaluation see the ids the server computes; loaded once, on first use."""
 
     def __init__(self, tokenizer_file: Path, max_length: int) -> None:
         self.tokenizer_file = tokenizer_file
         self.max_length = max_length
+        self._tokenizer: TextTokenizer | None = None
 
     def __call__(self, sentences: Sequence[str]) -> Inputs:
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(self.tokenizer_file))
-        tok.enable_truncation(max_length=self.max_length)
-        tok.enable_padding(pad_id=0, pad_token="[PAD]")
-        enc = tok.encode_batch(list(sentences))
-        return {
-            "input_ids": np.array([e.ids for e in enc], dtype=np.int64),
-            "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64),
-            "token_type_ids": np.array([e.type_ids for e in enc], dtype=np.int64),
-        }
+        if self._tokenizer is None:
+            self._tokenizer = TextTokenizer(self.tokenizer_file, self.max_length)
+        return self._tokenizer.encode(sentences)
 
     def batches(self, sentences: Sequence[str], batch_size: int) -> list[Inputs]:
         return [self(sentences[i : i + batch_size]) for i in range(0, len(sentences), batch_size)]

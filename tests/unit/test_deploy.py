@@ -34,7 +34,7 @@ def compose() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def compose_schema() -> dict[str, Any]:
-    return dv._load_schema(dv.SCHEMA_DIR / "compose-spec.json")
+    return dv.load_schema(dv.SCHEMA_DIR / "compose-spec.json")
 
 
 @pytest.mark.parametrize("env", [{}, COMPOSE_ENV_OVERRIDES], ids=["defaults", "overrides"])
@@ -48,7 +48,7 @@ def test_compose_schema_rejects_what_compose_would(
     broken = copy.deepcopy(compose)
     broken["services"]["triton"]["shm_sise"] = "2gb"
     broken["services"]["triton"]["ports"] = {"http": 8000}
-    errors = dv._schema_errors(broken, compose_schema, "compose")
+    errors = dv.schema_errors(broken, compose_schema, "compose")
     assert any("shm_sise" in e for e in errors)
     assert any("services/triton/ports" in e for e in errors)
 

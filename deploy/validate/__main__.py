@@ -1,0 +1,5 @@
+"""``python -m tritonforge.deploy.validate``."""
+
+from tritonforge.deploy.validate.cli import main
+
+raise SystemExit(main())
