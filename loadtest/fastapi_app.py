@@ -1,5 +1,5 @@
 """The usual alternative, as users typically write it: FastAPI + uvicorn (one worker) + PyTorch
-eager MiniLM (``export.models.bert``, built from the safetensors weights), tokenize, pool and
+eager MiniLM (``transformers.AutoModel`` from the checkpoint directory), tokenize, pool and
 normalise in the request handler. It tokenizes with the served tokenizer model's tokenizer
 (:func:`tritonforge.text.served_tokenizer`: same ids as the server), so the comparison is of
 serving, not of tokenization.
@@ -43,11 +43,11 @@ def create_app(
 ) -> FastAPI:
     """The service; loads the tokenizer (the served tokenizer model's, from
     ``model_repository``: run `make export` first) and the eager PyTorch encoder once."""
-    from tritonforge.export.models.bert import load_sentence_encoder
+    from transformers import AutoModel
 
     directory = directory or model_dir()
     tokenizer = served_tokenizer(model_repository / "tokenizer")  # pads to the longest text
-    encoder = load_sentence_encoder(directory)
+    encoder = AutoModel.from_pretrained(str(directory)).eval()
     app = FastAPI(title="MiniLM embeddings (FastAPI + PyTorch eager baseline)")
     app.state.tokenizer = tokenizer
 
@@ -61,9 +61,9 @@ def create_app(
             raise HTTPException(422, f"send 1 to {MAX_TEXTS} texts")
         tokens = {k: torch.from_numpy(v) for k, v in tokenizer.encode(request.texts).items()}
         with torch.inference_mode():
-            pooled = encoder(
-                tokens["input_ids"], tokens["attention_mask"], tokens["token_type_ids"]
-            )
+            hidden = encoder(**tokens).last_hidden_state
+            weights = tokens["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
             vectors = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
         return {"embeddings": vectors.tolist()}
 

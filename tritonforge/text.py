@@ -250,4 +250,6 @@ def served_tokenizer(
         model_dir / version / config.param("tokenizer_file", kind=str),
         config.param("max_length", kind=int),
         pad_to_multiple_of,
+        outputs=[t.name for t in config.outputs],
+        pad_id=config.param("pad_id", 0, int),
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +15,12 @@ from tritonforge.bls import (
     split_encoder_output,
 )
 from tritonforge.errors import InvalidInputError, StageUnavailableError
+from tritonforge.export.pipeline_configs import write_pipeline
+from tritonforge.export.specs import get_pipeline
+from tritonforge.export.tritonconfig import render_pbtxt
+from tritonforge.modelconfig import pbtxt_to_dict
 from tritonforge.repository import load_model_config
 
-REPO = Path(__file__).resolve().parents[2] / "model_repository"
 ROUTE = EncoderRoute("enc", {"ids": "input_ids", "mask": "attention_mask"}, "emb")
 
 
@@ -49,10 +51,9 @@ def test_equal_shapes_share_one_call_and_every_request_gets_its_own_rows() -> No
 
 @pytest.fixture
 def plan_repo(tmp_path: Path) -> Path:
-    """The committed BLS + tokenizer configs, a stand-in tokenizer file, one fp32 encoder."""
+    """The default pipeline's generated configs over one stand-in fp32 encoder; the BLS still
+    lists the int8 and TorchScript encoders (as if they had been removed after the export)."""
     root = tmp_path / "repo"
-    for name in ("tokenizer", "embed_bls"):
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("*.json"))
     (root / "encoder_fp32" / "1").mkdir(parents=True)
     tensors = ", ".join(
         f'{{ name: "{n}" data_type: TYPE_INT64 dims: [ -1 ] }}'
@@ -63,6 +64,13 @@ def plan_repo(tmp_path: Path) -> Path:
         f"input [ {tensors} ]\n"
         'output [ { name: "sentence_embedding" data_type: TYPE_FP32 dims: [ 384 ] } ]\n'
     )
+    write_pipeline(get_pipeline("minilm"), root)
+    path = root / "embed_bls" / "config.pbtxt"
+    config = pbtxt_to_dict(path.read_text())
+    config["parameters"]["encoder_models"]["string_value"] = (
+        "fp32=encoder_fp32,int8=encoder_int8,torchscript=encoder_torchscript"
+    )
+    path.write_text(render_pbtxt(config))
     return root
 
 

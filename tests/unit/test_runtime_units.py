@@ -3,6 +3,7 @@ psutil on real processes, the metrics-port probe."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
@@ -124,7 +125,8 @@ def fake_stub(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     while len(procinfo.group_members(proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     yield proc
-    os.killpg(proc.pid, 9)
+    with contextlib.suppress(ProcessLookupError):  # the group may be gone already
+        os.killpg(proc.pid, 9)
     proc.wait()
 
 
