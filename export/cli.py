@@ -4,8 +4,8 @@ and ``python -m tritonforge.export clean``."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from tritonforge.export.repository import clean
 from tritonforge.export.specs import DECODERS, REGISTRY, get_spec
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -38,7 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.spec == "clean":
             removed = clean(args.model_repository, [get_spec(n) for n in REGISTRY])
             removed += clean_decoders(args.model_repository, [f() for f in DECODERS.values()])
-            print(f"==> [export clean] removed {len(removed)} item(s): {', '.join(removed) or '-'}")
+            log.info(
+                "==> [export clean] removed %d item(s): %s", len(removed), ", ".join(removed) or "-"
+            )
             return 0
         if args.spec in DECODERS:
             from tritonforge.export.decoder.pipeline import run_decoder_export
@@ -58,6 +61,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         run_export(get_spec(args.spec), options)
     except ExportError as e:
-        print(f"export failed: {e}", file=sys.stderr)
+        log.error("export failed: %s", e)
         return 1
     return 0

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from tritonforge.client.generate import GenerateClient
+from tritonforge.env import run_main
 from tritonforge.loadtest.soak import growth_per_10k, measure
 from tritonforge.runtime.server import serving
 
+log = logging.getLogger(__name__)
 PROMPTS = ("Hi", "Name a fruit.", "What is 2 + 2?", "Say something kind about Mondays.")
 
 
@@ -66,10 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if done[0] >= next_sample:
                 curve.append((done[0], measure(s)[0]))
                 next_sample += step
-                print(
+                log.info(
                     f"    {done[0]:>6} generations: "
-                    + ", ".join(f"{k} {v:.0f} MB" for k, v in curve[-1][1].items()),
-                    flush=True,
+                    + ", ".join(f"{k} {v:.0f} MB" for k, v in curve[-1][1].items())
                 )
             time.sleep(0.2)
         curve.append((done[0], measure(s)[0]))
@@ -110,4 +112,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

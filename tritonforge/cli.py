@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonforge.env import env_str, run_main
-from tritonforge.logs import LEVELS, LOG_LEVEL_ENV, setup_logging
+from tritonforge.env import run_main
+from tritonforge.logs import LEVELS, LOG_LEVEL_ENV, level_from_env, setup_logging
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -114,9 +117,7 @@ def run(name: str, rest: list[str]) -> int:
         if "--no-export" in rest:
             rest.remove("--no-export")
         elif _needs_export(rest):
-            print(
-                "==> the model repository is incomplete: exporting the defaults first", flush=True
-            )
+            log.info("==> the model repository is incomplete: exporting the defaults first")
             code = export_defaults(_repository_args(rest))
             if code:
                 return code
@@ -132,7 +133,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log-level",
         choices=LEVELS,
-        default=(env_str(LOG_LEVEL_ENV) or "info").lower(),
+        default=level_from_env(),
         help=f"logging level of every subcommand (default ${LOG_LEVEL_ENV} or info)",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -142,11 +143,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _main(argv: Sequence[str]) -> int:
     args, rest = parser().parse_known_args(argv)
     setup_logging(args.log_level)
-    return run_main(lambda: run(args.command, rest))
+    return run(args.command, rest)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_main(lambda: _main(argv))
 
 
 def console() -> None:

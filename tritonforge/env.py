@@ -46,9 +46,14 @@ def env_float(name: str, default: float, minimum: float | None = None) -> float:
 
 
 def run_main(main: Callable[[], int]) -> int:
-    """Run a command's ``main``; a bad environment value prints one line and exits 2."""
+    """Run a command's ``main`` with logging set up (:func:`tritonforge.logs.ensure_logging`); a
+    bad environment value prints one line and exits 2."""
+    from tritonforge.logs import ensure_logging
+
     try:
+        ensure_logging()
         return int(main())
     except EnvironmentValueError as e:
+        # printed, not logged: it may be $TRITONFORGE_LOG_LEVEL itself that is wrong
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ from tritonforge.export.decoder.report import write_report
 from tritonforge.export.decoder.spec import BATCH_AXIS, PAST_AXIS, SEQ_AXIS, TOTAL_AXIS, DecoderSpec
 from tritonforge.export.errors import ExportError, VerificationError
 from tritonforge.export.pipeline import Outcome, Progress, _Steps
+from tritonforge.export.progress import log_progress
 from tritonforge.export.repository import Staging, library_versions, up_to_date
 from tritonforge.export.spec import digest_json
 from tritonforge.export.specs.text import read_sentences
@@ -212,7 +213,11 @@ def step_latency_ms(decoder: OrtDecoder, batch: int, past: int, repeats: int = 5
 
 
 def run_decoder_export(
-    spec: DecoderSpec, repo: Path, int8: bool, force: bool = False, progress: Progress = print
+    spec: DecoderSpec,
+    repo: Path,
+    int8: bool,
+    force: bool = False,
+    progress: Progress = log_progress,
 ) -> Outcome:
     steps = _Steps(spec.name, progress)
     checkpoint = package_file(spec.package, spec.checkpoint)

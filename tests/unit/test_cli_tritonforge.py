@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import PROJECT_ROOT
 from tritonforge import cli
-from tritonforge.logs import setup_logging
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -42,7 +42,10 @@ def test_subcommand_arguments_reach_the_module() -> None:
     assert run("serve", "--help").stdout.startswith("usage: python -m tritonforge.runtime serve")
 
 
-def test_log_level_applies_to_the_project_loggers_only() -> None:
+def test_log_level_applies_to_the_project_loggers_only(
+    console_logging: Callable[[str], None],
+) -> None:
+    setup_logging = console_logging
     setup_logging("debug")
     assert logging.getLogger("tritonforge.client.retry").isEnabledFor(logging.DEBUG)
     setup_logging("warning")
