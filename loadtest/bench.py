@@ -44,6 +44,7 @@ from typing import Any
 from tritonforge.client.settings import route
 from tritonforge.env import env_float, env_int, run_main
 from tritonforge.loadtest import corpus
+from tritonforge.loadtest.locust_options import check_environment
 from tritonforge.loadtest.run import exit_on_sigterm, locust_command
 from tritonforge.progress import Bar
 from tritonforge.runtime.server import ADMIN_HEADER, free_port, serving
@@ -724,6 +725,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip-inprocess", action="store_true")
     parser.add_argument("--reports-dir", type=Path, default=Path("reports"))
     args = parser.parse_args(argv)
+    check_environment()  # what the locustfiles read, before anything starts
     exit_on_sigterm()
 
     texts = corpus.generate()

@@ -20,6 +20,8 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 from tokenizers import Tokenizer
 
+from tritonforge.env import env_int, run_main
+
 MAX_LENGTH = 256
 MAX_TEXTS = 64
 
@@ -70,11 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m tritonforge.loadtest.fastapi_app", description=__doc__
     )
     parser.add_argument("--host", default=os.environ.get("TRITONFORGE_HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(os.environ.get("FASTAPI_PORT", "8080")))
+    parser.add_argument("--port", type=int, default=env_int("FASTAPI_PORT", 8080))
     args = parser.parse_args(argv)
     uvicorn.run(create_app(), host=args.host, port=args.port, workers=1, log_level="warning")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

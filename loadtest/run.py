@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tritonforge.client.settings import normalize_url
 from tritonforge.env import env_float, run_main
+from tritonforge.loadtest.locust_options import check_environment
 from tritonforge.runtime.server import serving
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for slo in ("p95-ms", "p99-ms", "min-rps", "max-fail-ratio"):
         parser.add_argument(f"--slo-{slo}", type=float, default=None)
     args, passthrough = parser.parse_known_args(argv)
+    check_environment()  # what the locustfile reads, before the server starts
     exit_on_sigterm()
 
     args.reports_dir.mkdir(parents=True, exist_ok=True)

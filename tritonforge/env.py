@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 
 class EnvironmentValueError(ValueError):
@@ -43,6 +43,18 @@ def env_float(name: str, default: float, minimum: float | None = None) -> float:
     """``float($name)``, ``default`` when unset; :class:`EnvironmentValueError` otherwise."""
     value = _parse(name, float, "a number", minimum)
     return default if value is None else float(value)
+
+
+def env_choice(name: str, choices: Sequence[str], default: str, ignore_case: bool = False) -> str:
+    """``$name`` when it is one of ``choices`` (lower-cased with ``ignore_case``), ``default``
+    when unset; :class:`EnvironmentValueError` otherwise."""
+    raw = env_str(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower() if ignore_case else raw.strip()
+    if value not in choices:
+        raise EnvironmentValueError(f"${name} must be one of {', '.join(choices)}, got {raw!r}")
+    return value
 
 
 def run_main(main: Callable[[], int]) -> int:

@@ -56,14 +56,9 @@ def setup_logging(level: str = "info") -> None:
 def level_from_env() -> str:
     """``$TRITONFORGE_LOG_LEVEL`` (lower-cased), ``info`` when unset; a bad value raises
     :class:`tritonforge.env.EnvironmentValueError` naming the variable."""
-    from tritonforge.env import EnvironmentValueError, env_str
+    from tritonforge.env import env_choice
 
-    level = (env_str(LOG_LEVEL_ENV) or "info").strip().lower()
-    if level not in LEVELS:
-        raise EnvironmentValueError(
-            f"${LOG_LEVEL_ENV} must be one of {', '.join(LEVELS)}, got {level!r}"
-        )
-    return level
+    return env_choice(LOG_LEVEL_ENV, LEVELS, "info", ignore_case=True)
 
 
 def ensure_logging() -> None:
