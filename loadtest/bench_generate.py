@@ -30,6 +30,7 @@ import numpy as np
 from tritonforge.env import run_main
 from tritonforge.loadtest.bench import baseline_service
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.progress import Bar
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 
 log = logging.getLogger(__name__)
@@ -266,6 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info(f"==> [bench generate] load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     cells: list[Cell] = []
     prefill_ms = float("nan")
+    # On a terminal: a bar over every cell (target x concurrency), with its ETA.
+    measured = [t for t in ("inprocess", "fastapi", "triton") if t not in args.skip]
+    bar = Bar("bench generate", len(measured) * len(args.concurrency), unit="cells")
 
     def measure(target: str, stream: StreamFn) -> None:
         for _ in stream(PROMPTS[0], 4):  # warm-up (first-call costs are not measured)
@@ -276,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"    {target} x{c}: {cell.tokens_per_s:.1f} tokens/s, TTFT p50 {cell.ttft_p50_ms:.0f} ms"
             )
             cells.append(cell)
+            bar.update()
 
     if "inprocess" not in args.skip or "triton" not in args.skip:
         stream, engine, prefill_ms = inprocess_target(model_dir)
@@ -299,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             measure("triton", client_stream(server.grpc_url, "grpc"))
         finally:
             server.stop()
+    bar.close()
     print()
     print_table(cells)
     goals = targets(cells, prefill_ms, max(args.concurrency))

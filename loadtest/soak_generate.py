@@ -17,6 +17,7 @@ from pathlib import Path
 from tritonforge.client.generate import GenerateClient
 from tritonforge.env import run_main
 from tritonforge.loadtest.soak import growth_per_10k, measure
+from tritonforge.progress import Bar
 from tritonforge.runtime.server import serving
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             t.start()
         step = max(1, args.generations // args.samples)
         next_sample = 0
+        bar = Bar("soak generate", args.generations, unit="generations", leave=False)
         while any(t.is_alive() for t in threads):
+            bar.update_to(done[0])
             if done[0] >= next_sample:
                 curve.append((done[0], measure(s)[0]))
                 next_sample += step
@@ -74,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     + ", ".join(f"{k} {v:.0f} MB" for k, v in curve[-1][1].items())
                 )
             time.sleep(0.2)
+        bar.close()
         curve.append((done[0], measure(s)[0]))
         window_s = time.monotonic() - t0
     half = curve[len(curve) // 2 :]
