@@ -134,7 +134,7 @@ def run(name: str, rest: list[str]) -> int:
     if name in ("serve", "demo"):
         if "--no-export" in rest:
             rest.remove("--no-export")
-        elif _needs_export(rest):
+        elif not {"-h", "--help"} & set(rest) and _needs_export(rest):
             log.info("==> the model repository is incomplete: exporting the defaults first")
             code = export_defaults(_repository_args(rest), install_models)
             if code:

@@ -93,5 +93,8 @@ def test_serve_exports_an_incomplete_repository_first(
     assert calls[0] == (export_module, [*cli.DEFAULT_EXPORTS[0], "--model-repository", str(empty)])
     assert calls[-1][1] == ["serve", "--model-repository", str(empty)]
     calls.clear()
+    assert cli.run("serve", ["--help", "--model-repository", str(empty)]) == 0
+    assert [c[1][0] for c in calls] == ["serve"]  # --help never starts an export
+    calls.clear()
     assert cli.run("serve", ["--no-export", "--model-repository", str(empty)]) == 0
     assert [c[1][0] for c in calls] == ["serve"]
