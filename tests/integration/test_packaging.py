@@ -27,6 +27,7 @@ from tritonforge.model_packages import INSTALL_COMMAND, MODEL_PACKAGES
 from tritonforge.runtime.server import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+PACKAGE_DIRS = ("client", "deploy", "export", "loadtest", "runtime")
 
 
 def run(*cmd: str | Path, cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
@@ -85,6 +86,18 @@ def test_the_wheel_carries_the_namespace_and_its_data(wheel: Path) -> None:
         "tritonforge/deploy/perf-baseline.json",
     ):
         assert expected in names
+
+
+def test_the_wheel_carries_every_data_file_of_the_packages(wheel: Path) -> None:
+    """A data file the code reads but the wheel lacks breaks only an installed command."""
+    tracked = subprocess.run(
+        ["git", "ls-files", *PACKAGE_DIRS], cwd=PROJECT_ROOT, capture_output=True, text=True,
+        check=True,
+    ).stdout.split()  # fmt: skip
+    data = {f"tritonforge/{f}" for f in tracked if not f.endswith((".py", "/.gitkeep"))}
+    assert "tritonforge/export/decoder/data/generation_prompts.txt" in data
+    missing = data - set(zipfile.ZipFile(wheel).namelist())
+    assert not missing, f"add to [tool.setuptools.package-data]: {sorted(missing)}"
 
 
 def test_declared_dependencies_are_satisfied_by_the_lock(wheel: Path) -> None:
