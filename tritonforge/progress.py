@@ -13,9 +13,6 @@ import sys
 from types import TracebackType
 from typing import Any
 
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
-
 ETA_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit}, {elapsed} elapsed, ~{remaining} left"
 
 
@@ -31,6 +28,10 @@ class Bar:
         enabled: bool | None = None,
         leave: bool = True,
     ) -> None:
+        # imported here: the Triton image carries this package's top-level modules without tqdm
+        from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
         on = sys.stderr.isatty() if enabled is None else enabled
         self.bar: Any = tqdm(
             total=total,
