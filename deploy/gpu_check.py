@@ -13,8 +13,8 @@ embeddings, and p50/p95 latency. Exit codes: 0 all parity checks pass, 1 a parit
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+log = logging.getLogger(__name__)
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
@@ -215,14 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import onnxruntime as ort
     except ImportError:
-        print(
-            "onnxruntime is not installed; `pip install onnxruntime-gpu==1.32.0`", file=sys.stderr
-        )
+        log.error("onnxruntime is not installed; `pip install onnxruntime-gpu==1.32.0`")
         return EXIT_NO_GPU
     try:
         providers = gpu_providers(ort.get_available_providers())
     except NoGpuProviderError as e:
-        print(f"gpu_check: {e}", file=sys.stderr)
+        log.error("gpu_check: %s", e)
         return EXIT_NO_GPU
     failed = False
     with tempfile.TemporaryDirectory(prefix="trt-cache-") as cache:
@@ -233,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     path, providers, args.batch, args.seq_len, args.iterations, Path(cache)
                 )
             except GpuCheckError as e:
-                print(f"gpu_check: {model}: {e}", file=sys.stderr)
+                log.error("gpu_check: %s: %s", model, e)
                 failed = True
                 continue
             for result in results:
@@ -243,4 +242,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from tritonforge.env import run_main
+
+    raise SystemExit(run_main(main))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -108,6 +107,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             pipeline = get_pipeline(args.spec)
         export_pipeline(pipeline, options_for(pipeline, args))
     except ExportError as e:
-        print(f"export failed: {e}", file=sys.stderr)
+        log.error("export failed: %s", e)
         return 1
     return 0

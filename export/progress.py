@@ -9,14 +9,19 @@ ETA (the bar shows elapsed time and steps done).
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
-from tqdm import tqdm
+from tritonforge.progress import Bar
 
 REPORT = "export_report.json"
+log = logging.getLogger(__name__)
+
+
+def log_progress(text: str) -> None:
+    """The export's progress lines: INFO records (``--log-level warning`` silences them)."""
+    log.info("%s", text)
 
 
 def previous_timings(repo: Path, artifacts: Iterable[str]) -> dict[str, float]:
@@ -32,38 +37,34 @@ def previous_timings(repo: Path, artifacts: Iterable[str]) -> dict[str, float]:
 
 
 class StepBar:
-    """``advance(step, seconds)`` after each step; ``write`` prints above the bar."""
+    """``advance(step, seconds)`` after each step; ``write`` logs a progress line (above the
+    bar on a terminal)."""
 
     def __init__(
         self, spec: str, expected: Mapping[str, float], enabled: bool | None = None
     ) -> None:
         self.expected = dict(expected)
         total = sum(self.expected.values()) or None
-        self.bar: Any = tqdm(
-            total=round(total, 1) if total else None,
-            desc=f"export {spec}",
+        self.bar = Bar(
+            f"export {spec}",
+            round(total, 1) if total else None,
             unit="s",
             bar_format=(
                 "{desc}: {percentage:3.0f}%|{bar}| {elapsed} elapsed, ~{remaining} left"
                 if total
                 else "{desc}: {n:.0f} steps, {elapsed} elapsed"
             ),
-            disable=(not sys.stderr.isatty()) if enabled is None else not enabled,
-            file=sys.stderr,
+            enabled=enabled,
         )
 
     def advance(self, step: str, seconds: float) -> None:
-        if self.bar.total:
-            left = self.bar.total - self.bar.n
-            self.bar.update(min(left, self.expected.get(step, 0.0)))
+        if self.bar.bar.total:
+            self.bar.update_to(self.bar.n + self.expected.get(step, 0.0))
         else:
             self.bar.update(1)
 
     def write(self, text: str) -> None:
-        if self.bar.disable:
-            print(text, flush=True)
-        else:
-            self.bar.write(text)
+        log_progress(text)
 
     def close(self) -> None:
         self.bar.close()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import math
 import os
 import platform
@@ -41,11 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from tritonforge.client.settings import route
+from tritonforge.env import env_float, env_int, run_main
 from tritonforge.loadtest import corpus
+from tritonforge.loadtest.locust_options import check_environment
 from tritonforge.loadtest.run import exit_on_sigterm, locust_command
+from tritonforge.progress import Bar
 from tritonforge.runtime.server import ADMIN_HEADER, free_port, serving
 
 HERE = Path(__file__).resolve().parent
+log = logging.getLogger(__name__)
 NO_SLO = ["--slo-p95-ms", "1e9", "--slo-p99-ms", "1e9", "--slo-min-rps", "0"]
 NO_SLO += ["--slo-max-fail-ratio", "1"]
 
@@ -208,9 +213,7 @@ def run_locust_cell(
             status = "ok" if attempt == 1 else "ok (after a stalled attempt)"
             break
         except subprocess.TimeoutExpired as e:
-            print(
-                f"    locust exceeded {limit_s:.0f} s (attempt {attempt}); killed", file=sys.stderr
-            )
+            log.warning("    locust exceeded %.0f s (attempt %d); killed", limit_s, attempt)
             proc = subprocess.CompletedProcess(
                 command, -9, str(e.stdout or ""), str(e.stderr or "")
             )
@@ -220,7 +223,7 @@ def run_locust_cell(
     try:
         summary = {**EMPTY_SUMMARY, **json.loads(samples.read_text())}
     except (OSError, ValueError):
-        print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
+        log.error("locust wrote no samples:\n%s\n%s", proc.stdout[-2000:], proc.stderr[-4000:])
         summary = dict(EMPTY_SUMMARY)
         if status == "ok":
             status = f"failed (locust exit {proc.returncode}, no samples)"
@@ -254,7 +257,7 @@ def run_perf_analyzer_cell(
             break
         except perf_analyzer.PerfAnalyzerError as e:
             status = f"failed: {_reason(str(e))}"
-            print(f"    perf_analyzer attempt {attempt}: {status}", file=sys.stderr)
+            log.warning("    perf_analyzer attempt %d: %s", attempt, status)
             if "not installed" in str(e):
                 break
     share = _cpu_share(_children_cpu_s() - cpu0, time.monotonic() - t0)
@@ -324,7 +327,7 @@ def load_embedders(repo: Path, variants: Sequence[str]) -> dict[str, Any]:
     for variant in variants:
         onnx = repo / f"encoder_{variant}" / "1" / "model.onnx"
         if not onnx.exists():
-            print(f"   (no {onnx}: in-process {variant} skipped; run `make export`)")
+            log.warning("   (no %s: in-process %s skipped; run `make export`)", onnx, variant)
             continue
         embedders[variant] = InProcessEmbedder(onnx, repository_tokenizer(repo))
     return embedders
@@ -339,11 +342,10 @@ def measure_inprocess(
     for variant, embedder in embedders.items():
         for batch in (1, 16):
             r = measure(embedder, texts, variant=variant, batch=batch, duration_s=duration_s)
-            print(
+            log.info(
                 f"   in-process {variant} batch {batch:2d}: {r.sentences_per_s:7.1f} sent/s  "
                 f"p50 {r.p50_ms:6.1f} ms  p99 {r.p99_ms:6.1f} ms  "
-                f"(padding {r.padded_token_share:.0%} of tokens)",
-                flush=True,
+                f"(padding {r.padded_token_share:.0%} of tokens)"
             )
             results.append(r.as_dict())
     return results
@@ -690,7 +692,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--duration-s",
         type=float,
-        default=float(os.environ.get("TRITONFORGE_BENCH_DURATION_S", "5")),
+        default=env_float("TRITONFORGE_BENCH_DURATION_S", 5.0, minimum=0.1),
         help="measured seconds per cell (after --warmup-s)",
     )
     parser.add_argument("--warmup-s", type=float, default=2.0)
@@ -716,20 +718,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--repeats",
         type=int,
-        default=int(os.environ.get("TRITONFORGE_BENCH_REPEATS", "2")),
+        default=env_int("TRITONFORGE_BENCH_REPEATS", 2, minimum=1),
         help="interleaved rounds over all targets; the table shows medians",
     )
     parser.add_argument("--skip-fastapi", action="store_true")
     parser.add_argument("--skip-inprocess", action="store_true")
     parser.add_argument("--reports-dir", type=Path, default=Path("reports"))
     args = parser.parse_args(argv)
+    check_environment()  # what the locustfiles read, before anything starts
     exit_on_sigterm()
 
     texts = corpus.generate()
     args.reports_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     info = machine()
-    print(f"==> bench on {info['cpu']} x{info['logical_cpus']}, corpus {corpus.describe(texts)}")
+    log.info(f"==> bench on {info['cpu']} x{info['logical_cpus']}, corpus {corpus.describe(texts)}")
     inproc: list[dict[str, Any]] = []
     cells: list[Cell] = []
     with (
@@ -742,7 +745,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan: list[Target] = []
         fastapi_url = ""
         if not args.skip_fastapi:
-            print("==> starting FastAPI + uvicorn (1 worker) + PyTorch eager", flush=True)
+            log.info("==> starting FastAPI + uvicorn (1 worker) + PyTorch eager")
             fastapi_url = stack.enter_context(fastapi_service())
             plan.append(Target("fastapi", "http"))
         targets = targets_from(args)
@@ -755,9 +758,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 grpc = args.grpc_url or f"{http.rsplit(':', 1)[0]}:8001"
                 key = os.environ.get("TRITONFORGE_ADMIN_KEY")
                 headers = {ADMIN_HEADER: key} if key else {}
-                print(f"==> Triton at {http} / {grpc}", flush=True)
+                log.info("==> Triton at %s / %s", http, grpc)
             else:
-                print(f"==> starting the embedded Triton on {args.model_repository}", flush=True)
+                log.info("==> starting the embedded Triton on %s", args.model_repository)
                 server = stack.enter_context(serving(args.model_repository))
                 http, grpc, headers = server.http_url, server.grpc_url, server.admin_headers
                 server_pid = server.pid
@@ -766,7 +769,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from tritonforge.loadtest import perf_analyzer
 
             if perf_analyzer.binary() is None:
-                print(
+                log.warning(
                     "   perf_analyzer is not installed (python -m tritonforge.loadtest.perf_analyzer install): "
                     "its cells are reported as failed"
                 )
@@ -774,8 +777,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             {} if args.skip_inprocess else load_embedders(args.model_repository, args.variants)
         )
         warned = False
+        # On a terminal: a bar over every cell of every round, with its ETA.
+        total = args.repeats * len(plan) * len(args.concurrency)
+        bar = stack.enter_context(Bar("bench", total, unit="cells"))
         for round_ in range(1, args.repeats + 1):
-            print(f"==> round {round_}/{args.repeats}", flush=True)
+            log.info("==> round %d/%d", round_, args.repeats)
             inproc += measure_inprocess(embedders, texts, args.inprocess_s)
             for target in plan:
                 for conc in args.concurrency:
@@ -783,7 +789,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     cpu_before = server_cpu_s(server_pid)
                     if target.system == "triton" and not before and not warned:
                         warned = True
-                        print(
+                        log.warning(
                             "   (Triton's statistics API did not answer: no per-stage breakdown; "
                             "for a running server set TRITONFORGE_ADMIN_KEY)"
                         )
@@ -808,15 +814,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                             used * 1000 / served if served else math.nan
                         )
                     s = cell.summary
-                    print(
+                    log.info(
                         f"   {target.label:<30} @{conc:<3} {s['sentences_per_s']:7.1f} sent/s  "
                         f"p50 {s['p50_ms']:7.1f}  p99 {s['p99_ms']:7.1f} ms  "
                         f"failures {int(s.get('failures', 0))}  generator cpu "
                         f"{cell.generator_cpu_share:.0%}  server "
-                        f"{cell.server_cpu_ms_per_request:.1f} CPU ms/request  {cell.status}",
-                        flush=True,
+                        f"{cell.server_cpu_ms_per_request:.1f} CPU ms/request  {cell.status}"
                     )
                     cells.append(cell)
+                    bar.update()
 
     raw_cells = [
         {
@@ -857,9 +863,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     png_path = args.reports_dir / f"bench-{stamp}.png"
     if rows:
         chart(rows, inproc, png_path)
-    print(f"\n==> wrote {json_path} and {png_path} ({report['elapsed_s']:.0f} s)")
+    log.info("==> wrote %s and %s (%.0f s)", json_path, png_path, report["elapsed_s"])
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -26,9 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from tritonforge.env import run_main
 from tritonforge.loadtest.bench import baseline_service
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.progress import Bar
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+
+log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 PROMPTS = (
@@ -259,24 +264,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False).ids)
 
     load = os.getloadavg()
-    print(f"==> [bench generate] load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    log.info(f"==> [bench generate] load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     cells: list[Cell] = []
     prefill_ms = float("nan")
+    # On a terminal: a bar over every cell (target x concurrency), with its ETA.
+    measured = [t for t in ("inprocess", "fastapi", "triton") if t not in args.skip]
+    bar = Bar("bench generate", len(measured) * len(args.concurrency), unit="cells")
 
     def measure(target: str, stream: StreamFn) -> None:
         for _ in stream(PROMPTS[0], 4):  # warm-up (first-call costs are not measured)
             pass
         for c in args.concurrency:
             cell = run_cell(target, stream, count, c, args.requests_per_client, args.max_tokens)
-            print(
-                f"    {target} x{c}: {cell.tokens_per_s:.1f} tokens/s, TTFT p50 {cell.ttft_p50_ms:.0f} ms",
-                flush=True,
+            log.info(
+                f"    {target} x{c}: {cell.tokens_per_s:.1f} tokens/s, TTFT p50 {cell.ttft_p50_ms:.0f} ms"
             )
             cells.append(cell)
+            bar.update()
 
     if "inprocess" not in args.skip or "triton" not in args.skip:
         stream, engine, prefill_ms = inprocess_target(model_dir)
-        print(
+        log.info(
             f"    in-process prefill of a {len(engine.prompt_ids(PROMPTS[0], True))}-token prompt: {prefill_ms:.1f} ms"
         )
         if "inprocess" not in args.skip:
@@ -296,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             measure("triton", client_stream(server.grpc_url, "grpc"))
         finally:
             server.stop()
+    bar.close()
     print()
     print_table(cells)
     goals = targets(cells, prefill_ms, max(args.concurrency))
@@ -316,9 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         + "\n"
     )
-    print(f"\n==> wrote {args.out}")
+    log.info("==> wrote %s", args.out)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -22,6 +22,7 @@ import uvicorn
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 
+from tritonforge.env import env_int, run_main
 from tritonforge.text import served_tokenizer
 
 MAX_TEXTS = 64
@@ -75,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m tritonforge.loadtest.fastapi_app", description=__doc__
     )
     parser.add_argument("--host", default=os.environ.get("TRITONFORGE_HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(os.environ.get("FASTAPI_PORT", "8080")))
+    parser.add_argument("--port", type=int, default=env_int("FASTAPI_PORT", 8080))
     parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     args = parser.parse_args(argv)
     app = create_app(model_repository=args.model_repository)
@@ -84,4 +85,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

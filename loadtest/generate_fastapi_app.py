@@ -22,6 +22,7 @@ import uvicorn
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
 
+from tritonforge.env import env_int, run_main
 from tritonforge.export.decoder.load import load_gguf, package_file
 from tritonforge.export.specs.smollm2 import smollm2_spec
 from tritonforge.generation import FINISH_LENGTH, FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
@@ -73,11 +74,11 @@ def create_app() -> FastAPI:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tritonforge.loadtest.generate_fastapi_app")
     parser.add_argument("--host", default=os.environ.get("TRITONFORGE_HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(os.environ.get("FASTAPI_PORT", "8090")))
+    parser.add_argument("--port", type=int, default=env_int("FASTAPI_PORT", 8090))
     args = parser.parse_args(argv)
     uvicorn.run(create_app(), host=args.host, port=args.port, workers=1, log_level="warning")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tritonforge.client.settings import normalize_url
+from tritonforge.env import run_main
 from tritonforge.loadtest.run import exit_on_sigterm, locust_command
 from tritonforge.runtime.server import serving
+
+log = logging.getLogger(__name__)
 
 LOCUSTFILE = Path(__file__).resolve().parent / "generate_locustfile.py"
 
@@ -24,7 +28,7 @@ def http_target(url: str | None, repo: Path) -> Iterator[str]:
     if url:
         yield normalize_url(url)
         return
-    print(f"==> starting the embedded Triton (generate only) on {repo}", flush=True)
+    log.info("==> starting the embedded Triton (generate only) on %s", repo)
     with serving(repo, model_control_mode="explicit", load_models=["generate"]) as server:
         yield server.http_url
 
@@ -51,11 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             duration_s=args.duration_s,
             extra=["--samples-out", str(summary), *passthrough],
         )
-        print("==> " + " ".join(command), flush=True)
+        log.info("==> %s", " ".join(command))
         code = subprocess.call(command)
-    print(f"==> summary: {summary} (locust exit status {code})")
+    log.info("==> summary: %s (locust exit status %s)", summary, code)
     return code
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

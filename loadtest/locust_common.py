@@ -18,6 +18,7 @@ from locust import events
 from locust.env import Environment
 
 from tritonforge.loadtest import corpus
+from tritonforge.loadtest.locust_options import add_options
 from tritonforge.loadtest.slo import SloThresholds, Summary, check_slos, summarize
 
 # gRPC's C core must cooperate with gevent (Locust's concurrency), or a blocking call stalls
@@ -56,55 +57,7 @@ def grpc_target(grpc_url: str, host: str | None) -> str:
 
 @events.init_command_line_parser.add_listener
 def _options(parser: Any) -> None:
-    parser.add_argument(
-        "--pipeline",
-        default="ensemble",
-        env_var="TRITONFORGE_PIPELINE",
-        choices=["ensemble", "bls"],
-        help="Triton pipeline to call",
-    )
-    parser.add_argument(
-        "--variant",
-        default="fp32",
-        env_var="TRITONFORGE_VARIANT",
-        choices=["fp32", "int8", "torchscript"],
-        help="encoder variant",
-    )
-    parser.add_argument(
-        "--grpc-url",
-        default="",
-        env_var="TRITONFORGE_GRPC_URL",
-        help="host:port of Triton's gRPC endpoint (default: the --host's host, port 8001)",
-    )
-    parser.add_argument(
-        "--texts-per-request", type=int, default=1, env_var="TRITONFORGE_TEXTS_PER_REQUEST"
-    )
-    parser.add_argument("--embed-path", default="/embed", help="FastAPI baseline route")
-    parser.add_argument(
-        "--slo-p95-ms", type=float, default=1000.0, env_var="TRITONFORGE_SLO_P95_MS"
-    )
-    parser.add_argument(
-        "--slo-p99-ms", type=float, default=2000.0, env_var="TRITONFORGE_SLO_P99_MS"
-    )
-    parser.add_argument("--slo-min-rps", type=float, default=5.0, env_var="TRITONFORGE_SLO_MIN_RPS")
-    parser.add_argument(
-        "--slo-max-fail-ratio", type=float, default=0.01, env_var="TRITONFORGE_SLO_MAX_FAIL_RATIO"
-    )
-    parser.add_argument("--samples-out", default="", help="write exact latencies (JSON) here")
-    parser.add_argument(
-        "--request-timeout-s",
-        type=float,
-        default=8.0,
-        env_var="TRITONFORGE_LOADTEST_REQUEST_TIMEOUT_S",
-        help="a request unanswered after this long is a failure; below Locust's 10 s stop "
-        "timeout, so a hung call can no longer stall the run's shutdown",
-    )
-    parser.add_argument(
-        "--warmup-s",
-        type=float,
-        default=0.0,
-        help="samples ending earlier than this after spawning are not written",
-    )
+    add_options(parser)
 
 
 @events.request.add_listener

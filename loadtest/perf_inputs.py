@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shlex
 import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tritonforge.env import env_str
+from tritonforge.env import env_str, run_main
 from tritonforge.loadtest import corpus
 from tritonforge.loadtest.perf_analyzer import TOOL_DIR, binary
 from tritonforge.modelconfig import ModelConfig
@@ -36,6 +36,7 @@ from tritonforge.runtime.server import ADMIN_HEADER, GRPC_ADMIN_HEADER
 from tritonforge.runtime.supervisor import public_models
 
 DEFAULT_ROWS = 256
+log = logging.getLogger(__name__)
 ADMIN_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
 
 
@@ -172,26 +173,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                 str(exe or "perf_analyzer"), target, args.url, admin_key,
                 args.concurrency_range, args.measurement_interval_ms, extra,
             )  # fmt: skip
-            print(f"==> [perf] {target.model}: {_display(command, admin_key)}", flush=True)
+            line = f"==> [perf] {target.model}: {_display(command, admin_key)}"
             if args.write_only:
+                print(line, flush=True)  # the commands are what --write-only prints
                 continue
+            log.info("%s", line)
             env = {**os.environ, "LD_LIBRARY_PATH": str(TOOL_DIR / "lib")}
             if subprocess.call(command, env=env) != 0:
                 failed.append(target.model)
     except PerfInputError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error("%s", e)
         return 2
     if not admin_key:
-        print(
-            f"note: ${ADMIN_KEY_ENV} is unset: perf_analyzer reads the model config, which a "
-            f"restricted server refuses without the '{ADMIN_HEADER}' key",
-            file=sys.stderr,
+        log.warning(
+            f"${ADMIN_KEY_ENV} is unset: perf_analyzer reads the model config, which a "
+            f"restricted server refuses without the '{ADMIN_HEADER}' key"
         )
     if failed:
-        print(f"error: perf_analyzer failed for {', '.join(failed)}", file=sys.stderr)
+        log.error("perf_analyzer failed for %s", ", ".join(failed))
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -20,7 +21,10 @@ from pathlib import Path
 
 from tritonforge.client.settings import normalize_url
 from tritonforge.env import env_float, run_main
+from tritonforge.loadtest.locust_options import check_environment
 from tritonforge.runtime.server import serving
+
+log = logging.getLogger(__name__)
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 USER_CLASSES = {"http": ["TritonHttpUser"], "grpc": ["TritonGrpcUser"]}
@@ -78,9 +82,9 @@ def target(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
         grpc = normalize_url(args.grpc_url) if args.grpc_url else f"{http.rsplit(':', 1)[0]}:8001"
         yield http, grpc
         return
-    print(f"==> starting the embedded Triton on {args.model_repository}", flush=True)
+    log.info("==> starting the embedded Triton on %s", args.model_repository)
     with serving(args.model_repository) as server:
-        print(f"==> ready: HTTP {server.http_url}  gRPC {server.grpc_url}", flush=True)
+        log.info("==> ready: HTTP %s  gRPC %s", server.http_url, server.grpc_url)
         yield server.http_url, server.grpc_url
 
 
@@ -107,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for slo in ("p95-ms", "p99-ms", "min-rps", "max-fail-ratio"):
         parser.add_argument(f"--slo-{slo}", type=float, default=None)
     args, passthrough = parser.parse_known_args(argv)
+    check_environment()  # what the locustfile reads, before the server starts
     exit_on_sigterm()
 
     args.reports_dir.mkdir(parents=True, exist_ok=True)
@@ -126,9 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             duration_s=args.duration_s,
             extra=[*extra, "--grpc-url", grpc_url],
         )
-        print("==> " + " ".join(command), flush=True)
+        log.info("==> %s", " ".join(command))
         code = subprocess.call(command)
-    print(f"==> reports: {prefix}_stats.csv, {prefix}.html (locust exit status {code})")
+    log.info("==> reports: %s_stats.csv, %s.html (locust exit status %s)", prefix, prefix, code)
     return code
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -21,14 +21,16 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-from tqdm import tqdm
 
 from tritonforge.client.sync import EmbeddingClient
+from tritonforge.env import run_main
 from tritonforge.loadtest.corpus import generate
+from tritonforge.progress import Bar
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 
 MB = 1024 * 1024
 VARIANTS = ("fp32", "int8", "torchscript")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -149,24 +151,22 @@ def soak(
 ) -> SoakResult:
     result = SoakResult()
     texts = generate(size=512)
-    print("==> warm-up: the largest shapes first (memory arenas reach their peak), then traffic")
+    log.info("==> warm-up: the largest shapes first (memory arenas reach their peak), then traffic")
     warm_up_peak(server, max(texts, key=len))
     traffic = Traffic(server, concurrency, texts).start()
-    print(f"==> warm-up: {warmup_requests} requests")
+    log.info("==> warm-up: %d requests", warmup_requests)
     traffic.run_until(requests=warmup_requests)
     t0 = time.monotonic()
     base_requests = traffic.requests
     rss0, shm0 = measure(server)
     result.shm_baseline_mb = shm0
     result.samples.append(Sample(0.0, 0, traffic.failures, rss0, shm0))
-    print(
+    log.info(
         f"{'t_s':>6} {'requests':>9} {'fail':>5} {'shm_MB':>7}  "
         + " ".join(f"{n[:18]:>18}" for n in rss0)
     )
     # On a terminal: a bar over the soak window with its ETA (the sample lines print above it).
-    bar = tqdm(
-        total=round(duration_s), desc="soak", unit="s", disable=not sys.stderr.isatty(), leave=False
-    )
+    bar = Bar("soak", round(duration_s), unit="s", leave=False)
     while time.monotonic() - t0 < duration_s:
         traffic.run_until(deadline_s=min(sample_s, duration_s - (time.monotonic() - t0)))
         rss, shm = measure(server)
@@ -176,11 +176,8 @@ def soak(
         result.samples.append(sample)
         line = f"{sample.elapsed_s:6.0f} {sample.requests:9d} {sample.failures:5d} {shm:7.1f}  "
         line += " ".join(f"{rss.get(n, float('nan')):18.1f}" for n in rss0)
-        if bar.disable:
-            print(line, flush=True)
-        else:
-            bar.write(line)
-        bar.update(max(0, min(round(sample.elapsed_s), bar.total) - bar.n))
+        log.info("%s", line)
+        bar.update_to(round(sample.elapsed_s))
     bar.close()
     traffic.stop()
     time.sleep(2.0)
@@ -244,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--reports-dir", type=Path, default=Path("reports"))
     args = p.parse_args(argv)
     server = EmbeddedServer(ServerSettings.ephemeral(args.model_repository))
-    print(f"==> starting the embedded Triton on {args.model_repository}")
+    log.info("==> starting the embedded Triton on %s", args.model_repository)
     server.start()
     try:
         server.wait_ready()
@@ -270,4 +267,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

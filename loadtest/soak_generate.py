@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from tritonforge.client.generate import GenerateClient
+from tritonforge.env import run_main
 from tritonforge.loadtest.soak import growth_per_10k, measure
+from tritonforge.progress import Bar
 from tritonforge.runtime.server import serving
 
+log = logging.getLogger(__name__)
 PROMPTS = ("Hi", "Name a fruit.", "What is 2 + 2?", "Say something kind about Mondays.")
 
 
@@ -62,16 +66,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             t.start()
         step = max(1, args.generations // args.samples)
         next_sample = 0
+        bar = Bar("soak generate", args.generations, unit="generations", leave=False)
         while any(t.is_alive() for t in threads):
+            bar.update_to(done[0])
             if done[0] >= next_sample:
                 curve.append((done[0], measure(s)[0]))
                 next_sample += step
-                print(
+                log.info(
                     f"    {done[0]:>6} generations: "
-                    + ", ".join(f"{k} {v:.0f} MB" for k, v in curve[-1][1].items()),
-                    flush=True,
+                    + ", ".join(f"{k} {v:.0f} MB" for k, v in curve[-1][1].items())
                 )
             time.sleep(0.2)
+        bar.close()
         curve.append((done[0], measure(s)[0]))
         window_s = time.monotonic() - t0
     half = curve[len(curve) // 2 :]
@@ -110,4 +116,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -24,6 +25,7 @@ from tritonforge.runtime.supervisor import HealthEndpoint, Supervisor
 from tritonforge.runtime.tracing import TRACE_ENV, TRACE_RATE_ENV, trace_args
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
+log = logging.getLogger(__name__)
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
@@ -108,7 +110,7 @@ def _install_stop_handlers() -> threading.Event:
     stop = threading.Event()
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        print(f"\n==> signal {signal.Signals(signum).name}: stopping tritonserver", flush=True)
+        log.info("==> signal %s: stopping tritonserver", signal.Signals(signum).name)
         stop.set()
 
     signal.signal(signal.SIGINT, handler)
@@ -138,22 +140,21 @@ def _supervise(
         supervisor = Supervisor(
             server,
             canary_interval_s=args.canary_interval_s,
-            on_restart=lambda why: print(f"==> supervisor: recovering ({why})", flush=True),
+            on_restart=lambda why: log.info("==> supervisor: recovering (%s)", why),
         ).start()
     endpoint.supervisor = supervisor
     endpoint.start()
     canaries = ", ".join(supervisor.models) if supervisor else "none: --no-supervise"
-    print(f"==> pipeline health: {endpoint.url} (canaries: {canaries})", flush=True)
+    log.info("==> pipeline health: %s (canaries: %s)", endpoint.url, canaries)
     return endpoint
 
 
 def _print_admin(server: EmbeddedServer) -> None:
     if server.settings.restrict_apis:
-        print(
+        log.info(
             f"==> admin APIs (repository, config, shm, stats, trace, logging) need the header "
             f"'{ADMIN_HEADER}: <key>' (gRPC: '{GRPC_ADMIN_HEADER}'); key from $TRITONFORGE_ADMIN_KEY "
-            f"({'set' if os.environ.get('TRITONFORGE_ADMIN_KEY') else 'unset: a random key was used'})",
-            flush=True,
+            f"({'set' if os.environ.get('TRITONFORGE_ADMIN_KEY') else 'unset: a random key was used'})"
         )
 
 
@@ -169,7 +170,7 @@ def _wait_for_signal(
     supervised = endpoint is not None and endpoint.supervisor is not None
     while not stop.wait(0.5):
         if not supervised and server.returncode is not None and not server.restarting:
-            print(f"tritonserver exited unexpectedly ({server.returncode})", file=sys.stderr)
+            log.error("tritonserver exited unexpectedly (%s)", server.returncode)
             server.stop()
             if endpoint is not None:
                 endpoint.stop()
@@ -179,14 +180,12 @@ def _wait_for_signal(
         if endpoint.supervisor is not None:
             endpoint.supervisor.stop()
         drained = server.drain(drain_timeout_s)
-        print(
-            f"==> {'drained' if drained else 'drain timed out'}; stopping tritonserver", flush=True
-        )
+        log.info("==> %s; stopping tritonserver", "drained" if drained else "drain timed out")
     code = server.stop()
     if endpoint is not None:
         endpoint.stop()
     leftovers = server.leftover_processes()
-    print(f"==> stopped (tritonserver exit status {code}; leftover processes: {leftovers})")
+    log.info("==> stopped (tritonserver exit status %s; leftover processes: %s)", code, leftovers)
     return 0 if not leftovers else 1
 
 
@@ -196,12 +195,11 @@ def _lint_ok(repository: Path) -> bool:
 
     problems = lint_repository(repository)
     for problem in problems:
-        print(f"lint: {problem}", file=sys.stderr)
+        log.error("lint: %s", problem)
     if problems:
-        print(
-            f"error: not starting: {len(problems)} problem(s) in {repository} "
-            "(fix them, or run `make export` if encoders are missing)",
-            file=sys.stderr,
+        log.error(
+            f"not starting: {len(problems)} problem(s) in {repository} "
+            "(fix them, or run `make export` if encoders are missing)"
         )
     return not problems
 
@@ -212,7 +210,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop = _install_stop_handlers()
     server = EmbeddedServer(_settings(args))
     endpoint = _bind_health(server, args)
-    print(f"==> starting Triton on {args.host} (model repository {args.model_repository})")
+    log.info("==> starting Triton on %s (model repository %s)", args.host, args.model_repository)
     try:
         server.start()
         server.wait_ready(cancel=stop)
@@ -222,10 +220,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if stop.is_set():
         endpoint.stop()
         return _wait_for_signal(server, stop)
-    print(
+    log.info(
         f"==> ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
-        f"metrics {server.metrics_url}",
-        flush=True,
+        f"metrics {server.metrics_url}"
     )
     _print_admin(server)
     return _wait_for_signal(server, stop, _supervise(server, args, endpoint), args.drain_timeout_s)
@@ -254,10 +251,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if stop.is_set():
         return _wait_for_signal(server, stop)
     run_demo(server)
-    print(
+    log.info(
         f"==> serving: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
-        f"metrics {server.metrics_url}  (Ctrl-C stops)",
-        flush=True,
+        f"metrics {server.metrics_url}  (Ctrl-C stops)"
     )
     if args.once:
         server.stop()
@@ -290,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ServerError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error("%s", e)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -29,6 +29,7 @@ import contextlib
 import hmac
 import itertools
 import json
+import logging
 import re
 import threading
 import urllib.parse
@@ -44,7 +45,10 @@ from aiohttp import web
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
+from tritonforge.env import env_int
 from tritonforge.runtime.errors import FrontError, ServerStartError
+
+log = logging.getLogger(__name__)
 
 ADMIN_HEADER = "x-tritonforge-admin"
 GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # how Triton prefixes gRPC keys
@@ -637,12 +641,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tritonforge.runtime front", description=main.__doc__
     )
     p.add_argument("--host", default=os.environ.get("TRITONFORGE_HOST", "127.0.0.1"))
-    p.add_argument(
-        "--http-port", type=int, default=int(os.environ.get("TRITONFORGE_HTTP_PORT", 8000))
-    )
-    p.add_argument(
-        "--grpc-port", type=int, default=int(os.environ.get("TRITONFORGE_GRPC_PORT", 8001))
-    )
+    p.add_argument("--http-port", type=int, default=env_int("TRITONFORGE_HTTP_PORT", 8000))
+    p.add_argument("--grpc-port", type=int, default=env_int("TRITONFORGE_GRPC_PORT", 8001))
     p.add_argument("--socket-dir", type=Path, required=True, help="where Triton's sockets are")
     p.add_argument("--admin-key-env", default="TRITONFORGE_ADMIN_KEY")
     defaults = FrontLimits()
@@ -668,15 +668,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         front.start()
     except ServerStartError as e:
-        print(f"error: {e}", flush=True)
+        log.error("%s", e)
         return 1
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    print(
+    log.info(
         f"==> front on {args.host}: HTTP {args.http_port}, gRPC {args.grpc_port} -> "
-        f"{args.socket_dir} (admin APIs {'need $' + args.admin_key_env if given else 'closed: no key set'})",
-        flush=True,
+        f"{args.socket_dir} (admin APIs {'need $' + args.admin_key_env if given else 'closed: no key set'})"
     )
     stop.wait()
     front.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,3 +54,19 @@ def pipeline_server() -> Iterator[EmbeddedServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def console_logging() -> Iterator[Callable[[str], None]]:
+    """``setup_logging`` for one test: the root handlers and project levels it replaces come back
+    afterwards (a handler left on a test's captured stderr would break later tests)."""
+    from tritonforge.logs import PROJECT_LOGGERS, setup_logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    levels = {name: logging.getLogger(name).level for name in PROJECT_LOGGERS}
+    yield setup_logging
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, value in levels.items():
+        logging.getLogger(name).setLevel(value)

