@@ -134,14 +134,13 @@ def up_to_date(out: Path, digest: str) -> tuple[bool, str]:
     return True, "inputs unchanged"
 
 
-def _token_lengths(ids: Sequence[Sequence[int]], untruncated: Sequence[int], limit: int) -> dict[str, Any]:
-    lengths = np.asarray(untruncated)
+def _token_lengths(ids: Sequence[Sequence[int]], truncated: int, limit: int) -> dict[str, Any]:
+    lengths = np.asarray([len(x) for x in ids])
     return {
         "max_length": limit,
-        "percentiles": {f"p{q}": int(np.percentile(lengths, q)) for q in (50, 90, 99)},
-        "max": int(lengths.max()),
-        "truncated_rows": int((lengths > limit).sum()),
-        "mean_after_truncation": round(float(np.mean([len(x) for x in ids])), 2),
+        "percentiles": {f"p{q}": int(np.percentile(lengths, q)) for q in (50, 90, 99, 99.9)},
+        "mean": round(float(lengths.mean()), 2),
+        "truncated_rows": truncated,
     }
 
 
@@ -235,9 +234,15 @@ def _build_into(
     label_id = {lab: i for i, lab in enumerate(LABELS)}
     y = {name: np.array([label_id[lab] for lab in labels]) for name, (_, labels) in data.items()}
     tokenizer = Tokenizer.from_file(str(base / "tokenizer.json"))
-    ids = {name: tokenize(tokenizer, texts, hp.max_length) for name, (texts, _) in data.items()}
-    full = tokenize(tokenizer, [r.text for r in corpus.rows], 100_000)
-    lengths = _token_lengths([x for v in ids.values() for x in v], [len(x) for x in full], hp.max_length)
+    tokenized = {
+        name: tokenize(tokenizer, texts, hp.max_length) for name, (texts, _) in data.items()
+    }
+    ids = {name: t[0] for name, t in tokenized.items()}
+    lengths = _token_lengths(
+        [x for v in ids.values() for x in v],
+        sum(t[1] for t in tokenized.values()),
+        hp.max_length,
+    )
     step("tokenize")
 
     model = load_base(base, hp.seed)
@@ -261,17 +266,27 @@ def _build_into(
         train_y = y["train"][rows]
         baselines = {
             "majority": scores(y["test"], majority_baseline(train_y, len(y["test"]))),
-            "tfidf_logreg": scores(y["test"], tfidf_baseline(train_texts, train_y, data["test"][0])),
+            "tfidf_logreg": scores(
+                y["test"], tfidf_baseline(train_texts, train_y, data["test"][0])
+            ),
             "linear_probe_mean_pooled": scores(
                 y["test"],
-                linear_probe(feats["train"].mean[rows].numpy(), train_y, feats["test"].mean.numpy()),
+                linear_probe(
+                    feats["train"].mean[rows].numpy(), train_y, feats["test"].mean.numpy()
+                ),
             ),
         }
         step(f"v{version} baselines")
         model = load_base(base, hp.seed)
         log(f"==> [classifier] v{version}: training on {len(rows)} rows ({rows_name})")
         result = train_top(
-            model, feats["train"].subset(rows), train_y, feats["validation"], y["validation"], hp, log
+            model,
+            feats["train"].subset(rows),
+            train_y,
+            feats["validation"],
+            y["validation"],
+            hp,
+            log,
         )
         step(f"v{version} training")
         logits = predict_logits(model, feats["test"])

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tokenizers import Tokenizer
+from torch.nn import functional
 from transformers import BertForSequenceClassification
 
 from tritonforge.export.classifier.data import LABELS
@@ -47,11 +47,15 @@ def load_base(model_dir: Path, seed: int) -> BertForSequenceClassification:
     return model
 
 
-def tokenize(tokenizer: Tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:
-    """Token ids with ``[CLS]``/``[SEP]``, truncated to ``max_length`` (no padding)."""
+def tokenize(
+    tokenizer: Tokenizer, texts: Sequence[str], max_length: int
+) -> tuple[list[list[int]], int]:
+    """Token ids with ``[CLS]``/``[SEP]``, truncated to ``max_length`` (no padding), and how many
+    texts were truncated."""
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length)
-    return [e.ids for e in tokenizer.encode_batch(list(texts))]
+    encodings = tokenizer.encode_batch(list(texts))
+    return [e.ids for e in encodings], sum(1 for e in encodings if e.overflowing)
 
 
 @dataclass
@@ -114,7 +118,7 @@ def encode_frozen(
     lengths = np.array([len(x) for x in ids], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     hidden_size = model.config.hidden_size
-    last = model.bert.encoder.layer[-1].attention.self
+    last = _last_layer(model).attention.self
     kv = torch.empty(int(lengths.sum()), 2 * hidden_size, dtype=store_dtype)
     cls = torch.empty(len(ids), hidden_size, dtype=torch.float32)
     mean = torch.empty(len(ids), hidden_size, dtype=torch.float32)
@@ -137,6 +141,11 @@ def encode_frozen(
     return Features(kv, offsets, lengths, cls, mean)
 
 
+def _last_layer(model: BertForSequenceClassification) -> Any:
+    """The last ``BertLayer`` (typed ``Any``: torch's ``Module.__getattr__`` types defeat mypy)."""
+    return model.bert.encoder.layer[-1]
+
+
 def cls_head_logits(
     model: BertForSequenceClassification,
     cls: torch.Tensor,
@@ -145,7 +154,7 @@ def cls_head_logits(
 ) -> torch.Tensor:
     """The model's logits from :class:`Features` (exact): its last ``BertLayer`` evaluated at
     position 0 with the cached keys and values, then the pooler and the classifier."""
-    layer = model.bert.encoder.layer[-1]
+    layer = _last_layer(model)
     attn = layer.attention.self
     heads, size = attn.num_attention_heads, attn.attention_head_size
     b, t, _ = kv.shape
@@ -155,13 +164,14 @@ def cls_head_logits(
     bias = torch.zeros(b, 1, 1, t, dtype=q.dtype)
     bias = bias.masked_fill(~mask[:, None, None, :], torch.finfo(q.dtype).min)
     p = attn.dropout.p if model.training else 0.0
-    ctx = F.scaled_dot_product_attention(
+    ctx = functional.scaled_dot_product_attention(
         q, k.to(q.dtype), v.to(q.dtype), attn_mask=bias, dropout_p=p, scale=attn.scaling
     )
     ctx = ctx.transpose(1, 2).reshape(b, 1, heads * size)
     attention_output = layer.attention.output(ctx, hidden)
     hidden = layer.output(layer.intermediate(attention_output), attention_output)
-    logits: torch.Tensor = model.classifier(model.dropout(model.bert.pooler(hidden)))
+    pooler: Any = model.bert.pooler
+    logits: torch.Tensor = model.classifier(model.dropout(pooler(hidden)))
     return logits
 
 
@@ -170,9 +180,13 @@ def trainable_parameters(model: BertForSequenceClassification) -> list[torch.nn.
     cached), the pooler and the classifier; returns the trainable parameters."""
     for p in model.parameters():
         p.requires_grad_(False)
-    layer = model.bert.encoder.layer[-1]
-    frozen = {id(p) for m in (layer.attention.self.key, layer.attention.self.value) for p in m.parameters()}
-    modules: list[torch.nn.Module] = [layer, model.bert.pooler, model.classifier]
+    layer = _last_layer(model)
+    frozen = {
+        id(p)
+        for m in (layer.attention.self.key, layer.attention.self.value)
+        for p in m.parameters()
+    }
+    modules: list[Any] = [layer, model.bert.pooler, model.classifier]
     params = [p for m in modules for p in m.parameters() if id(p) not in frozen]
     for p in params:
         p.requires_grad_(True)

@@ -34,7 +34,11 @@ def render(report: dict[str, Any]) -> str:
             header,
             "|" + "---|" * (3 + len(labels)),
             _row("classifier (PyTorch, fp32)", v["test"], labels),
-            _row("linear probe on frozen mean-pooled embeddings (floor)", v["baselines"]["linear_probe_mean_pooled"], labels),
+            _row(
+                "linear probe on frozen mean-pooled embeddings (floor)",
+                v["baselines"]["linear_probe_mean_pooled"],
+                labels,
+            ),
             _row("TF-IDF + logistic regression", v["baselines"]["tfidf_logreg"], labels),
             _row("majority class", v["baselines"]["majority"], labels),
             "",
@@ -57,12 +61,16 @@ def render(report: dict[str, Any]) -> str:
         "|" + "---|" * (2 + len(labels)),
     ]
     for name, counts in report["split"]["counts"].items():
-        lines.append(f"| {name} | " + " | ".join(str(counts[lab]) for lab in labels) + f" | {counts['total']} |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(str(counts[lab]) for lab in labels)
+            + f" | {counts['total']} |"
+        )
     t = report["tokens"]
     lines += [
         "",
-        f"Tokens per text: {t['percentiles']}, max {t['max']}; truncated to {t['max_length']} "
-        f"({t['truncated_rows']} rows longer).",
+        f"Tokens per text (after truncation to {t['max_length']}): {t['percentiles']}, mean "
+        f"{t['mean']}; {t['truncated_rows']} texts were longer and truncated.",
         "",
         "## Hyper-parameters and timings",
         "",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from transformers import BertForSequenceClassification
 
+from tritonforge.export.classifier.metrics import LabelIds
 from tritonforge.export.classifier.model import (
     Features,
     _autocast,
@@ -42,7 +43,9 @@ class HyperParams:
         return asdict(self)
 
 
-def epoch_batches(lengths: np.ndarray, hp: HyperParams, rng: np.random.Generator) -> list[list[int]]:
+def epoch_batches(
+    lengths: np.ndarray, hp: HyperParams, rng: np.random.Generator
+) -> list[list[int]]:
     """Shuffled batches of rows of similar length: a seeded permutation, cut into buckets of
     ``bucket_batches`` batches, each bucket sorted by length, batches shuffled again."""
     perm = rng.permutation(len(lengths))
@@ -65,7 +68,7 @@ def predict_logits(
 ) -> np.ndarray:
     """``[rows, labels]`` logits of the model's top on cached features, in row order."""
     model.eval()
-    out = np.zeros((len(feats), model.config.num_labels), dtype=np.float32)
+    out = np.zeros((len(feats), int(model.config.num_labels or 0)), dtype=np.float32)
     with _autocast(dtype):
         for rows in length_batches(feats.lengths, batch_size):
             out[rows] = cls_head_logits(model, *feats.batch(rows)).float().numpy()
@@ -82,9 +85,9 @@ class TrainResult:
 def train_top(
     model: BertForSequenceClassification,
     train: Features,
-    train_labels: Sequence[int],
+    train_labels: LabelIds,
     validation: Features,
-    validation_labels: Sequence[int],
+    validation_labels: LabelIds,
     hp: HyperParams,
     log: Callable[[str], None] = print,
 ) -> TrainResult:
@@ -94,14 +97,13 @@ def train_top(
     torch.manual_seed(hp.seed)
     rng = np.random.default_rng(hp.seed)
     params = trainable_parameters(model)
-    head = {id(p) for m in (model.bert.pooler, model.classifier) for p in m.parameters()}
+    pooler: Any = model.bert.pooler
+    head = {id(p) for m in (pooler, model.classifier) for p in m.parameters()}
     groups = [
         {"params": [p for p in params if id(p) not in head], "lr": hp.learning_rate},
         {"params": [p for p in params if id(p) in head], "lr": hp.head_learning_rate},
     ]
-    optimizer = torch.optim.AdamW(
-        [g for g in groups if g["params"]], weight_decay=hp.weight_decay
-    )
+    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=hp.weight_decay)
     steps = hp.epochs * int(np.ceil(len(train) / hp.batch_size))
     warmup = max(1, int(hp.warmup_fraction * steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -124,10 +126,10 @@ def train_top(
             scheduler.step()
             total += float(loss.detach()) * len(rows)
             count += len(rows)
-        val_acc = float(
-            (predict_logits(model, validation).argmax(1) == y_val).mean()
+        val_acc = float((predict_logits(model, validation).argmax(1) == y_val).mean())
+        history.append(
+            {"epoch": epoch, "train_loss": total / count, "validation_accuracy": val_acc}
         )
-        history.append({"epoch": epoch, "train_loss": total / count, "validation_accuracy": val_acc})
         log(f"    epoch {epoch}: train loss {total / count:.4f}, validation accuracy {val_acc:.4f}")
         if best is None or val_acc > best[0]:
             best = (val_acc, epoch, copy.deepcopy(model.state_dict()))

@@ -50,7 +50,10 @@ def rows_of(labels: list[str]) -> list[Row]:
 
 
 def test_clean_text_removes_mojibake_and_entities() -> None:
-    assert clean_text("I don\xd5\xa2_\x8a\xce_\x86\xa2t  know &amp; care_\xd1_.") == "I don t know & care ."
+    assert (
+        clean_text("I don\xd5\xa2_\x8a\xce_\x86\xa2t  know &amp; care_\xd1_.")
+        == "I don t know & care ."
+    )
     assert clean_text("plain_snake_case stays") == "plain_snake_case stays"
     assert clean_text(" \xd1\xd1 ") == ""
 
@@ -134,7 +137,9 @@ def test_cls_only_top_equals_the_full_model() -> None:
     assert torch.equal(feats.batch([1])[1][0, 3:], torch.zeros(0, 64))  # no padding beyond
 
 
-def test_training_keeps_the_cached_parts_frozen(tmp_path: Path, tiny_corpus: Path, tiny_bert_dir: Path) -> None:
+def test_training_keeps_the_cached_parts_frozen(
+    tmp_path: Path, tiny_corpus: Path, tiny_bert_dir: Path
+) -> None:
     from safetensors.torch import load_file
 
     out = tmp_path / "classifier"
@@ -144,9 +149,18 @@ def test_training_keeps_the_cached_parts_frozen(tmp_path: Path, tiny_corpus: Pat
     last = "encoder.layer.1."
     for name, tensor in base.items():
         changed = not torch.equal(trained[f"bert.{name}"], tensor)
-        frozen = not name.startswith(last) or ".attention.self.key." in name or ".attention.self.value." in name
-        assert changed != frozen or name.endswith(("pooler.dense.weight", "pooler.dense.bias")), name
-    assert not torch.equal(trained[f"bert.{last}attention.self.query.weight"], base[f"{last}attention.self.query.weight"])
+        frozen = (
+            not name.startswith(last)
+            or ".attention.self.key." in name
+            or ".attention.self.value." in name
+        )
+        assert changed != frozen or name.endswith(("pooler.dense.weight", "pooler.dense.bias")), (
+            name
+        )
+    assert not torch.equal(
+        trained[f"bert.{last}attention.self.query.weight"],
+        base[f"{last}attention.self.query.weight"],
+    )
 
 
 # --- metrics and baselines ------------------------------------------------------------------------
@@ -155,7 +169,11 @@ def test_training_keeps_the_cached_parts_frozen(tmp_path: Path, tiny_corpus: Pat
 def test_scores_and_baselines() -> None:
     s = scores([0, 0, 1, 2], [0, 1, 1, 2])
     assert s["accuracy"] == 0.75 and s["confusion_matrix"] == [[1, 1, 0], [0, 1, 0], [0, 0, 1]]
-    assert s["f1_per_class"] == {"negative": pytest.approx(0.6667), "neutral": pytest.approx(0.6667), "positive": 1.0}
+    assert s["f1_per_class"] == {
+        "negative": pytest.approx(0.6667),
+        "neutral": pytest.approx(0.6667),
+        "positive": 1.0,
+    }
     assert majority_baseline([2, 1, 1, 0], 3).tolist() == [1, 1, 1]
     words = {0: "awful bad", 1: "table road", 2: "great good"}
     train = [f"{words[i % 3]} x{i}" for i in range(60)]
@@ -173,7 +191,9 @@ def run_build(out: Path, corpus: Path, base: Path, **kwargs: object) -> dict:
     return report
 
 
-def test_build_saves_loadable_checkpoints(tmp_path: Path, tiny_corpus: Path, tiny_bert_dir: Path) -> None:
+def test_build_saves_loadable_checkpoints(
+    tmp_path: Path, tiny_corpus: Path, tiny_bert_dir: Path
+) -> None:
     out = tmp_path / "classifier"
     report = run_build(out, tiny_corpus, tiny_bert_dir)
     texts, labels = load_split("test", tiny_corpus)
@@ -192,7 +212,9 @@ def test_build_saves_loadable_checkpoints(tmp_path: Path, tiny_corpus: Path, tin
         v = report["versions"][str(version)]
         assert scores([LABELS.index(lab) for lab in labels], pred) == v["test"]
         assert v["test"]["accuracy"] > v["baselines"]["majority"]["accuracy"]
-    assert report["versions"]["1"]["train_count"] * 2 == pytest.approx(report["versions"]["2"]["train_count"], abs=1)
+    assert report["versions"]["1"]["train_count"] * 2 == pytest.approx(
+        report["versions"]["2"]["train_count"], abs=1
+    )
     saved = json.loads((out / REPORT_JSON).read_text())
     assert saved["split"]["counts"]["test"]["total"] == len(texts)
     assert sorted(saved["split"]["row_ids"]["test"]) == saved["split"]["row_ids"]["test"]
@@ -208,7 +230,9 @@ def test_build_is_deterministic_and_skipped_when_up_to_date(
     weights = checkpoint_dir(out, 2) / "model.safetensors"
     mtime = weights.stat().st_mtime_ns
     again = run_build(out, tiny_corpus, tiny_bert_dir)
-    assert any("up to date" in line for line in again["_log"]) and weights.stat().st_mtime_ns == mtime
+    assert (
+        any("up to date" in line for line in again["_log"]) and weights.stat().st_mtime_ns == mtime
+    )
     forced = run_build(out, tiny_corpus, tiny_bert_dir, force=True)
     assert forced["versions"]["2"]["files"] == first["versions"]["2"]["files"]  # same bytes
     assert forced["versions"]["1"]["files"] == first["versions"]["1"]["files"]
@@ -239,7 +263,9 @@ def test_a_failed_build_leaves_the_previous_output(
     assert not list(tmp_path.glob(".classifier-staging-*"))
 
 
-def test_verification_catches_a_wrong_checkpoint(tmp_path: Path, tiny_corpus: Path, tiny_bert_dir: Path) -> None:
+def test_verification_catches_a_wrong_checkpoint(
+    tmp_path: Path, tiny_corpus: Path, tiny_bert_dir: Path
+) -> None:
     out = tmp_path / "classifier"
     run_build(out, tiny_corpus, tiny_bert_dir)
     texts, _ = load_split("test", tiny_corpus)
