@@ -193,6 +193,7 @@ def build(
     for stale in out.parent.glob(f"{prefix}*"):
         shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
+    staging.chmod(0o755)  # mkdtemp's 0700 would become out's mode
     try:
         report = _build_into(staging, corpus, base, hp, fp, log)
         _replace_dir(staging, out)

@@ -56,8 +56,7 @@ def tfidf_baseline(
 
 def linear_probe(train_x: np.ndarray, train_labels: LabelIds, test_x: np.ndarray) -> np.ndarray:
     """The issue's floor: standardised frozen mean-pooled embeddings -> logistic regression."""
-    model = make_pipeline(
-        StandardScaler(), LogisticRegression(C=1.0, max_iter=1000, solver="saga", random_state=0)
-    )
+    # lbfgs here: saga, fast on the sparse TF-IDF matrix, took 97 s on dense 384-d features
+    model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=1000))
     model.fit(train_x, list(train_labels))
     return np.asarray(model.predict(test_x))
