@@ -16,6 +16,7 @@ their recorded sha256, is skipped.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -23,7 +24,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -195,11 +196,25 @@ def build(
     staging = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
     staging.chmod(0o755)  # mkdtemp's 0700 would become out's mode
     try:
-        report = _build_into(staging, corpus, base, hp, fp, log)
+        with _torch_settings(hp.threads):
+            report = _build_into(staging, corpus, base, hp, fp, log)
         _replace_dir(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return report
+
+
+@contextlib.contextmanager
+def _torch_settings(threads: int) -> Iterator[None]:
+    """Fixed threads and deterministic kernels for the build; the caller's settings after it."""
+    before = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before[0])
+        torch.use_deterministic_algorithms(before[1])
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
@@ -228,8 +243,6 @@ def _build_into(
         log(f"    {name}: {timings[name]:.1f} s")
         clock = now
 
-    torch.set_num_threads(hp.threads)
-    torch.use_deterministic_algorithms(True)
     load_start = os.getloadavg()
     data = {name: corpus.select(name) for name in ("train", "validation", "test")}
     label_id = {lab: i for i, lab in enumerate(LABELS)}
