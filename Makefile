@@ -13,7 +13,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup install-models lock lint typecheck export serve run test test-unit test-integration bench loadtest loadtest-generate soak clean deploy-check gpu-check perf gate
+.PHONY: help setup install-models lock lint typecheck classifier export serve run test test-unit test-integration bench loadtest loadtest-generate soak clean deploy-check gpu-check perf gate
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -45,7 +45,11 @@ lint: $(STAMP)  ## ruff (lint + format check), mypy, model repository lint
 typecheck: $(STAMP)  ## mypy on the packages
 	$(VENV)/bin/mypy
 
-export: $(STAMP)  ## export the default models (MiniLM: fp32 + int8 ONNX, TorchScript; SmolLM2 decoder: fp32 + int8) into the model repository
+CLASSIFIER ?= build/classifier
+classifier: $(STAMP)  ## train the default sentiment classifier: HF checkpoints v1 + v2 and the training report in $(CLASSIFIER) (skipped when unchanged)
+	$(PY) -m tritonforge.export.classifier --out $(CLASSIFIER)
+
+export: $(STAMP)  ## export every default pipeline (embed: MiniLM fp32/int8/TorchScript; classify: the sentiment classifier v1+v2 fp32/int8, trained first when needed; generate: SmolLM2) into the model repository
 	$(TF) export --model-repository $(REPO)
 
 serve: export  ## serve the model repository on the embedded Triton (Ctrl-C stops it)

@@ -45,7 +45,8 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-OWN_DIGEST = ("decoder",)  # packages that fingerprint their own code (export.decoder.pipeline)
+# packages that fingerprint their own code (export.decoder.pipeline, export.classifier.build)
+OWN_DIGEST = ("decoder", "classifier")
 
 
 def code_digest() -> str:

