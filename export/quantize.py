@@ -461,7 +461,7 @@ def search_exclusions(
         )
         return t
 
-    best = trial([], dst)
+    best = trial([g for g in settings.keep_fp32 if g in groups], dst)
     best_path = dst
     rounds = 0
     while not best.passed and rounds < settings.max_search_rounds:

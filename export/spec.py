@@ -91,6 +91,9 @@ class Quantization:
     # Sensitivity search: regexes grouping quantizable node names; greedy, at most this many rounds.
     sensitivity_groups: tuple[str, ...] = ()
     max_search_rounds: int = 3
+    # Groups kept in fp32 from the first trial on (a setting measured earlier; the search still
+    # runs when the gate fails with them), so a re-export runs one trial instead of the search.
+    keep_fp32: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

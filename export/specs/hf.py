@@ -147,6 +147,7 @@ def pipeline_from_pretrained(
     serving: Serving | None = None,
     top_k: int = 3,
     extra_sources: Sequence[Path] = (),
+    keep_fp32: tuple[str, ...] = (),
     **pipeline: Any,
 ) -> PipelineSpec:
     """A complete pipeline spec for a Hugging Face checkpoint ``directory``.
@@ -213,6 +214,7 @@ def pipeline_from_pretrained(
             op_types=("MatMul",),
             sensitivity_groups=SENSITIVITY_GROUPS,
             max_search_rounds=3,
+            keep_fp32=keep_fp32,
         ),
         optimization=(
             GraphOptimization(optimizer, info.num_heads, info.hidden_size) if optimizer else None
