@@ -27,6 +27,7 @@ class FastApiUser(FastHttpUser):
         options = self.environment.parsed_options
         self.n = options.texts_per_request
         self.path = options.embed_path
+        self.dim = options.dim
 
     @task
     def embed(self) -> None:
@@ -38,6 +39,9 @@ class FastApiUser(FastHttpUser):
                 response.failure(f"HTTP {response.status_code}: {(response.text or '')[:200]}")
                 return
             try:
-                validate(np.asarray(response.json()["embeddings"], dtype=np.float32), len(texts))
+                array = np.asarray(response.json()["embeddings"], dtype=np.float32)
+                if not self.dim and array.ndim == 2:
+                    self.dim = array.shape[1]  # no --dim: later answers must match the first
+                validate(array, len(texts), self.dim)
             except (ValidationError, ValueError, KeyError) as e:
                 response.failure(f"invalid response: {e}")

@@ -17,8 +17,10 @@ import grpc.experimental.gevent as grpc_gevent
 from locust import events
 from locust.env import Environment
 
+from tritonforge.client.discovery import ORCHESTRATIONS, choose, route
 from tritonforge.loadtest import corpus
 from tritonforge.loadtest.slo import SloThresholds, Summary, check_slos, summarize
+from tritonforge.pipelines import Pipeline
 
 # gRPC's C core must cooperate with gevent (Locust's concurrency), or a blocking call stalls
 # every user. Must run before any channel exists.
@@ -29,6 +31,7 @@ _TEXTS = corpus.generate()
 _cursor = 0
 _samples: list[tuple[float, float, bool]] = []  # (monotonic end time, latency ms, ok)
 _window: dict[str, float] = {}
+_pipelines: dict[str, Pipeline] = {}
 
 
 def next_texts(n: int) -> list[str]:
@@ -54,21 +57,66 @@ def grpc_target(grpc_url: str, host: str | None) -> str:
     return f"{hostname}:8001"
 
 
+def discovered(environment: Environment, task: str) -> Pipeline:
+    """The pipeline to load (``--name``, else the default of ``task``), discovered once per
+    process: from ``--model-repository`` when given, else from the server's configs (the admin
+    key ``$TRITONFORGE_ADMIN_KEY``; see :mod:`client.discovery`)."""
+    from tritonforge.client.sync import EmbeddingClient
+
+    options: Any = environment.parsed_options
+    if not _pipelines:
+        host = urlsplit(environment.host or "http://127.0.0.1:8000").netloc
+        repository = options.model_repository or None
+        with EmbeddingClient(host, "http", repository=repository) as client:
+            _pipelines.update(client.pipelines())
+    return choose(_pipelines, task, options.name or None)
+
+
+def target(environment: Environment, task: str) -> tuple[Pipeline, str, dict[str, str], str]:
+    """(pipeline, model, request parameters, stats name suffix) of ``--pipeline``/``--variant``."""
+    options: Any = environment.parsed_options
+    pipeline = discovered(environment, task)
+    model, parameters = route(pipeline, options.pipeline, options.variant)
+    return pipeline, model, parameters, f"[{options.variant}]" if parameters else ""
+
+
 @events.init_command_line_parser.add_listener
 def _options(parser: Any) -> None:
     parser.add_argument(
         "--pipeline",
         default="ensemble",
         env_var="TRITONFORGE_PIPELINE",
-        choices=["ensemble", "bls"],
-        help="Triton pipeline to call",
+        choices=list(ORCHESTRATIONS),
+        help="orchestration to call (the pipeline's ensembles or its BLS)",
     )
     parser.add_argument(
         "--variant",
         default="fp32",
         env_var="TRITONFORGE_VARIANT",
-        choices=["fp32", "int8", "torchscript"],
-        help="encoder variant",
+        help="encoder variant (one the discovered pipeline serves)",
+    )
+    parser.add_argument(
+        "--name",
+        default="",
+        env_var="TRITONFORGE_PIPELINE_NAME",
+        help="pipeline name (default: the discovered default pipeline of the users' task)",
+    )
+    parser.add_argument(
+        "--model-repository",
+        default="",
+        env_var="TRITONFORGE_MODEL_REPOSITORY",
+        help="discover the pipelines from this repository (default: the server's configs)",
+    )
+    parser.add_argument(
+        "--dim",
+        type=int,
+        default=0,
+        help="FastAPI baseline: the embedding size to validate (default: the first answer's)",
+    )
+    parser.add_argument(
+        "--labels",
+        default="",
+        help="FastAPI classify baseline: comma-separated labels to validate (default: any)",
     )
     parser.add_argument(
         "--grpc-url",
@@ -80,6 +128,7 @@ def _options(parser: Any) -> None:
         "--texts-per-request", type=int, default=1, env_var="TRITONFORGE_TEXTS_PER_REQUEST"
     )
     parser.add_argument("--embed-path", default="/embed", help="FastAPI baseline route")
+    parser.add_argument("--predict-path", default="/predict", help="FastAPI classifier route")
     parser.add_argument(
         "--slo-p95-ms", type=float, default=1000.0, env_var="TRITONFORGE_SLO_P95_MS"
     )
