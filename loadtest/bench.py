@@ -40,9 +40,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tritonforge.client.settings import route
+from tritonforge.client.discovery import choose, route
+from tritonforge.client.errors import ClientError
 from tritonforge.loadtest import corpus
+from tritonforge.loadtest.discovered import encoder_onnx, pipelines, tokenizer_file
 from tritonforge.loadtest.run import exit_on_sigterm, locust_command
+from tritonforge.pipelines import Pipeline
 from tritonforge.runtime.server import ADMIN_HEADER, free_port, serving
 
 HERE = Path(__file__).resolve().parent
@@ -59,9 +62,12 @@ class Target:
 
     system: str  # "triton" | "fastapi"
     protocol: str  # "http" | "grpc"
-    pipeline: str = "-"
+    pipeline: str = "-"  # the orchestration: "ensemble" | "bls"
     variant: str = "fp32"
     generator: str = "locust"  # "locust" | "perf_analyzer"
+    name: str = ""  # the pipeline (discovered)
+    model: str = ""
+    parameters: tuple[tuple[str, str], ...] = ()
 
     @property
     def label(self) -> str:
@@ -186,7 +192,7 @@ def run_locust_cell(
         locustfile = HERE / "locustfile.py"
         classes = ["TritonHttpUser" if target.protocol == "http" else "TritonGrpcUser"]
         extra += ["--pipeline", target.pipeline, "--variant", target.variant]
-        extra += ["--grpc-url", grpc_url]
+        extra += ["--grpc-url", grpc_url, "--name", target.name]
     command = locust_command(
         locustfile=locustfile,
         user_classes=classes,
@@ -240,7 +246,7 @@ def run_perf_analyzer_cell(
     """One bounded perf_analyzer run (C++ client, far cheaper than Locust on 2 cores)."""
     from tritonforge.loadtest import perf_analyzer
 
-    model, parameters = route(target.pipeline, target.variant)
+    model, parameters = target.model, dict(target.parameters)
     cpu0, t0 = _children_cpu_s(), time.monotonic()
     status = "ok"
     for attempt in (1, 2):  # a failed run (e.g. "no stable measurement") is tried once more
@@ -316,17 +322,18 @@ def fastapi_service() -> Iterator[str]:
         yield f"http://{address}"
 
 
-def load_embedders(repo: Path, variants: Sequence[str]) -> dict[str, Any]:
-    """One in-process embedder per variant whose ONNX file exists."""
+def load_embedders(repo: Path, pipeline: Pipeline, variants: Sequence[str]) -> dict[str, Any]:
+    """One in-process embedder per variant whose encoder is an exported ONNX file."""
     from tritonforge.loadtest.inprocess import InProcessEmbedder, tokenizer_path
 
     embedders: dict[str, Any] = {}
+    tokenizer = tokenizer_file(repo, pipeline) or tokenizer_path(repo)
     for variant in variants:
-        onnx = repo / f"encoder_{variant}" / "1" / "model.onnx"
-        if not onnx.exists():
-            print(f"   (no {onnx}: in-process {variant} skipped; run `make export`)")
+        onnx = encoder_onnx(repo, pipeline, variant)
+        if onnx is None:
+            print(f"   (no ONNX {variant} encoder of {pipeline.name!r}: in-process skipped)")
             continue
-        embedders[variant] = InProcessEmbedder(onnx, tokenizer_path(repo))
+        embedders[variant] = InProcessEmbedder(onnx, tokenizer)
     return embedders
 
 
@@ -442,7 +449,7 @@ def _target_lines(rows: list[dict[str, Any]], generator: str, protocol: str) -> 
     lines = []
     concs = sorted({r["concurrency"] for r in rows if r["system"] == "triton"})
     top = max(concs, default=16)
-    for variant in ("fp32", "int8"):
+    for variant in dict.fromkeys(r["variant"] for r in rows if r["system"] == "triton"):
         for conc in concs:
             bls, ens = at("bls", variant, conc), at("ensemble", variant, conc)
             if bls is None or ens is None:
@@ -656,18 +663,41 @@ def chart(rows: list[dict[str, Any]], inproc: list[dict[str, Any]], path: Path) 
     plt.close(fig)
 
 
-def targets_from(args: argparse.Namespace) -> list[Target]:
-    """Triton targets: each pipeline x variant, over each generator's protocols."""
+def targets_from(args: argparse.Namespace, pipeline: Pipeline) -> list[Target]:
+    """Triton targets: each orchestration x variant of ``pipeline`` (those it serves), over each
+    generator's protocols."""
     out = []
     for generator, protocols in (
         ("locust", args.locust_protocols),
         ("perf_analyzer", args.pa_protocols),
     ):
-        for pipeline in args.pipelines:
+        for orchestration in args.pipelines:
             for variant in args.variants:
+                try:
+                    model, parameters = route(pipeline, orchestration, variant)
+                except ClientError as e:
+                    print(f"   ({e}: skipped)")
+                    continue
                 for protocol in protocols:
-                    out.append(Target("triton", protocol, pipeline, variant, generator))
+                    out.append(
+                        Target(
+                            "triton",
+                            protocol,
+                            orchestration,
+                            variant,
+                            generator,
+                            pipeline.name,
+                            model,
+                            tuple(parameters.items()),
+                        )
+                    )
     return out
+
+
+def bench_pipeline(args: argparse.Namespace) -> Pipeline:
+    """The embedding pipeline to measure (``--name``, else the default), discovered from
+    ``--model-repository`` (the served one, or a copy of a running server's)."""
+    return choose(pipelines(args.model_repository), "embedding", args.name)
 
 
 def _csv(value: str) -> list[str]:
@@ -699,7 +729,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--concurrency", type=lambda v: [int(x) for x in _csv(v)], default=[1, 4, 16]
     )
     parser.add_argument("--pipelines", type=_csv, default=["ensemble", "bls"])
-    parser.add_argument("--variants", type=_csv, default=["fp32", "int8"])
+    parser.add_argument(
+        "--variants",
+        type=_csv,
+        default=["fp32", "int8"],
+        help="variants to compare (skipped where the discovered pipeline lacks one)",
+    )
+    parser.add_argument(
+        "--name", default=None, help="embedding pipeline (default: the discovered default)"
+    )
     parser.add_argument(
         "--locust-protocols",
         type=_csv,
@@ -745,7 +783,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("==> starting FastAPI + uvicorn (1 worker) + PyTorch eager", flush=True)
             fastapi_url = stack.enter_context(fastapi_service())
             plan.append(Target("fastapi", "http"))
-        targets = targets_from(args)
+        pipeline = bench_pipeline(args)
+        targets = targets_from(args, pipeline)
         http = grpc = ""
         headers: dict[str, str] = {}
         server_pid: int | None = None
@@ -771,7 +810,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "its cells are reported as failed"
                 )
         embedders = (
-            {} if args.skip_inprocess else load_embedders(args.model_repository, args.variants)
+            {}
+            if args.skip_inprocess
+            else load_embedders(args.model_repository, pipeline, args.variants)
         )
         warned = False
         for round_ in range(1, args.repeats + 1):
@@ -801,8 +842,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         )  # fmt: skip
                     if target.system == "triton":
                         cell.server_stats = stats_delta(before, model_stats(http, headers))
-                        model, _ = route(target.pipeline, target.variant)
-                        served = cell.server_stats.get(model, {}).get("inference_count", 0.0)
+                        served = cell.server_stats.get(target.model, {}).get("inference_count", 0.0)
                         used = server_cpu_s(server_pid) - cpu_before
                         cell.server_cpu_ms_per_request = (
                             used * 1000 / served if served else math.nan

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from tritonforge.client.discovery import route
 from tritonforge.client.errors import (
     ClientError,
     ConnectionFailedError,
@@ -19,7 +20,6 @@ from tritonforge.client.errors import (
 )
 from tritonforge.client.retry import RetryPolicy, call_with_retry, call_with_retry_async, translate
 from tritonforge.client.retry import log as retry_log
-from tritonforge.client.discovery import route
 from tritonforge.client.settings import ClientSettings, normalize_url
 
 
@@ -228,7 +228,7 @@ def test_routes_follow_the_discovered_pipeline() -> None:
     assert route(embed, "ensemble", "int8") == ("embed_int8", {})
     assert route(embed, "ensemble", "torchscript") == ("embed_torchscript", {})
     assert route(embed, "bls", "int8") == ("embed_bls", {"variant": "int8"})
-    with pytest.raises(InvalidRequestError, match="unknown variant='fp16'.*'fp32', 'int8'"):
+    with pytest.raises(InvalidRequestError, match=r"unknown variant='fp16'.*'fp32', 'int8'"):
         route(embed, "ensemble", "fp16")
     with pytest.raises(InvalidRequestError, match="unknown variant='torchscript' for 'embed_bls'"):
         route(embed, "bls", "torchscript")  # exported, but not a BLS target
