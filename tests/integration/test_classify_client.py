@@ -189,3 +189,16 @@ def test_cli_classify_prints_typed_results(byo_server: EmbeddedServer) -> None:
         capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=120, check=False,
     )  # fmt: skip
     assert bad.returncode == 1 and "top_k" in bad.stderr
+
+
+def test_the_demo_shows_every_discovered_pipeline(
+    byo_server: EmbeddedServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tritonforge.runtime import demo
+
+    monkeypatch.setattr(demo, "stream_answer", lambda server: "")  # no decoder in this repository
+    demo.run_demo(byo_server)
+    out = capsys.readouterr().out
+    assert "==> distil: embedded" in out and "distil_bls over gRPC" in out
+    assert "==> sentiment: classified 3 sentences" in out
+    assert "sentiment_bls over gRPC: 3/3 labels agree" in out
