@@ -34,6 +34,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from tritonforge.deploy.names import manifest_name_findings
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEPLOY_DIR = PROJECT_ROOT / "deploy"
 SCHEMA_DIR = DEPLOY_DIR / "schemas"
@@ -527,7 +529,9 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
     # liveness: /v2/health/live, or (better, server#8604) an exec canary inference
     liveness = triton.get("livenessProbe") or {}
     canary = " ".join(str(a) for a in (liveness.get("exec") or {}).get("command", []))
-    if (liveness.get("httpGet") or {}).get("path") != "/v2/health/live" and "/infer" not in canary:
+    if (liveness.get("httpGet") or {}).get("path") != "/v2/health/live" and not (
+        "/infer" in canary or "tritonforge.canary" in canary
+    ):
         out.append("k8s: livenessProbe must GET /v2/health/live or run a canary inference")
     pre_stop = (((triton.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get(
         "command"
@@ -1022,6 +1026,7 @@ def all_findings(env: Mapping[str, str] | None = None) -> dict[str, list[str]]:
             FRONT_FIRST_PARTY | IMPORT_NAMES,
         ),
         "gpu configs": [f for d in gpu_config_dirs() for f in gpu_config_findings(d)],
+        "manifest names": manifest_name_findings(MODEL_REPOSITORY, DEPLOY_DIR, [COMPOSE_FILE]),
     }
 
 

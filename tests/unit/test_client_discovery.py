@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.fake_repository import write_model
 from tritonforge.client import classification
 from tritonforge.client.classification import Ranked, decode, prepare
 from tritonforge.client.discovery import (
@@ -219,20 +220,5 @@ def test_refused_configs_fall_back_to_the_local_repository_or_say_what_to_set(
         fallback(refused, "ctx")
     with pytest.raises(DiscoveryError, match="TRITONFORGE_ADMIN_KEY"):
         fallback(InvalidRequestError("HTTP 400: something else"), "ctx")
-    model = tmp_path / "model_repository" / "mood"
-    model.mkdir(parents=True)
-    (model / "config.pbtxt").write_text(
-        'name: "mood"\nplatform: "ensemble"\n'
-        'input { name: "text" data_type: TYPE_STRING dims: [1] }\n'
-        'output { name: "probabilities" data_type: TYPE_FP32 dims: [3] }\n'
-        + "".join(
-            f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n'
-            for k, v in {
-                "tritonforge.pipeline": "mood",
-                "tritonforge.task": "classification",
-                "tritonforge.role": "ensemble",
-                "tritonforge.variant": "fp32",
-            }.items()
-        )
-    )
+    write_model(tmp_path / "model_repository", "mood", "mood", "ensemble", variant="fp32")
     assert sorted(fallback(refused, "ctx")) == ["mood"]
