@@ -192,7 +192,7 @@ def run_locust_cell(
         locustfile = HERE / "locustfile.py"
         classes = ["TritonHttpUser" if target.protocol == "http" else "TritonGrpcUser"]
         extra += ["--pipeline", target.pipeline, "--variant", target.variant]
-        extra += ["--grpc-url", grpc_url, "--name", target.name]
+        extra += ["--grpc-url", grpc_url, "--pipeline-name", target.name]
     command = locust_command(
         locustfile=locustfile,
         user_classes=classes,
@@ -695,9 +695,9 @@ def targets_from(args: argparse.Namespace, pipeline: Pipeline) -> list[Target]:
 
 
 def bench_pipeline(args: argparse.Namespace) -> Pipeline:
-    """The embedding pipeline to measure (``--name``, else the default), discovered from
+    """The embedding pipeline to measure (``--pipeline-name``, else the default), discovered from
     ``--model-repository`` (the served one, or a copy of a running server's)."""
-    return choose(pipelines(args.model_repository), "embedding", args.name)
+    return choose(pipelines(args.model_repository), "embedding", args.pipeline_name)
 
 
 def _csv(value: str) -> list[str]:
@@ -736,7 +736,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="variants to compare (skipped where the discovered pipeline lacks one)",
     )
     parser.add_argument(
-        "--name", default=None, help="embedding pipeline (default: the discovered default)"
+        "--pipeline-name",
+        default=None,
+        help="embedding pipeline (default: the discovered default)",
     )
     parser.add_argument(
         "--locust-protocols",

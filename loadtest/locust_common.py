@@ -58,7 +58,7 @@ def grpc_target(grpc_url: str, host: str | None) -> str:
 
 
 def discovered(environment: Environment, task: str) -> Pipeline:
-    """The pipeline to load (``--name``, else the default of ``task``), discovered once per
+    """The pipeline to load (``--pipeline-name``, else the default of ``task``), discovered once per
     process: from ``--model-repository`` when given, else from the server's configs (the admin
     key ``$TRITONFORGE_ADMIN_KEY``; see :mod:`client.discovery`)."""
     from tritonforge.client.sync import EmbeddingClient
@@ -69,7 +69,7 @@ def discovered(environment: Environment, task: str) -> Pipeline:
         repository = options.model_repository or None
         with EmbeddingClient(host, "http", repository=repository) as client:
             _pipelines.update(client.pipelines())
-    return choose(_pipelines, task, options.name or None)
+    return choose(_pipelines, task, options.pipeline_name or None)
 
 
 def target(environment: Environment, task: str) -> tuple[Pipeline, str, dict[str, str], str]:
@@ -96,7 +96,7 @@ def _options(parser: Any) -> None:
         help="encoder variant (one the discovered pipeline serves)",
     )
     parser.add_argument(
-        "--name",
+        "--pipeline-name",
         default="",
         env_var="TRITONFORGE_PIPELINE_NAME",
         help="pipeline name (default: the discovered default pipeline of the users' task)",

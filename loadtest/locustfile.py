@@ -8,7 +8,7 @@ Run through ``python -m tritonforge.loadtest.run`` / ``python -m tritonforge.loa
 Every user sends ``--texts-per-request`` texts from the deterministic corpus
 (:mod:`loadtest.corpus`) per request with no think time (closed loop: concurrency = users), and
 validates each answer (shape [n, dim], dim discovered from the pipeline's config, finite, unit L2
-norm); a bad answer is a failure. Model names come from discovery (``--name``, ``--pipeline``,
+norm); a bad answer is a failure. Model names come from discovery (``--pipeline-name``, ``--pipeline``,
 ``--variant``; :mod:`client.discovery`). gRPC goes
 through ``tritonclient.grpc`` and is reported into Locust's statistics with ``events.request``.
 

@@ -3,7 +3,7 @@
 Starts the embedded Triton on free loopback ports (unless ``--url`` names a running server),
 runs :mod:`loadtest.locustfile` (``--task classification``: :mod:`loadtest.classify_locustfile`)
 for ``--duration-s`` seconds with HTTP and/or gRPC users against the discovered pipeline
-(``--name``, default: the task's default pipeline), writes
+(``--pipeline-name``, default: the task's default pipeline), writes
 CSV + HTML reports under ``--reports-dir`` and exits with Locust's status: 0 when every SLO holds,
 1 naming each breached threshold. SLO thresholds: ``--slo-*`` options or ``TRITONFORGE_SLO_*``
 environment variables (see :mod:`loadtest.locustfile`).
@@ -116,7 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=env_float("TRITONFORGE_LOADTEST_DURATION_S", 30.0, minimum=0.1),
     )
     parser.add_argument("--task", choices=sorted(TASK_USERS), default="embedding")
-    parser.add_argument("--name", default=None, help="pipeline (default: the task's default)")
+    parser.add_argument(
+        "--pipeline-name", default=None, help="pipeline (default: the task's discovered default)"
+    )
     parser.add_argument("--pipeline", choices=ORCHESTRATIONS, default=None)
     parser.add_argument("--variant", default=None, help="a variant the pipeline serves")
     parser.add_argument("--reports-dir", type=Path, default=Path("reports"))
@@ -129,7 +131,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.reports_dir.mkdir(parents=True, exist_ok=True)
     prefix = args.reports_dir / args.name
     extra = ["--csv", str(prefix), "--html", f"{prefix}.html", *passthrough]
-    for option in ("name", "pipeline", "variant", "slo_p95_ms", "slo_p99_ms", "slo_min_rps"):
+    for option in (
+        "pipeline_name",
+        "pipeline",
+        "variant",
+        "slo_p95_ms",
+        "slo_p99_ms",
+        "slo_min_rps",
+    ):
         if getattr(args, option) is not None:
             extra += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     if args.slo_max_fail_ratio is not None:
