@@ -42,7 +42,7 @@ from typing import Any
 
 from tritonforge.client.discovery import choose, route
 from tritonforge.client.errors import ClientError
-from tritonforge.loadtest import corpus
+from tritonforge.loadtest import classify_bench, corpus
 from tritonforge.loadtest.discovered import encoder_onnx, pipelines, tokenizer_file
 from tritonforge.loadtest.run import exit_on_sigterm, locust_command
 from tritonforge.pipelines import Pipeline
@@ -68,10 +68,15 @@ class Target:
     name: str = ""  # the pipeline (discovered)
     model: str = ""
     parameters: tuple[tuple[str, str], ...] = ()
+    task: str = "embedding"  # "classification": loadtest.classify_bench
 
     @property
     def label(self) -> str:
         gen = "pa" if self.generator == "perf_analyzer" else "locust"
+        if self.task == classify_bench.TASK:
+            if self.system == "fastapi":
+                return f"fastapi+torch /predict {self.name}"
+            return f"{self.name} {self.pipeline} {self.variant} {self.protocol}/{gen}"
         if self.system == "fastapi":
             return f"fastapi+torch http/{gen}"
         return f"{self.pipeline} {self.variant} {self.protocol}/{gen}"
@@ -186,7 +191,15 @@ def run_locust_cell(
     """One bounded Locust run; the summary comes from the exact samples after warm-up."""
     samples = workdir / f"cell-{time.monotonic_ns()}.json"
     extra = [*NO_SLO, "--samples-out", str(samples), "--warmup-s", str(warmup_s)]
-    if target.system == "fastapi":
+    if target.task == classify_bench.TASK:
+        locustfile = classify_bench.LOCUSTFILE
+        if target.system == "fastapi":
+            classes = [classify_bench.FASTAPI_USER]
+        else:
+            classes = [classify_bench.USERS[target.protocol]]
+            extra += ["--pipeline", target.pipeline, "--variant", target.variant]
+            extra += ["--grpc-url", grpc_url, "--pipeline-name", target.name]
+    elif target.system == "fastapi":
         locustfile, classes = HERE / "fastapi_locustfile.py", ["FastApiUser"]
     else:
         locustfile = HERE / "locustfile.py"
@@ -297,11 +310,13 @@ def _wait_http(url: str, timeout_s: float) -> None:
 
 
 @contextlib.contextmanager
-def baseline_service(module: str, ready_timeout_s: float = 120) -> Iterator[str]:
-    """A baseline app (``python -m MODULE --host 127.0.0.1 --port P``) in its own process,
+def baseline_service(
+    module: str, ready_timeout_s: float = 120, args: Sequence[str] = ()
+) -> Iterator[str]:
+    """A baseline app (``python -m MODULE --host 127.0.0.1 --port P [args]``) in its own process,
     ready when ``/health`` answers 200; yields ``127.0.0.1:P``; terminated on exit."""
     port = free_port()
-    command = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port)]
+    command = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args]
     proc = subprocess.Popen(command, cwd=HERE.parent)
     try:
         _wait_http(f"http://127.0.0.1:{port}/health", ready_timeout_s)
@@ -338,21 +353,27 @@ def load_embedders(repo: Path, pipeline: Pipeline, variants: Sequence[str]) -> d
 
 
 def measure_inprocess(
-    embedders: dict[str, Any], texts: Sequence[str], duration_s: float
+    embedders: dict[str, Any],
+    texts: Sequence[str],
+    duration_s: float,
+    task: str = "embedding",
+    name: str = "",
 ) -> list[dict[str, Any]]:
+    """Each in-process model (embedder or classifier of pipeline ``name``) at batch 1 and 16."""
     from tritonforge.loadtest.inprocess import measure
 
     results = []
+    what = f"{name} " if task == classify_bench.TASK else ""
     for variant, embedder in embedders.items():
         for batch in (1, 16):
             r = measure(embedder, texts, variant=variant, batch=batch, duration_s=duration_s)
             print(
-                f"   in-process {variant} batch {batch:2d}: {r.sentences_per_s:7.1f} sent/s  "
+                f"   in-process {what}{variant} batch {batch:2d}: {r.sentences_per_s:7.1f} sent/s  "
                 f"p50 {r.p50_ms:6.1f} ms  p99 {r.p99_ms:6.1f} ms  "
                 f"(padding {r.padded_token_share:.0%} of tokens)",
                 flush=True,
             )
-            results.append(r.as_dict())
+            results.append({**r.as_dict(), "task": task, "name": name})
     return results
 
 
@@ -413,10 +434,14 @@ def aggregate(
                 _median([c.server_cpu_ms_per_request for c in group]),
             )
         )
-    by_ip: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    by_ip: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {}
     for r in inproc:
-        by_ip.setdefault((r["variant"], r["batch"]), []).append(r)
+        by_ip.setdefault(_inproc_key(r), []).append(r)
     return merged, [_median_rows(group) for group in by_ip.values()]
+
+
+def _inproc_key(r: dict[str, Any]) -> tuple[str, str, str, int]:
+    return (r.get("task", "embedding"), r.get("name", ""), r["variant"], r["batch"])
 
 
 def _ratio(a: float, b: float | None) -> float:
@@ -501,13 +526,18 @@ def analyse(
     p50 (same variant); throughput and p99 against FastAPI at the same concurrency, measured by
     the same generator (Locust over HTTP).
     """
-    best = {(r["variant"], r["batch"]): r for r in inproc}
-    fastapi = {c.concurrency: c.summary for c in cells if c.target.system == "fastapi"}
+    best = {_inproc_key(r): r for r in inproc}
+    fastapi = {
+        (c.target.task, c.target.name, c.concurrency): c.summary
+        for c in cells
+        if c.target.system == "fastapi"
+    }
     rows = []
     for c in cells:
         s = c.summary
-        ip1 = best.get((c.target.variant, 1))
-        fa = fastapi.get(c.concurrency) if c.target.generator == "locust" else None
+        t = c.target
+        ip1 = best.get((t.task, t.name, t.variant, 1))
+        fa = fastapi.get((t.task, t.name, c.concurrency)) if t.generator == "locust" else None
         rows.append(
             {
                 **asdict(c.target),
@@ -529,8 +559,14 @@ def analyse(
             }
         )
     combos = dict.fromkeys((r["generator"], r["protocol"]) for r in rows if r["system"] == "triton")
-    lines = [line for gen, protocol in combos for line in _target_lines(rows, gen, protocol)]
-    return rows, lines
+    embedding = [r for r in rows if r["task"] == "embedding"]
+    lines = [line for gen, protocol in combos for line in _target_lines(embedding, gen, protocol)]
+    return rows, lines + classify_bench.ratio_lines(rows)
+
+
+def _inproc_label(r: dict[str, Any]) -> str:
+    what = f"{r['name']} " if r.get("task") == classify_bench.TASK else ""
+    return f"in-process {what}{r['variant']} b{r['batch']}"
 
 
 def table(rows: list[dict[str, Any]], inproc: list[dict[str, Any]]) -> str:
@@ -542,7 +578,7 @@ def table(rows: list[dict[str, Any]], inproc: list[dict[str, Any]]) -> str:
     out = [head, "-" * len(head)]
     for r in inproc:
         out.append(
-            f"{'in-process ' + r['variant'] + ' b' + str(r['batch']):<30}{'-':>5}"
+            f"{_inproc_label(r):<30}{'-':>5}"
             f"{r['sentences_per_s']:9.1f}{r['p50_ms']:9.1f}{r['p95_ms']:9.1f}{r['p99_ms']:9.1f}"
             f"{0:6d}"
         )
@@ -650,7 +686,7 @@ def chart(rows: list[dict[str, Any]], inproc: list[dict[str, Any]], path: Path) 
                 r["sentences_per_s"],
                 color="k",
                 linestyle=next(styles, "--"),
-                label=f"in-process {r['variant']} batch 16",
+                label=_inproc_label(r),
             )
     for ax, title in ((ax_t, "throughput (sentences/s)"), (ax_l, "p99 latency (ms)")):
         ax.set_xticks([j + width * (len(concs) - 1) / 2 for j in range(len(labels))])
@@ -665,12 +701,12 @@ def chart(rows: list[dict[str, Any]], inproc: list[dict[str, Any]], path: Path) 
 
 def targets_from(args: argparse.Namespace, pipeline: Pipeline) -> list[Target]:
     """Triton targets: each orchestration x variant of ``pipeline`` (those it serves), over each
-    generator's protocols."""
+    generator's protocols (classifiers: Locust only, the FastAPI baseline's generator)."""
     out = []
-    for generator, protocols in (
-        ("locust", args.locust_protocols),
-        ("perf_analyzer", args.pa_protocols),
-    ):
+    generators = [("locust", args.locust_protocols)]
+    if pipeline.task == "embedding":
+        generators.append(("perf_analyzer", args.pa_protocols))
+    for generator, protocols in generators:
         for orchestration in args.pipelines:
             for variant in args.variants:
                 try:
@@ -689,9 +725,32 @@ def targets_from(args: argparse.Namespace, pipeline: Pipeline) -> list[Target]:
                             pipeline.name,
                             model,
                             tuple(parameters.items()),
+                            pipeline.task,
                         )
                     )
     return out
+
+
+def classify_pipelines(args: argparse.Namespace) -> list[Pipeline]:
+    """Every classification pipeline of ``--model-repository`` (discovered)."""
+    found = pipelines(args.model_repository).values()
+    return [p for p in found if p.task == classify_bench.TASK]
+
+
+def start_predict_service(
+    stack: contextlib.ExitStack, args: argparse.Namespace, pipeline: Pipeline
+) -> str:
+    """The FastAPI /predict baseline of ``pipeline`` (its verified checkpoint); "" when none."""
+    baseline, why = classify_bench.baseline_for(
+        args.model_repository, pipeline, args.classify_checkpoint
+    )
+    if baseline is None:
+        print(f"   (no FastAPI /predict baseline for {pipeline.name!r}: {why})")
+        return ""
+    print(f"==> starting FastAPI /predict (PyTorch eager) for {pipeline.name!r}", flush=True)
+    module, service_args = classify_bench.FASTAPI_MODULE, baseline.service_args()
+    address = stack.enter_context(baseline_service(module, args=service_args))
+    return f"http://{address}"
 
 
 def bench_pipeline(args: argparse.Namespace) -> Pipeline:
@@ -760,6 +819,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="interleaved rounds over all targets; the table shows medians",
     )
     parser.add_argument("--skip-fastapi", action="store_true")
+    parser.add_argument(
+        "--skip-classify", action="store_true", help="no classification pipeline cells"
+    )
+    parser.add_argument(
+        "--skip-embedding", action="store_true", help="only the classification pipelines' cells"
+    )
+    parser.add_argument(
+        "--classify-checkpoint",
+        type=Path,
+        default=None,
+        help="the Hugging Face directory the classifier was exported from, for the FastAPI "
+        "/predict baseline (default: its registry spec's; checked against the export report)",
+    )
     parser.add_argument("--skip-inprocess", action="store_true")
     parser.add_argument("--reports-dir", type=Path, default=Path("reports"))
     args = parser.parse_args(argv)
@@ -780,13 +852,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Everything is started first and measured in interleaved rounds, so that a noisy
         # neighbour on a shared machine hits every target alike (medians over --repeats rounds).
         plan: list[Target] = []
-        fastapi_url = ""
+        fastapi_urls: dict[tuple[str, str], str] = {}
+        pipeline = bench_pipeline(args)
+        classifiers = [] if args.skip_classify else classify_pipelines(args)
         if not args.skip_fastapi:
             print("==> starting FastAPI + uvicorn (1 worker) + PyTorch eager", flush=True)
-            fastapi_url = stack.enter_context(fastapi_service())
-            plan.append(Target("fastapi", "http"))
-        pipeline = bench_pipeline(args)
-        targets = targets_from(args, pipeline)
+            if not args.skip_embedding:
+                embedding_baseline = stack.enter_context(fastapi_service())
+                fastapi_urls[("embedding", pipeline.name)] = embedding_baseline
+                plan.append(Target("fastapi", "http", name=pipeline.name))
+            for cp in classifiers:
+                url = start_predict_service(stack, args, cp)
+                if url:
+                    fastapi_urls[(cp.task, cp.name)] = url
+                    plan.append(Target("fastapi", "http", name=cp.name, task=cp.task))
+        targets = [] if args.skip_embedding else targets_from(args, pipeline)
+        for cp in classifiers:
+            targets += targets_from(args, cp)
         http = grpc = ""
         headers: dict[str, str] = {}
         server_pid: int | None = None
@@ -813,13 +895,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
         embedders = (
             {}
-            if args.skip_inprocess
+            if args.skip_inprocess or args.skip_embedding
             else load_embedders(args.model_repository, pipeline, args.variants)
         )
+        in_process_classifiers = {
+            cp.name: classify_bench.load_classifiers(args.model_repository, cp, args.variants)
+            for cp in ([] if args.skip_inprocess else classifiers)
+        }
         warned = False
         for round_ in range(1, args.repeats + 1):
             print(f"==> round {round_}/{args.repeats}", flush=True)
-            inproc += measure_inprocess(embedders, texts, args.inprocess_s)
+            inproc += measure_inprocess(embedders, texts, args.inprocess_s, name=pipeline.name)
+            for name, models in in_process_classifiers.items():
+                task = classify_bench.TASK
+                inproc += measure_inprocess(models, texts, args.inprocess_s, task, name)
             for target in plan:
                 for conc in args.concurrency:
                     before = model_stats(http, headers) if target.system == "triton" else {}
@@ -837,7 +926,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                             headers=headers,
                         )  # fmt: skip
                     else:
-                        host = fastapi_url if target.system == "fastapi" else f"http://{http}"
+                        host = (
+                            fastapi_urls[(target.task, target.name)]
+                            if target.system == "fastapi"
+                            else f"http://{http}"
+                        )
                         cell = run_locust_cell(
                             target, conc, host=host, grpc_url=grpc, duration_s=args.duration_s,
                             warmup_s=args.warmup_s, workdir=workdir,

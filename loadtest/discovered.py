@@ -9,6 +9,7 @@ from pathlib import Path
 from tritonforge.errors import ModelConfigError
 from tritonforge.pipelines import ROLE_KEY, VARIANT_KEY, Pipeline, from_repository
 from tritonforge.repository import load_model_config
+from tritonforge.text import TextTokenizer
 
 
 def pipelines(repository: Path) -> dict[str, Pipeline]:
@@ -35,6 +36,22 @@ def encoder_onnx(repository: Path, pipeline: Pipeline, variant: str) -> Path | N
     model = stage_model(repository, pipeline, "encoder", variant)
     path = Path(repository) / model / "1" / "model.onnx" if model else None
     return path if path is not None and path.is_file() else None
+
+
+def text_tokenizer(repository: Path, pipeline: Pipeline) -> TextTokenizer:
+    """The pipeline's tokenization as its tokenizer model does it (file, ``max_length``,
+    ``pad_id``, output names from its config), padding to the longest text of a batch."""
+    model = stage_model(repository, pipeline, "tokenizer")
+    path = tokenizer_file(repository, pipeline)
+    if model is None or path is None:
+        raise ModelConfigError(f"pipeline {pipeline.name!r} has no tokenizer model in {repository}")
+    config = load_model_config(Path(repository), model)
+    return TextTokenizer(
+        path,
+        max_length=config.param("max_length", kind=int),
+        outputs=[o.name for o in config.outputs],
+        pad_id=config.param("pad_id", 0, int),
+    )
 
 
 def tokenizer_file(repository: Path, pipeline: Pipeline) -> Path | None:

@@ -75,3 +75,53 @@ def test_the_liveness_canary_calls_every_discovered_pipeline(
     assert down.returncode == 1
     for model in ("distil", "distil_bls", "sentiment", "sentiment_bls"):
         assert f"canary failed: {model}:" in down.stderr
+
+
+def test_bench_measures_the_classifier_against_fastapi_predict_and_in_process(
+    byo_server: EmbeddedServer,
+    byo_repository: Path,
+    byo_checkpoints: dict[str, tuple[Path, str]],
+    tmp_path: Path,
+) -> None:
+    """One short round: the discovered classifier's ensemble over Locust/HTTP, the first seed's
+    FastAPI /predict on the same (verified) checkpoint, and its in-process limit, with ratios."""
+    import json
+
+    env = {**os.environ, "TRITONFORGE_ADMIN_KEY": byo_server.settings.admin_key}
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "tritonforge.loadtest.bench", "--url", byo_server.http_url,
+            "--grpc-url", byo_server.grpc_url, "--model-repository", str(byo_repository),
+            "--classify-checkpoint", str(byo_checkpoints["sentiment"][0]),
+            "--reports-dir", str(tmp_path), "--duration-s", "2", "--warmup-s", "1",
+            "--inprocess-s", "1", "--concurrency", "1", "--pipelines", "ensemble",
+            "--variants", "fp32", "--locust-protocols", "http", "--pa-protocols", "",
+            "--repeats", "1", "--skip-embedding",
+        ],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=400, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    (report,) = tmp_path.glob("bench-*.json")
+    data = json.loads(report.read_text())
+    rows = {r["label"]: r for r in data["cells"]}
+    served = rows["sentiment ensemble fp32 http/locust"]
+    baseline = rows["fastapi+torch /predict sentiment"]
+    for row in (served, baseline):
+        assert row["status"] == "ok" and row["requests"] > 0 and row["failures"] == 0, row
+    assert served["x_fastapi_throughput"] > 0 and served["x_inprocess_throughput"] > 0
+    assert {(r["task"], r["name"]) for r in data["inprocess"]} == {("classification", "sentiment")}
+    assert not any(r["task"] == "embedding" for r in data["cells"])  # --skip-embedding
+    assert any(line.startswith("sentiment ensemble fp32") for line in data["targets"])
+
+
+def test_the_predict_baseline_refuses_a_checkpoint_that_is_not_the_exported_one(
+    byo_repository: Path, byo_checkpoints: dict[str, tuple[Path, str]]
+) -> None:
+    from tritonforge.loadtest.classify_bench import baseline_for
+    from tritonforge.pipelines import from_repository
+
+    sentiment = from_repository(byo_repository)["sentiment"]
+    ok, why = baseline_for(byo_repository, sentiment, byo_checkpoints["sentiment"][0])
+    assert ok is not None and ok.max_length == 64 and why == ""
+    wrong, why = baseline_for(byo_repository, sentiment, byo_checkpoints["distil"][0])
+    assert wrong is None and "differs from the exported one" in why
