@@ -339,10 +339,13 @@ def fastapi_service() -> Iterator[str]:
 
 def load_embedders(repo: Path, pipeline: Pipeline, variants: Sequence[str]) -> dict[str, Any]:
     """One in-process embedder per variant whose encoder is an exported ONNX file."""
-    from tritonforge.loadtest.inprocess import InProcessEmbedder, tokenizer_path
+    from tritonforge.loadtest.inprocess import InProcessEmbedder
 
     embedders: dict[str, Any] = {}
-    tokenizer = tokenizer_file(repo, pipeline) or tokenizer_path(repo)
+    tokenizer = tokenizer_file(repo, pipeline)
+    if tokenizer is None:
+        print(f"   (no tokenizer model of {pipeline.name!r}: in-process skipped)")
+        return embedders
     for variant in variants:
         onnx = encoder_onnx(repo, pipeline, variant)
         if onnx is None:
