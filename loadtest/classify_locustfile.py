@@ -18,12 +18,14 @@ from locust import FastHttpUser, User, constant, task
 
 from tritonforge.loadtest.locust_common import (
     bounded_network_timeout,
+    check_json,
+    fire_grpc,
     grpc_target,
     next_texts,
     target,
 )
 from tritonforge.loadtest.locustfile import grpc_text_input, triton_body, triton_output
-from tritonforge.loadtest.slo import ValidationError, validate_classification
+from tritonforge.loadtest.slo import validate_classification
 
 TASK = "classification"
 OUTPUTS = ["label", "probabilities"]  # what the users validate (every classifier has them)
@@ -53,19 +55,15 @@ class TritonClassifyHttpUser(FastHttpUser):
         texts = next_texts(self.n)
         body = triton_body(self.pipeline, texts, OUTPUTS, self.parameters)
         with self.client.post(self.path, json=body, name=self.name, catch_response=True) as r:
-            if r.status_code != 200:
-                r.failure(f"HTTP {r.status_code}: {(r.text or '')[:200]}")
-                return
-            try:
-                payload = r.json()
-                validate_classification(
+            check_json(
+                r,
+                lambda payload: validate_classification(
                     triton_output(payload, "probabilities"),
                     _labels(triton_output(payload, "label", dtype=object)),
                     len(texts),
                     self.pipeline.labels,
-                )
-            except (ValidationError, ValueError, KeyError) as e:
-                r.failure(f"invalid response: {e}")
+                ),
+            )
 
 
 class TritonClassifyGrpcUser(User):
@@ -112,14 +110,7 @@ class TritonClassifyGrpcUser(User):
             )
         except Exception as e:
             exception = e
-        self.environment.events.request.fire(
-            request_type="grpc",
-            name=self.name,
-            response_time=(time.perf_counter() - start) * 1000.0,
-            response_length=length,
-            exception=exception,
-            context={},
-        )
+        fire_grpc(self.environment, self.name, start, length, exception)
 
 
 class FastApiPredictUser(FastHttpUser):
@@ -144,16 +135,12 @@ class FastApiPredictUser(FastHttpUser):
         with self.client.post(
             self.path, json={"texts": texts}, name="http fastapi predict", catch_response=True
         ) as r:
-            if r.status_code != 200:
-                r.failure(f"HTTP {r.status_code}: {(r.text or '')[:200]}")
-                return
-            try:
-                payload = r.json()
-                validate_classification(
+            check_json(
+                r,
+                lambda payload: validate_classification(
                     np.asarray(payload["probabilities"], dtype=np.float32),
                     [str(x) for x in payload["predictions"]],
                     len(texts),
                     self.known or payload["labels"],
-                )
-            except (ValidationError, ValueError, KeyError) as e:
-                r.failure(f"invalid response: {e}")
+                ),
+            )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,7 +20,13 @@ from locust.env import Environment
 
 from tritonforge.client.discovery import ORCHESTRATIONS, choose, route
 from tritonforge.loadtest import corpus
-from tritonforge.loadtest.slo import SloThresholds, Summary, check_slos, summarize
+from tritonforge.loadtest.slo import (
+    SloThresholds,
+    Summary,
+    ValidationError,
+    check_slos,
+    summarize,
+)
 from tritonforge.pipelines import Pipeline
 
 # gRPC's C core must cooperate with gevent (Locust's concurrency), or a blocking call stalls
@@ -57,6 +64,36 @@ def grpc_target(grpc_url: str, host: str | None) -> str:
     return f"{hostname}:8001"
 
 
+def check_json(response: Any, check: Callable[[Any], None]) -> None:
+    """A FastHttpUser ``catch_response`` response: a failure unless it is 200 and ``check``
+    accepts its JSON (:class:`ValidationError`, bad JSON or a missing key fail it)."""
+    if response.status_code != 200:
+        response.failure(f"HTTP {response.status_code}: {(response.text or '')[:200]}")
+        return
+    try:
+        check(response.json())
+    except (ValidationError, ValueError, KeyError) as e:
+        response.failure(f"invalid response: {e}")
+
+
+def fire_grpc(
+    environment: Environment,
+    name: str,
+    start_s: float,
+    length: int,
+    exception: BaseException | None,
+) -> None:
+    """Report one gRPC call (started at ``perf_counter()`` ``start_s``) into Locust's stats."""
+    environment.events.request.fire(
+        request_type="grpc",
+        name=name,
+        response_time=(time.perf_counter() - start_s) * 1000.0,
+        response_length=length,
+        exception=exception,
+        context={},
+    )
+
+
 def discovered(environment: Environment, task: str) -> Pipeline:
     """The pipeline to load (``--pipeline-name``, else the default of ``task``), discovered once per
     process: from ``--model-repository`` when given, else from the server's configs (the admin
@@ -67,7 +104,8 @@ def discovered(environment: Environment, task: str) -> Pipeline:
     if not _pipelines:
         host = urlsplit(environment.host or "http://127.0.0.1:8000").netloc
         repository = options.model_repository or None
-        with EmbeddingClient(host, "http", repository=repository) as client:
+        bound = {"timeout_s": options.request_timeout_s, "deadline_s": options.request_timeout_s}
+        with EmbeddingClient(host, "http", repository=repository, **bound) as client:
             _pipelines.update(client.pipelines())
     return choose(_pipelines, task, options.pipeline_name or None)
 

@@ -29,6 +29,8 @@ from locust import FastHttpUser, User, constant, task
 
 from tritonforge.loadtest.locust_common import (
     bounded_network_timeout,
+    check_json,
+    fire_grpc,
     grpc_target,
     next_texts,
     target,
@@ -92,14 +94,12 @@ class TritonHttpUser(FastHttpUser):
             name=self.name,
             catch_response=True,
         ) as response:
-            if response.status_code != 200:
-                response.failure(f"HTTP {response.status_code}: {(response.text or '')[:200]}")
-                return
-            try:
-                array = triton_output(response.json(), self.output)
-                validate(array, len(texts), self.pipeline.dim)
-            except (ValidationError, ValueError, KeyError) as e:
-                response.failure(f"invalid response: {e}")
+            check_json(
+                response,
+                lambda payload: validate(
+                    triton_output(payload, self.output), len(texts), self.pipeline.dim
+                ),
+            )
 
 
 class TritonGrpcUser(User):
@@ -146,11 +146,4 @@ class TritonGrpcUser(User):
             validate(array, len(texts), self.pipeline.dim)
         except Exception as e:
             exception = e
-        self.environment.events.request.fire(
-            request_type="grpc",
-            name=self.name,
-            response_time=(time.perf_counter() - start) * 1000.0,
-            response_length=length,
-            exception=exception,
-            context={},
-        )
+        fire_grpc(self.environment, self.name, start, length, exception)

@@ -44,10 +44,5 @@ def byo_repository(
 @pytest.fixture(scope="session")
 def byo_server(byo_repository: Path) -> Iterator[EmbeddedServer]:
     """The embedded Triton serving :func:`byo_repository`."""
-    server = EmbeddedServer(ServerSettings.ephemeral(byo_repository))
-    server.start()
-    try:
-        server.wait_ready()
+    with EmbeddedServer(ServerSettings.ephemeral(byo_repository)) as server:
         yield server
-    finally:
-        server.stop()
