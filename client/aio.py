@@ -1,4 +1,4 @@
-"""Asyncio embedding client over ``tritonclient.http.aio`` or ``tritonclient.grpc.aio``.
+"""Asyncio embedding and classification client over ``tritonclient.http.aio`` or ``.grpc.aio``.
 
 Same contract as :class:`client.sync.EmbeddingClient`; use it from one event loop
 (``async with AsyncEmbeddingClient(...) as c: await c.embed([...])``).
@@ -12,10 +12,22 @@ from typing import Any
 
 import numpy as np
 
-from tritonforge.client.errors import ConnectionFailedError
+from tritonforge.client import classification
+from tritonforge.client.classification import Classification
+from tritonforge.client.discovery import (
+    admin_headers,
+    configured_repository,
+    fallback,
+    grpc_config,
+    index_names,
+    offline,
+    select,
+    served,
+)
+from tritonforge.client.errors import ConnectionFailedError, InvalidRequestError, ModelNotFoundError
 from tritonforge.client.retry import call_with_retry_async, translate
-from tritonforge.client.settings import ClientSettings, route
-from tritonforge.client.sync import settings_from
+from tritonforge.client.settings import ClientSettings
+from tritonforge.client.sync import SETTING_ARGS, settings_from
 from tritonforge.client.wire import (
     check_texts,
     chunks,
@@ -24,10 +36,12 @@ from tritonforge.client.wire import (
     make_outputs,
     trace_headers,
 )
+from tritonforge.pipelines import Pipeline
 
 
 class AsyncEmbeddingClient:
-    """``await embed(texts) -> np.ndarray [n, dim]``; transient failures are retried."""
+    """``await embed(texts) -> np.ndarray [n, dim]``, ``await classify(texts)``; transient
+    failures are retried."""
 
     def __init__(
         self,
@@ -40,23 +54,16 @@ class AsyncEmbeddingClient:
         variant: str | None = None,
         pipeline: str | None = None,
         batch_size: int | None = None,
+        name: str | None = None,
+        admin_key: str | None = None,
+        repository: str | None = None,
         settings: ClientSettings | None = None,
     ) -> None:
-        self.settings = settings_from(
-            settings,
-            {
-                "url": url,
-                "protocol": protocol,
-                "timeout_s": timeout_s,
-                "max_attempts": max_attempts,
-                "deadline_s": deadline_s,
-                "variant": variant,
-                "pipeline": pipeline,
-                "batch_size": batch_size,
-            },
-        )
+        given = dict(locals())
+        self.settings = settings_from(settings, {k: given[k] for k in SETTING_ARGS})
         self.policy = self.settings.retry_policy()
         self.last_traceparent: str | None = None
+        self._pipelines: dict[str, Pipeline] | None = None
         self._module: ModuleType
         self._client: Any = None
 
@@ -88,42 +95,127 @@ class AsyncEmbeddingClient:
             return {}
         return {"client_timeout": max(0.001, min(self.settings.timeout_s, remaining_s))}
 
+    async def _fetch_configs(self) -> list[dict[str, Any]]:
+        client = self._connect()
+        headers = admin_headers(self.settings.protocol, self.settings.admin_key)
+        grpc = self.settings.protocol == "grpc"
+        extra: dict[str, Any] = {"as_json": True} if grpc else {}
+
+        async def index(remaining_s: float) -> Any:
+            return await client.get_model_repository_index(
+                headers=headers, **extra, **self._grpc_timeout(remaining_s)
+            )
+
+        names = index_names(await call_with_retry_async(index, self.policy, self._context()))
+        configs = []
+        for model in names:
+
+            async def config(remaining_s: float, model: str = model) -> Any:
+                return await client.get_model_config(
+                    model, headers=headers, **self._grpc_timeout(remaining_s)
+                )
+
+            try:
+                got = await call_with_retry_async(config, self.policy, self._context(model))
+            except ModelNotFoundError:  # unloaded since the index was read
+                continue
+            configs.append(grpc_config(got) if grpc else dict(got))
+        return configs
+
+    async def pipelines(self, refresh: bool = False) -> dict[str, Pipeline]:
+        """The server's pipelines by name (discovered once, then cached)."""
+        if self._pipelines is None or refresh:
+            explicit = configured_repository(self.settings.repository)
+            if explicit is not None:
+                self._pipelines = offline(explicit)
+            else:
+                try:
+                    configs = await self._fetch_configs()
+                except InvalidRequestError as e:
+                    self._pipelines = fallback(e, self._context())
+                else:
+                    self._pipelines = served(configs, self._context())
+        return self._pipelines
+
+    async def resolve(
+        self, task: str, name: str | None, pipeline: str | None, variant: str | None
+    ) -> tuple[Pipeline, str, dict[str, str]]:
+        s = self.settings
+        return select(
+            await self.pipelines(),
+            task,
+            name or s.name,
+            pipeline or s.pipeline,
+            variant or s.variant,
+        )
+
+    async def _infer(
+        self,
+        model: str,
+        inputs: list[Any],
+        outputs: list[Any],
+        parameters: dict[str, Any],
+        headers: dict[str, str],
+        extra: dict[str, Any] | None = None,
+    ) -> Any:
+        client = self._connect()
+
+        async def attempt(remaining_s: float) -> Any:
+            kwargs: dict[str, Any] = {"parameters": parameters} if parameters else {}
+            kwargs.update(extra or {}, headers=headers, **self._grpc_timeout(remaining_s))
+            return await client.infer(model, inputs, outputs=outputs, **kwargs)
+
+        return await call_with_retry_async(attempt, self.policy, self._context(model))
+
     async def embed(
         self,
         texts: Sequence[str] | str,
         variant: str | None = None,
         pipeline: str | None = None,
         traceparent: str | None = None,
+        name: str | None = None,
     ) -> np.ndarray:
         """Embeddings of ``texts``: float32 [n, dim], one unit-norm row per text, in order; each
         request carries a W3C ``traceparent`` (see :meth:`client.sync.EmbeddingClient.embed`)."""
         items = check_texts(texts)
-        model, parameters = route(
-            pipeline or self.settings.pipeline, variant or self.settings.variant
-        )
-        context = self._context(model)
-        client = self._connect()
+        target, model, parameters = await self.resolve("embedding", name, pipeline, variant)
+        outputs = make_outputs(self._module, [target.outputs[0].name])
         parts = []
-        for chunk in chunks(items, self.settings.batch_size):
+        for chunk in chunks(items, min(self.settings.batch_size, target.max_items)):
             headers = trace_headers(traceparent)
             self.last_traceparent = headers["traceparent"]
-
-            async def attempt(
-                remaining_s: float, chunk: list[str] = chunk, headers: dict[str, str] = headers
-            ) -> Any:
-                kwargs: dict[str, Any] = {"parameters": parameters} if parameters else {}
-                kwargs["headers"] = headers
-                kwargs.update(self._grpc_timeout(remaining_s))
-                return await client.infer(
-                    model,
-                    make_inputs(self._module, chunk),
-                    outputs=make_outputs(self._module),
-                    **kwargs,
-                )
-
-            result = await call_with_retry_async(attempt, self.policy, context)
-            parts.append(decode(result, len(chunk), context))
+            inputs = make_inputs(self._module, chunk, target.input)
+            result = await self._infer(model, inputs, outputs, parameters, headers)
+            parts.append(decode(result, target, len(chunk), self._context(model)))
         return np.concatenate(parts, axis=0)
+
+    async def classify(
+        self,
+        texts: Sequence[str] | str,
+        top_k: int | None = None,
+        version: int | str | None = None,
+        variant: str | None = None,
+        pipeline: str | None = None,
+        name: str | None = None,
+        traceparent: str | None = None,
+    ) -> list[Classification]:
+        """See :meth:`client.sync.EmbeddingClient.classify`."""
+        items = check_texts(texts)
+        target, model, parameters = await self.resolve("classification", name, pipeline, variant)
+        k, extra_params, extra = classification.prepare(
+            target, items, pipeline or self.settings.pipeline, top_k, version
+        )
+        headers = trace_headers(traceparent)
+        self.last_traceparent = headers["traceparent"]
+        result = await self._infer(
+            model,
+            make_inputs(self._module, items, target.input),
+            make_outputs(self._module, [o.name for o in target.outputs]),
+            {**parameters, **extra_params},
+            headers,
+            extra,
+        )
+        return classification.decode(result, target, len(items), k, self._context(model))
 
     async def _probe(self, name: str, *args: str) -> bool:
         client = self._connect()
@@ -143,15 +235,25 @@ class AsyncEmbeddingClient:
         """Server readiness; False when it cannot be reached."""
         return await self._probe("is_server_ready")
 
-    async def is_model_ready(self, variant: str | None = None, pipeline: str | None = None) -> bool:
-        model, _ = route(pipeline or self.settings.pipeline, variant or self.settings.variant)
+    async def is_model_ready(
+        self,
+        variant: str | None = None,
+        pipeline: str | None = None,
+        name: str | None = None,
+        task: str = "embedding",
+    ) -> bool:
+        _, model, _ = await self.resolve(task, name, pipeline, variant)
         return await self._probe("is_model_ready", model)
 
     async def metadata(
-        self, variant: str | None = None, pipeline: str | None = None
+        self,
+        variant: str | None = None,
+        pipeline: str | None = None,
+        name: str | None = None,
+        task: str = "embedding",
     ) -> dict[str, Any]:
         """The model's metadata (name, versions, inputs, outputs) as a dict."""
-        model, _ = route(pipeline or self.settings.pipeline, variant or self.settings.variant)
+        _, model, _ = await self.resolve(task, name, pipeline, variant)
         client = self._connect()
 
         async def attempt(remaining_s: float) -> Any:

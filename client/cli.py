@@ -1,8 +1,12 @@
-"""Command line: ``python -m tritonforge.client embed|similarity|health``, printing JSON on stdout.
+"""Command line: ``python -m tritonforge.client embed|classify|similarity|health|pipelines``,
+printing JSON on stdout. Model names, variants and labels are discovered from the server
+(``--name`` picks a pipeline; default: the discovered default of the task).
 
 Examples::
 
     python -m tritonforge.client embed "hello world" "second text" --protocol grpc
+    python -m tritonforge.client classify "what a great day" "the service was slow" --top-k 2
+    python -m tritonforge.client pipelines
     python -m tritonforge.client similarity "a cat sat on the mat" "a kitten sits on a rug"
     python -m tritonforge.client health --url localhost:8000
     python -m tritonforge.client generate "What is the capital of France?" --stream --max-tokens 32
@@ -19,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from tritonforge.client.errors import ClientError
-from tritonforge.client.settings import PIPELINES, PROTOCOLS, VARIANTS, ClientSettings, route
+from tritonforge.client.settings import PIPELINES, PROTOCOLS
 from tritonforge.client.sync import EmbeddingClient
+from tritonforge.pipelines import TASKS
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +36,21 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--url",
         help="host:port (default $TRITONFORGE_URL or localhost:8000 http / localhost:8001 grpc)",
     )
-    p.add_argument("--variant", choices=VARIANTS, help="default $TRITONFORGE_VARIANT or fp32")
+    p.add_argument(
+        "--variant",
+        help="default $TRITONFORGE_VARIANT or fp32 (the server's variants: `pipelines`)",
+    )
     p.add_argument(
         "--pipeline", choices=PIPELINES, help="default $TRITONFORGE_PIPELINE or ensemble"
+    )
+    p.add_argument(
+        "--name",
+        help="pipeline name (default $TRITONFORGE_PIPELINE_NAME, else the discovered default)",
+    )
+    p.add_argument(
+        "--repository",
+        help="discover from this model repository instead of the server's configs "
+        "(default $TRITONFORGE_MODEL_REPOSITORY; the configs need $TRITONFORGE_ADMIN_KEY)",
     )
     p.add_argument("--timeout-s", type=float, help="per-request timeout (default 30)")
     p.add_argument("--max-attempts", type=int, help="attempts for transient failures (default 4)")
@@ -49,16 +66,20 @@ def _client(args: argparse.Namespace) -> EmbeddingClient:
         deadline_s=args.deadline_s,
         variant=args.variant,
         pipeline=args.pipeline,
+        name=args.name,
+        repository=args.repository,
     )
 
 
-def _describe(settings: ClientSettings) -> dict[str, Any]:
-    model, parameters = route(settings.pipeline, settings.variant)
+def _describe(c: EmbeddingClient, task: str = "embedding") -> dict[str, Any]:
+    s = c.settings
+    pipeline, model, parameters = c.resolve(task, None, None, None)
     return {
-        "url": settings.address,
-        "protocol": settings.protocol,
-        "pipeline": settings.pipeline,
-        "variant": settings.variant,
+        "url": s.address,
+        "protocol": s.protocol,
+        "name": pipeline.name,
+        "pipeline": s.pipeline,
+        "variant": s.variant,
         "model": model,
         "parameters": parameters,
     }
@@ -68,7 +89,7 @@ def cmd_embed(args: argparse.Namespace) -> dict[str, Any]:
     with _client(args) as c:
         vectors = c.embed(args.texts)
         return {
-            **_describe(c.settings),
+            **_describe(c),
             "dim": int(vectors.shape[1]),
             "norms": [round(float(n), 6) for n in np.linalg.norm(vectors, axis=1)],
             "embeddings": [[round(float(x), args.decimals) for x in row] for row in vectors],
@@ -79,17 +100,51 @@ def cmd_similarity(args: argparse.Namespace) -> dict[str, Any]:
     with _client(args) as c:
         a, b = c.embed([args.a, args.b])
         cosine = float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
-        return {**_describe(c.settings), "a": args.a, "b": args.b, "cosine": round(cosine, 6)}
+        return {**_describe(c), "a": args.a, "b": args.b, "cosine": round(cosine, 6)}
 
 
 def cmd_health(args: argparse.Namespace) -> dict[str, Any]:
     with _client(args) as c:
         ready = c.is_ready()
-        out: dict[str, Any] = {**_describe(c.settings), "live": c.is_live(), "ready": ready}
+        out: dict[str, Any] = {"url": c.settings.address, "live": c.is_live(), "ready": ready}
         if ready:
-            out["model_ready"] = c.is_model_ready()
-            out["metadata"] = c.metadata()
+            out.update(_describe(c, args.task))
+            out["model_ready"] = c.is_model_ready(task=args.task)
+            out["metadata"] = c.metadata(task=args.task)
         return out
+
+
+def cmd_classify(args: argparse.Namespace) -> dict[str, Any]:
+    with _client(args) as c:
+        results = c.classify(args.texts, top_k=args.top_k, version=args.version)
+        return {
+            **_describe(c, "classification"),
+            "results": [
+                {"text": t, **r.as_dict()} for t, r in zip(args.texts, results, strict=True)
+            ],
+        }
+
+
+def cmd_pipelines(args: argparse.Namespace) -> dict[str, Any]:
+    """Every discovered pipeline: task, models per variant, BLS, output dims, labels, limits."""
+    with _client(args) as c:
+        return {
+            "url": c.settings.address,
+            "pipelines": {
+                name: {
+                    "task": p.task,
+                    "ensembles": dict(p.ensembles),
+                    "bls": p.bls,
+                    "bls_variants": list(p.bls_variants),
+                    "input": p.input,
+                    "outputs": {o.name: [o.datatype, list(o.dims)] for o in p.outputs},
+                    "labels": list(p.labels),
+                    "max_items": p.max_items,
+                    "max_text_bytes": p.max_text_bytes,
+                }
+                for name, p in c.pipelines().items()
+            },
+        }
 
 
 def cmd_generate(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -150,9 +205,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim.add_argument("b")
     _common(sim)
     sim.set_defaults(func=cmd_similarity)
+    cls = sub.add_parser("classify", help="classify texts; prints label, score, probabilities")
+    cls.add_argument("texts", nargs="+")
+    cls.add_argument("--top-k", type=int, help="best classes per text (1..classes)")
+    cls.add_argument("--version", help="pin a model version (the BLS's `version` parameter)")
+    _common(cls)
+    cls.set_defaults(func=cmd_classify)
     health = sub.add_parser("health", help="liveness, readiness and model metadata")
+    health.add_argument(
+        "--task", choices=TASKS, default="embedding", help="whose default pipeline to check"
+    )
     _common(health)
     health.set_defaults(func=cmd_health)
+    pipes = sub.add_parser("pipelines", help="the pipelines the server serves (discovered)")
+    _common(pipes)
+    pipes.set_defaults(func=cmd_pipelines)
     _generate_parser(sub)
     args = parser.parse_args(argv)
     try:

@@ -1,27 +1,33 @@
-"""Client settings (arguments win over ``TRITONFORGE_*`` environment variables) and the pipeline
-naming contract (which Triton model serves which pipeline/variant).
+"""Client settings (arguments win over ``TRITONFORGE_*`` environment variables).
+
+Which Triton model serves which pipeline and variant is not here: it is discovered from the
+server's model configs (:mod:`client.discovery`).
 
 Environment variables: ``TRITONFORGE_URL`` (host:port, default ``localhost:8000`` for HTTP and
 ``localhost:8001`` for gRPC), ``TRITONFORGE_PROTOCOL`` (http|grpc), ``TRITONFORGE_TIMEOUT_S``,
 ``TRITONFORGE_MAX_ATTEMPTS``, ``TRITONFORGE_DEADLINE_S``, ``TRITONFORGE_VARIANT``,
-``TRITONFORGE_PIPELINE``, ``TRITONFORGE_BATCH_SIZE``.
+``TRITONFORGE_PIPELINE`` (ensemble|bls), ``TRITONFORGE_PIPELINE_NAME`` (default: the discovered
+default pipeline of the task), ``TRITONFORGE_BATCH_SIZE``, ``TRITONFORGE_ADMIN_KEY`` (sent only to
+read the model configs), ``TRITONFORGE_MODEL_REPOSITORY`` (discover offline from this repository).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tritonforge.client.discovery import (
+    ADMIN_KEY_ENV,
+    NAME_ENV,
+    ORCHESTRATIONS,
+    REPOSITORY_ENV,
+    check_orchestration,
+)
 from tritonforge.client.errors import InvalidRequestError
 from tritonforge.client.retry import RetryPolicy
 from tritonforge.env import EnvironmentValueError, env_choice, env_float, env_int, env_str
 
 PROTOCOLS = ("http", "grpc")
-PIPELINES = ("ensemble", "bls")
-VARIANTS = ("fp32", "int8", "torchscript")
-ENSEMBLE_MODELS = {"fp32": "embed", "int8": "embed_int8", "torchscript": "embed_torchscript"}
-BLS_MODEL = "embed_bls"
-INPUT_NAME = "text"
-OUTPUT_NAME = "embedding"
+PIPELINES = ORCHESTRATIONS
 DEFAULT_HOST = "localhost"  # documented default; point TRITONFORGE_URL elsewhere
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 
@@ -61,20 +67,6 @@ def normalize_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def route(pipeline: str, variant: str) -> tuple[str, dict[str, str]]:
-    """Model name and request parameters for ``pipeline``/``variant``.
-
-    Ensembles are one model per variant; the BLS model takes the variant as request parameter.
-    """
-    if pipeline not in PIPELINES:
-        raise InvalidRequestError(f"unknown pipeline {pipeline!r}; expected one of {PIPELINES}")
-    if variant not in VARIANTS:
-        raise InvalidRequestError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
-    if pipeline == "bls":
-        return BLS_MODEL, {"variant": variant}
-    return ENSEMBLE_MODELS[variant], {}
-
-
 @dataclass
 class ClientSettings:
     """Where and how to call the server. Unset fields come from the environment."""
@@ -90,13 +82,15 @@ class ClientSettings:
     deadline_s: float = field(default_factory=lambda: _env_float("TRITONFORGE_DEADLINE_S", 60.0))
     initial_backoff_s: float = 0.05
     max_backoff_s: float = 2.0
-    variant: str = field(
-        default_factory=lambda: _env_choice("TRITONFORGE_VARIANT", VARIANTS, "fp32")
-    )
+    # free text: the variants are discovered from the server and checked there
+    variant: str = field(default_factory=lambda: _env("TRITONFORGE_VARIANT") or "fp32")
     pipeline: str = field(
         default_factory=lambda: _env_choice("TRITONFORGE_PIPELINE", PIPELINES, "ensemble")
     )
     batch_size: int = field(default_factory=lambda: _env_int("TRITONFORGE_BATCH_SIZE", 64))
+    name: str | None = field(default_factory=lambda: _env(NAME_ENV))
+    admin_key: str | None = field(default_factory=lambda: _env(ADMIN_KEY_ENV), repr=False)
+    repository: str | None = field(default_factory=lambda: _env(REPOSITORY_ENV))
 
     def __post_init__(self) -> None:
         self.protocol = self.protocol.lower()
@@ -111,7 +105,9 @@ class ClientSettings:
             raise InvalidRequestError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.batch_size < 1:
             raise InvalidRequestError(f"batch_size must be >= 1, got {self.batch_size}")
-        route(self.pipeline, self.variant)
+        check_orchestration(self.pipeline)
+        if not self.variant:
+            raise InvalidRequestError("variant must be a non-empty variant name")
 
     @property
     def address(self) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from tritonforge.client.errors import InvalidRequestError, ResponseError
-from tritonforge.client.settings import INPUT_NAME, OUTPUT_NAME
+from tritonforge.pipelines import Pipeline
 
 TRACEPARENT = "traceparent"
 _TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
@@ -35,29 +35,33 @@ def chunks(texts: list[str], size: int) -> Iterator[list[str]]:
         yield texts[start : start + size]
 
 
-def make_inputs(module: ModuleType, texts: list[str]) -> list[Any]:
-    """One ``text`` BYTES input of shape [n, 1] for ``tritonclient.http`` or ``.grpc``."""
+def make_inputs(module: ModuleType, texts: list[str], name: str) -> list[Any]:
+    """One BYTES input ``name`` (the pipeline's text input) of shape [n, 1] for
+    ``tritonclient.http`` or ``.grpc``."""
     data = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
-    infer_input = module.InferInput(INPUT_NAME, list(data.shape), "BYTES")
+    infer_input = module.InferInput(name, list(data.shape), "BYTES")
     infer_input.set_data_from_numpy(data)
     return [infer_input]
 
 
-def make_outputs(module: ModuleType) -> list[Any]:
+def make_outputs(module: ModuleType, names: Sequence[str]) -> list[Any]:
+    """Requested outputs ``names`` (binary over HTTP)."""
     if module.__name__.startswith("tritonclient.http"):
-        return [module.InferRequestedOutput(OUTPUT_NAME, binary_data=True)]
-    return [module.InferRequestedOutput(OUTPUT_NAME)]
+        return [module.InferRequestedOutput(n, binary_data=True) for n in names]
+    return [module.InferRequestedOutput(n) for n in names]
 
 
-def decode(result: Any, expected_rows: int, context: str) -> np.ndarray:
-    """The ``embedding`` output as float32 [n, dim]; :class:`ResponseError` if it is not."""
-    array = result.as_numpy(OUTPUT_NAME)
+def decode(result: Any, pipeline: Pipeline, expected_rows: int, context: str) -> np.ndarray:
+    """An embedding pipeline's output as float32 [n, dim] (dim as discovered);
+    :class:`ResponseError` if it is not."""
+    output = pipeline.outputs[0]
+    array = result.as_numpy(output.name)
     if array is None:
-        raise ResponseError(f"{context}: the response has no {OUTPUT_NAME!r} output")
+        raise ResponseError(f"{context}: the response has no {output.name!r} output")
     array = np.asarray(array, dtype=np.float32)
-    if array.ndim != 2 or array.shape[0] != expected_rows:
+    if array.shape != (expected_rows, pipeline.dim):
         raise ResponseError(
-            f"{context}: expected {OUTPUT_NAME!r} of shape [{expected_rows}, dim], "
+            f"{context}: expected {output.name!r} of shape [{expected_rows}, {pipeline.dim}], "
             f"got {list(array.shape)}"
         )
     return array

@@ -1,6 +1,7 @@
 """GPU host check: run the exported ONNX encoders with onnxruntime-gpu, compare with the CPU.
 
-For each model (``model_repository/encoder_fp32/1/model.onnx`` by default) and each GPU execution
+For each model (by default every ONNX encoder of every pipeline the repository declares, found by
+its ``tritonforge.role``; ``--models`` names others) and each GPU execution
 provider present (TensorRT with fp16, as ``configs/gpu.pbtxt`` asks, then CUDA), it runs the same
 random but valid batch as the CPU provider, prints max |diff| and min cosine against the CPU
 embeddings, and p50/p95 latency. Exit codes: 0 all parity checks pass, 1 a parity check failed,
@@ -29,7 +30,6 @@ CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 GPU_PROVIDERS = (TENSORRT, CUDA)
-DEFAULT_MODELS = ("encoder_fp32", "encoder_int8")
 # fp16 TensorRT engines move embeddings by ~1e-3; cosine to the CPU result is the contract.
 DEFAULT_MIN_COSINE = 0.999
 EXIT_OK, EXIT_PARITY, EXIT_NO_GPU = 0, 1, 2
@@ -204,10 +204,21 @@ def check_model(
     return results
 
 
+def onnx_encoders(repository: Path) -> list[str]:
+    """Every pipeline's encoder (``tritonforge.role`` encoder) that is an ONNX file."""
+    from tritonforge.deploy.names import roles
+
+    return [
+        m
+        for m, role in roles(repository).items()
+        if role == "encoder" and (repository / m / "1" / "model.onnx").is_file()
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="ONNX encoders on GPU vs CPU: parity and latency.")
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
-    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    parser.add_argument("--models", nargs="+", help="default: every ONNX encoder (discovered)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--iterations", type=int, default=50)
@@ -224,8 +235,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("gpu_check: %s", e)
         return EXIT_NO_GPU
     failed = False
+    models = args.models or onnx_encoders(args.model_repository)
+    if not models:
+        log.error("gpu_check: no ONNX encoder in %s (make export)", args.model_repository)
+        return EXIT_PARITY
     with tempfile.TemporaryDirectory(prefix="trt-cache-") as cache:
-        for model in args.models:
+        for model in models:
             path = args.model_repository / model / "1" / "model.onnx"
             try:
                 results = check_model(

@@ -41,11 +41,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tritonforge.client.settings import route
+from tritonforge.client.discovery import choose, route
+from tritonforge.client.errors import ClientError
 from tritonforge.env import env_float, env_int, run_main
-from tritonforge.loadtest import corpus
+from tritonforge.errors import ModelConfigError
+from tritonforge.loadtest import classify_bench, corpus
+from tritonforge.loadtest.discovered import encoder_onnx, pipelines, text_tokenizer
 from tritonforge.loadtest.locust_options import check_environment
 from tritonforge.loadtest.run import exit_on_sigterm, locust_command
+from tritonforge.pipelines import Pipeline
 from tritonforge.progress import Bar
 from tritonforge.runtime.server import ADMIN_HEADER, free_port, serving
 
@@ -64,13 +68,21 @@ class Target:
 
     system: str  # "triton" | "fastapi"
     protocol: str  # "http" | "grpc"
-    pipeline: str = "-"
+    pipeline: str = "-"  # the orchestration: "ensemble" | "bls"
     variant: str = "fp32"
     generator: str = "locust"  # "locust" | "perf_analyzer"
+    name: str = ""  # the pipeline (discovered)
+    model: str = ""
+    parameters: tuple[tuple[str, str], ...] = ()
+    task: str = "embedding"  # "classification": loadtest.classify_bench
 
     @property
     def label(self) -> str:
         gen = "pa" if self.generator == "perf_analyzer" else "locust"
+        if self.task == classify_bench.TASK:
+            if self.system == "fastapi":
+                return f"fastapi+torch /predict {self.name}"
+            return f"{self.name} {self.pipeline} {self.variant} {self.protocol}/{gen}"
         if self.system == "fastapi":
             return f"fastapi+torch http/{gen}"
         return f"{self.pipeline} {self.variant} {self.protocol}/{gen}"
@@ -185,13 +197,21 @@ def run_locust_cell(
     """One bounded Locust run; the summary comes from the exact samples after warm-up."""
     samples = workdir / f"cell-{time.monotonic_ns()}.json"
     extra = [*NO_SLO, "--samples-out", str(samples), "--warmup-s", str(warmup_s)]
-    if target.system == "fastapi":
+    if target.task == classify_bench.TASK:
+        locustfile = classify_bench.LOCUSTFILE
+        if target.system == "fastapi":
+            classes = [classify_bench.FASTAPI_USER]
+        else:
+            classes = [classify_bench.USERS[target.protocol]]
+            extra += ["--pipeline", target.pipeline, "--variant", target.variant]
+            extra += ["--grpc-url", grpc_url, "--pipeline-name", target.name]
+    elif target.system == "fastapi":
         locustfile, classes = HERE / "fastapi_locustfile.py", ["FastApiUser"]
     else:
         locustfile = HERE / "locustfile.py"
         classes = ["TritonHttpUser" if target.protocol == "http" else "TritonGrpcUser"]
         extra += ["--pipeline", target.pipeline, "--variant", target.variant]
-        extra += ["--grpc-url", grpc_url]
+        extra += ["--grpc-url", grpc_url, "--pipeline-name", target.name]
     command = locust_command(
         locustfile=locustfile,
         user_classes=classes,
@@ -243,7 +263,7 @@ def run_perf_analyzer_cell(
     """One bounded perf_analyzer run (C++ client, far cheaper than Locust on 2 cores)."""
     from tritonforge.loadtest import perf_analyzer
 
-    model, parameters = route(target.pipeline, target.variant)
+    model, parameters = target.model, dict(target.parameters)
     cpu0, t0 = _children_cpu_s(), time.monotonic()
     status = "ok"
     for attempt in (1, 2):  # a failed run (e.g. "no stable measurement") is tried once more
@@ -294,11 +314,13 @@ def _wait_http(url: str, timeout_s: float) -> None:
 
 
 @contextlib.contextmanager
-def baseline_service(module: str, ready_timeout_s: float = 120) -> Iterator[str]:
-    """A baseline app (``python -m MODULE --host 127.0.0.1 --port P``) in its own process,
+def baseline_service(
+    module: str, ready_timeout_s: float = 120, args: Sequence[str] = ()
+) -> Iterator[str]:
+    """A baseline app (``python -m MODULE --host 127.0.0.1 --port P [args]``) in its own process,
     ready when ``/health`` answers 200; yields ``127.0.0.1:P``; terminated on exit."""
     port = free_port()
-    command = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port)]
+    command = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args]
     proc = subprocess.Popen(command, cwd=HERE.parent)
     try:
         _wait_http(f"http://127.0.0.1:{port}/health", ready_timeout_s)
@@ -319,35 +341,46 @@ def fastapi_service() -> Iterator[str]:
         yield f"http://{address}"
 
 
-def load_embedders(repo: Path, variants: Sequence[str]) -> dict[str, Any]:
-    """One in-process embedder per variant whose ONNX file exists."""
-    from tritonforge.loadtest.inprocess import InProcessEmbedder, repository_tokenizer
+def load_embedders(repo: Path, pipeline: Pipeline, variants: Sequence[str]) -> dict[str, Any]:
+    """One in-process embedder per variant whose encoder is an exported ONNX file."""
+    from tritonforge.loadtest.inprocess import InProcessEmbedder
 
     embedders: dict[str, Any] = {}
+    try:
+        tokenizer = text_tokenizer(repo, pipeline)
+    except ModelConfigError:
+        log.warning("   (no tokenizer model of %r: in-process skipped)", pipeline.name)
+        return embedders
     for variant in variants:
-        onnx = repo / f"encoder_{variant}" / "1" / "model.onnx"
-        if not onnx.exists():
-            log.warning("   (no %s: in-process %s skipped; run `make export`)", onnx, variant)
+        onnx = encoder_onnx(repo, pipeline, variant)
+        if onnx is None:
+            log.warning("   (no ONNX %s encoder of %r: in-process skipped)", variant, pipeline.name)
             continue
-        embedders[variant] = InProcessEmbedder(onnx, repository_tokenizer(repo))
+        embedders[variant] = InProcessEmbedder(onnx, tokenizer)
     return embedders
 
 
 def measure_inprocess(
-    embedders: dict[str, Any], texts: Sequence[str], duration_s: float
+    embedders: dict[str, Any],
+    texts: Sequence[str],
+    duration_s: float,
+    task: str = "embedding",
+    name: str = "",
 ) -> list[dict[str, Any]]:
+    """Each in-process model (embedder or classifier of pipeline ``name``) at batch 1 and 16."""
     from tritonforge.loadtest.inprocess import measure
 
     results = []
+    what = f"{name} " if task == classify_bench.TASK else ""
     for variant, embedder in embedders.items():
         for batch in (1, 16):
             r = measure(embedder, texts, variant=variant, batch=batch, duration_s=duration_s)
             log.info(
-                f"   in-process {variant} batch {batch:2d}: {r.sentences_per_s:7.1f} sent/s  "
+                f"   in-process {what}{variant} batch {batch:2d}: {r.sentences_per_s:7.1f} sent/s  "
                 f"p50 {r.p50_ms:6.1f} ms  p99 {r.p99_ms:6.1f} ms  "
                 f"(padding {r.padded_token_share:.0%} of tokens)"
             )
-            results.append(r.as_dict())
+            results.append({**r.as_dict(), "task": task, "name": name})
     return results
 
 
@@ -408,10 +441,14 @@ def aggregate(
                 _median([c.server_cpu_ms_per_request for c in group]),
             )
         )
-    by_ip: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    by_ip: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {}
     for r in inproc:
-        by_ip.setdefault((r["variant"], r["batch"]), []).append(r)
+        by_ip.setdefault(_inproc_key(r), []).append(r)
     return merged, [_median_rows(group) for group in by_ip.values()]
+
+
+def _inproc_key(r: dict[str, Any]) -> tuple[str, str, str, int]:
+    return (r.get("task", "embedding"), r.get("name", ""), r["variant"], r["batch"])
 
 
 def _ratio(a: float, b: float | None) -> float:
@@ -444,7 +481,7 @@ def _target_lines(rows: list[dict[str, Any]], generator: str, protocol: str) -> 
     lines = []
     concs = sorted({r["concurrency"] for r in rows if r["system"] == "triton"})
     top = max(concs, default=16)
-    for variant in ("fp32", "int8"):
+    for variant in dict.fromkeys(r["variant"] for r in rows if r["system"] == "triton"):
         for conc in concs:
             bls, ens = at("bls", variant, conc), at("ensemble", variant, conc)
             if bls is None or ens is None:
@@ -496,13 +533,18 @@ def analyse(
     p50 (same variant); throughput and p99 against FastAPI at the same concurrency, measured by
     the same generator (Locust over HTTP).
     """
-    best = {(r["variant"], r["batch"]): r for r in inproc}
-    fastapi = {c.concurrency: c.summary for c in cells if c.target.system == "fastapi"}
+    best = {_inproc_key(r): r for r in inproc}
+    fastapi = {
+        (c.target.task, c.target.name, c.concurrency): c.summary
+        for c in cells
+        if c.target.system == "fastapi"
+    }
     rows = []
     for c in cells:
         s = c.summary
-        ip1 = best.get((c.target.variant, 1))
-        fa = fastapi.get(c.concurrency) if c.target.generator == "locust" else None
+        t = c.target
+        ip1 = best.get((t.task, t.name, t.variant, 1))
+        fa = fastapi.get((t.task, t.name, c.concurrency)) if t.generator == "locust" else None
         rows.append(
             {
                 **asdict(c.target),
@@ -524,8 +566,14 @@ def analyse(
             }
         )
     combos = dict.fromkeys((r["generator"], r["protocol"]) for r in rows if r["system"] == "triton")
-    lines = [line for gen, protocol in combos for line in _target_lines(rows, gen, protocol)]
-    return rows, lines
+    embedding = [r for r in rows if r["task"] == "embedding"]
+    lines = [line for gen, protocol in combos for line in _target_lines(embedding, gen, protocol)]
+    return rows, lines + classify_bench.ratio_lines(rows)
+
+
+def _inproc_label(r: dict[str, Any]) -> str:
+    what = f"{r['name']} " if r.get("task") == classify_bench.TASK else ""
+    return f"in-process {what}{r['variant']} b{r['batch']}"
 
 
 def table(rows: list[dict[str, Any]], inproc: list[dict[str, Any]]) -> str:
@@ -537,7 +585,7 @@ def table(rows: list[dict[str, Any]], inproc: list[dict[str, Any]]) -> str:
     out = [head, "-" * len(head)]
     for r in inproc:
         out.append(
-            f"{'in-process ' + r['variant'] + ' b' + str(r['batch']):<30}{'-':>5}"
+            f"{_inproc_label(r):<30}{'-':>5}"
             f"{r['sentences_per_s']:9.1f}{r['p50_ms']:9.1f}{r['p95_ms']:9.1f}{r['p99_ms']:9.1f}"
             f"{0:6d}"
         )
@@ -645,7 +693,7 @@ def chart(rows: list[dict[str, Any]], inproc: list[dict[str, Any]], path: Path) 
                 r["sentences_per_s"],
                 color="k",
                 linestyle=next(styles, "--"),
-                label=f"in-process {r['variant']} batch 16",
+                label=_inproc_label(r),
             )
     for ax, title in ((ax_t, "throughput (sentences/s)"), (ax_l, "p99 latency (ms)")):
         ax.set_xticks([j + width * (len(concs) - 1) / 2 for j in range(len(labels))])
@@ -658,18 +706,64 @@ def chart(rows: list[dict[str, Any]], inproc: list[dict[str, Any]], path: Path) 
     plt.close(fig)
 
 
-def targets_from(args: argparse.Namespace) -> list[Target]:
-    """Triton targets: each pipeline x variant, over each generator's protocols."""
+def targets_from(args: argparse.Namespace, pipeline: Pipeline) -> list[Target]:
+    """Triton targets: each orchestration x variant of ``pipeline`` (those it serves), over each
+    generator's protocols (classifiers: Locust only, the FastAPI baseline's generator)."""
     out = []
-    for generator, protocols in (
-        ("locust", args.locust_protocols),
-        ("perf_analyzer", args.pa_protocols),
-    ):
-        for pipeline in args.pipelines:
+    generators = [("locust", args.locust_protocols)]
+    if pipeline.task == "embedding":
+        generators.append(("perf_analyzer", args.pa_protocols))
+    for generator, protocols in generators:
+        for orchestration in args.pipelines:
             for variant in args.variants:
+                try:
+                    model, parameters = route(pipeline, orchestration, variant)
+                except ClientError as e:
+                    log.warning("   (%s: skipped)", e)
+                    continue
                 for protocol in protocols:
-                    out.append(Target("triton", protocol, pipeline, variant, generator))
+                    out.append(
+                        Target(
+                            "triton",
+                            protocol,
+                            orchestration,
+                            variant,
+                            generator,
+                            pipeline.name,
+                            model,
+                            tuple(parameters.items()),
+                            pipeline.task,
+                        )
+                    )
     return out
+
+
+def classify_pipelines(args: argparse.Namespace) -> list[Pipeline]:
+    """Every classification pipeline of ``--model-repository`` (discovered)."""
+    found = pipelines(args.model_repository).values()
+    return [p for p in found if p.task == classify_bench.TASK]
+
+
+def start_predict_service(
+    stack: contextlib.ExitStack, args: argparse.Namespace, pipeline: Pipeline
+) -> str:
+    """The FastAPI /predict baseline of ``pipeline`` (its verified checkpoint); "" when none."""
+    baseline, why = classify_bench.baseline_for(
+        args.model_repository, pipeline, args.classify_checkpoint
+    )
+    if baseline is None:
+        log.warning("   (no FastAPI /predict baseline for %r: %s)", pipeline.name, why)
+        return ""
+    log.info("==> starting FastAPI /predict (PyTorch eager) for %r", pipeline.name)
+    module, service_args = classify_bench.FASTAPI_MODULE, baseline.service_args()
+    address = stack.enter_context(baseline_service(module, args=service_args))
+    return f"http://{address}"
+
+
+def bench_pipeline(args: argparse.Namespace) -> Pipeline:
+    """The embedding pipeline to measure (``--pipeline-name``, else the default), discovered from
+    ``--model-repository`` (the served one, or a copy of a running server's)."""
+    return choose(pipelines(args.model_repository), "embedding", args.pipeline_name)
 
 
 def _csv(value: str) -> list[str]:
@@ -701,7 +795,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--concurrency", type=lambda v: [int(x) for x in _csv(v)], default=[1, 4, 16]
     )
     parser.add_argument("--pipelines", type=_csv, default=["ensemble", "bls"])
-    parser.add_argument("--variants", type=_csv, default=["fp32", "int8"])
+    parser.add_argument(
+        "--variants",
+        type=_csv,
+        default=["fp32", "int8"],
+        help="variants to compare (skipped where the discovered pipeline lacks one)",
+    )
+    parser.add_argument(
+        "--pipeline-name",
+        default=None,
+        help="embedding pipeline (default: the discovered default)",
+    )
     parser.add_argument(
         "--locust-protocols",
         type=_csv,
@@ -722,6 +826,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="interleaved rounds over all targets; the table shows medians",
     )
     parser.add_argument("--skip-fastapi", action="store_true")
+    parser.add_argument(
+        "--skip-classify", action="store_true", help="no classification pipeline cells"
+    )
+    parser.add_argument(
+        "--skip-embedding", action="store_true", help="only the classification pipelines' cells"
+    )
+    parser.add_argument(
+        "--classify-checkpoint",
+        type=Path,
+        default=None,
+        help="the Hugging Face directory the classifier was exported from, for the FastAPI "
+        "/predict baseline (default: its registry spec's; checked against the export report)",
+    )
     parser.add_argument("--skip-inprocess", action="store_true")
     parser.add_argument("--reports-dir", type=Path, default=Path("reports"))
     args = parser.parse_args(argv)
@@ -743,12 +860,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Everything is started first and measured in interleaved rounds, so that a noisy
         # neighbour on a shared machine hits every target alike (medians over --repeats rounds).
         plan: list[Target] = []
-        fastapi_url = ""
+        fastapi_urls: dict[tuple[str, str], str] = {}
+        pipeline = bench_pipeline(args)
+        classifiers = [] if args.skip_classify else classify_pipelines(args)
         if not args.skip_fastapi:
             log.info("==> starting FastAPI + uvicorn (1 worker) + PyTorch eager")
-            fastapi_url = stack.enter_context(fastapi_service())
-            plan.append(Target("fastapi", "http"))
-        targets = targets_from(args)
+            if not args.skip_embedding:
+                embedding_baseline = stack.enter_context(fastapi_service())
+                fastapi_urls[("embedding", pipeline.name)] = embedding_baseline
+                plan.append(Target("fastapi", "http", name=pipeline.name))
+            for cp in classifiers:
+                url = start_predict_service(stack, args, cp)
+                if url:
+                    fastapi_urls[(cp.task, cp.name)] = url
+                    plan.append(Target("fastapi", "http", name=cp.name, task=cp.task))
+        targets = [] if args.skip_embedding else targets_from(args, pipeline)
+        for cp in classifiers:
+            targets += targets_from(args, cp)
         http = grpc = ""
         headers: dict[str, str] = {}
         server_pid: int | None = None
@@ -774,15 +902,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "its cells are reported as failed"
                 )
         embedders = (
-            {} if args.skip_inprocess else load_embedders(args.model_repository, args.variants)
+            {}
+            if args.skip_inprocess or args.skip_embedding
+            else load_embedders(args.model_repository, pipeline, args.variants)
         )
+        in_process_classifiers = {
+            cp.name: classify_bench.load_classifiers(args.model_repository, cp, args.variants)
+            for cp in ([] if args.skip_inprocess else classifiers)
+        }
         warned = False
         # On a terminal: a bar over every cell of every round, with its ETA.
         total = args.repeats * len(plan) * len(args.concurrency)
         bar = stack.enter_context(Bar("bench", total, unit="cells"))
         for round_ in range(1, args.repeats + 1):
             log.info("==> round %d/%d", round_, args.repeats)
-            inproc += measure_inprocess(embedders, texts, args.inprocess_s)
+            inproc += measure_inprocess(embedders, texts, args.inprocess_s, name=pipeline.name)
+            for name, models in in_process_classifiers.items():
+                task = classify_bench.TASK
+                inproc += measure_inprocess(models, texts, args.inprocess_s, task, name)
             for target in plan:
                 for conc in args.concurrency:
                     before = model_stats(http, headers) if target.system == "triton" else {}
@@ -800,15 +937,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                             headers=headers,
                         )  # fmt: skip
                     else:
-                        host = fastapi_url if target.system == "fastapi" else f"http://{http}"
+                        host = (
+                            fastapi_urls[(target.task, target.name)]
+                            if target.system == "fastapi"
+                            else f"http://{http}"
+                        )
                         cell = run_locust_cell(
                             target, conc, host=host, grpc_url=grpc, duration_s=args.duration_s,
                             warmup_s=args.warmup_s, workdir=workdir,
                         )  # fmt: skip
                     if target.system == "triton":
                         cell.server_stats = stats_delta(before, model_stats(http, headers))
-                        model, _ = route(target.pipeline, target.variant)
-                        served = cell.server_stats.get(model, {}).get("inference_count", 0.0)
+                        served = cell.server_stats.get(target.model, {}).get("inference_count", 0.0)
                         used = server_cpu_s(server_pid) - cpu_before
                         cell.server_cpu_ms_per_request = (
                             used * 1000 / served if served else math.nan

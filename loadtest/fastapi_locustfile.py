@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 from locust import FastHttpUser, constant, task
 
-from tritonforge.loadtest.locust_common import bounded_network_timeout, next_texts
-from tritonforge.loadtest.slo import ValidationError, validate
+from tritonforge.loadtest.locust_common import bounded_network_timeout, check_json, next_texts
+from tritonforge.loadtest.slo import validate
 
 
 class FastApiUser(FastHttpUser):
@@ -27,6 +27,7 @@ class FastApiUser(FastHttpUser):
         options = self.environment.parsed_options
         self.n = options.texts_per_request
         self.path = options.embed_path
+        self.dim = options.dim
 
     @task
     def embed(self) -> None:
@@ -34,10 +35,10 @@ class FastApiUser(FastHttpUser):
         with self.client.post(
             self.path, json={"texts": texts}, name="http fastapi", catch_response=True
         ) as response:
-            if response.status_code != 200:
-                response.failure(f"HTTP {response.status_code}: {(response.text or '')[:200]}")
-                return
-            try:
-                validate(np.asarray(response.json()["embeddings"], dtype=np.float32), len(texts))
-            except (ValidationError, ValueError, KeyError) as e:
-                response.failure(f"invalid response: {e}")
+            check_json(response, lambda payload: self._check(payload, len(texts)))
+
+    def _check(self, payload: Any, rows: int) -> None:
+        array = np.asarray(payload["embeddings"], dtype=np.float32)
+        if not self.dim and array.ndim == 2:
+            self.dim = array.shape[1]  # no --dim: later answers must match the first
+        validate(array, rows, self.dim)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,9 +18,17 @@ import grpc.experimental.gevent as grpc_gevent
 from locust import events
 from locust.env import Environment
 
+from tritonforge.client.discovery import choose, route
 from tritonforge.loadtest import corpus
 from tritonforge.loadtest.locust_options import add_options
-from tritonforge.loadtest.slo import SloThresholds, Summary, check_slos, summarize
+from tritonforge.loadtest.slo import (
+    SloThresholds,
+    Summary,
+    ValidationError,
+    check_slos,
+    summarize,
+)
+from tritonforge.pipelines import Pipeline
 
 # gRPC's C core must cooperate with gevent (Locust's concurrency), or a blocking call stalls
 # every user. Must run before any channel exists.
@@ -30,6 +39,7 @@ _TEXTS = corpus.generate()
 _cursor = 0
 _samples: list[tuple[float, float, bool]] = []  # (monotonic end time, latency ms, ok)
 _window: dict[str, float] = {}
+_pipelines: dict[str, Pipeline] = {}
 
 
 def next_texts(n: int) -> list[str]:
@@ -53,6 +63,60 @@ def grpc_target(grpc_url: str, host: str | None) -> str:
         return grpc_url.removeprefix("grpc://")
     hostname = urlsplit(host or "http://127.0.0.1").hostname or "127.0.0.1"
     return f"{hostname}:8001"
+
+
+def check_json(response: Any, check: Callable[[Any], None]) -> None:
+    """A FastHttpUser ``catch_response`` response: a failure unless it is 200 and ``check``
+    accepts its JSON (:class:`ValidationError`, bad JSON or a missing key fail it)."""
+    if response.status_code != 200:
+        response.failure(f"HTTP {response.status_code}: {(response.text or '')[:200]}")
+        return
+    try:
+        check(response.json())
+    except (ValidationError, ValueError, KeyError) as e:
+        response.failure(f"invalid response: {e}")
+
+
+def fire_grpc(
+    environment: Environment,
+    name: str,
+    start_s: float,
+    length: int,
+    exception: BaseException | None,
+) -> None:
+    """Report one gRPC call (started at ``perf_counter()`` ``start_s``) into Locust's stats."""
+    environment.events.request.fire(
+        request_type="grpc",
+        name=name,
+        response_time=(time.perf_counter() - start_s) * 1000.0,
+        response_length=length,
+        exception=exception,
+        context={},
+    )
+
+
+def discovered(environment: Environment, task: str) -> Pipeline:
+    """The pipeline to load (``--pipeline-name``, else the default of ``task``), discovered once per
+    process: from ``--model-repository`` when given, else from the server's configs (the admin
+    key ``$TRITONFORGE_ADMIN_KEY``; see :mod:`client.discovery`)."""
+    from tritonforge.client.sync import EmbeddingClient
+
+    options: Any = environment.parsed_options
+    if not _pipelines:
+        host = urlsplit(environment.host or "http://127.0.0.1:8000").netloc
+        repository = options.model_repository or None
+        bound = {"timeout_s": options.request_timeout_s, "deadline_s": options.request_timeout_s}
+        with EmbeddingClient(host, "http", repository=repository, **bound) as client:
+            _pipelines.update(client.pipelines())
+    return choose(_pipelines, task, options.pipeline_name or None)
+
+
+def target(environment: Environment, task: str) -> tuple[Pipeline, str, dict[str, str], str]:
+    """(pipeline, model, request parameters, stats name suffix) of ``--pipeline``/``--variant``."""
+    options: Any = environment.parsed_options
+    pipeline = discovered(environment, task)
+    model, parameters = route(pipeline, options.pipeline, options.variant)
+    return pipeline, model, parameters, f"[{options.variant}]" if parameters else ""
 
 
 @events.init_command_line_parser.add_listener

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tritonforge.client.settings import PIPELINES, VARIANTS
+from tritonforge.client.settings import PIPELINES
 from tritonforge.env import env_choice, env_float, env_int
 
 
@@ -24,14 +24,37 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("--pipeline", "ensemble", "TRITONFORGE_PIPELINE", PIPELINES, "Triton pipeline to call"),
-    Option("--variant", "fp32", "TRITONFORGE_VARIANT", VARIANTS, "encoder variant"),
+    Option(
+        "--pipeline", "ensemble", "TRITONFORGE_PIPELINE", PIPELINES,
+        "orchestration to call (the pipeline's ensembles or its BLS)",
+    ),
+    Option(
+        "--variant", "fp32", "TRITONFORGE_VARIANT",
+        help="encoder variant (one the discovered pipeline serves)",
+    ),
+    Option(
+        "--pipeline-name", "", "TRITONFORGE_PIPELINE_NAME",
+        help="pipeline name (default: the discovered default pipeline of the users' task)",
+    ),
+    Option(
+        "--model-repository", "", "TRITONFORGE_MODEL_REPOSITORY",
+        help="discover the pipelines from this repository (default: the server's configs)",
+    ),
+    Option(
+        "--dim", 0,
+        help="FastAPI baseline: the embedding size to validate (default: the first answer's)",
+    ),
+    Option(
+        "--labels", "",
+        help="FastAPI classify baseline: comma-separated labels to validate (default: any)",
+    ),
     Option(
         "--grpc-url", "", "TRITONFORGE_GRPC_URL",
         help="host:port of Triton's gRPC endpoint (default: the --host's host, port 8001)",
     ),
     Option("--texts-per-request", 1, "TRITONFORGE_TEXTS_PER_REQUEST"),
     Option("--embed-path", "/embed", help="FastAPI baseline route"),
+    Option("--predict-path", "/predict", help="FastAPI classifier route"),
     Option("--slo-p95-ms", 1000.0, "TRITONFORGE_SLO_P95_MS"),
     Option("--slo-p99-ms", 2000.0, "TRITONFORGE_SLO_P99_MS"),
     Option("--slo-min-rps", 5.0, "TRITONFORGE_SLO_MIN_RPS"),

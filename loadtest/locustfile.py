@@ -7,7 +7,9 @@ Run through ``python -m tritonforge.loadtest.run`` / ``python -m tritonforge.loa
 
 Every user sends ``--texts-per-request`` texts from the deterministic corpus
 (:mod:`loadtest.corpus`) per request with no think time (closed loop: concurrency = users), and
-validates each answer (shape [n, 384], finite, unit L2 norm); a bad answer is a failure. gRPC goes
+validates each answer (shape [n, dim], dim discovered from the pipeline's config, finite, unit L2
+norm); a bad answer is a failure. Model names come from discovery (``--pipeline-name``, ``--pipeline``,
+``--variant``; :mod:`client.discovery`). gRPC goes
 through ``tritonclient.grpc`` and is reported into Locust's statistics with ``events.request``.
 
 SLO gates (options, or the environment variables in brackets) are checked when Locust quits; any
@@ -25,28 +27,45 @@ from typing import Any
 import numpy as np
 from locust import FastHttpUser, User, constant, task
 
-from tritonforge.client.settings import INPUT_NAME, OUTPUT_NAME, route
-from tritonforge.loadtest.locust_common import bounded_network_timeout, grpc_target, next_texts
+from tritonforge.loadtest.locust_common import (
+    bounded_network_timeout,
+    check_json,
+    fire_grpc,
+    grpc_target,
+    next_texts,
+    target,
+)
 from tritonforge.loadtest.slo import ValidationError, validate
+from tritonforge.pipelines import Pipeline
 
 
-def _triton_body(texts: list[str], parameters: dict[str, str]) -> dict[str, Any]:
+def triton_body(
+    pipeline: Pipeline, texts: list[str], outputs: list[str], parameters: dict[str, Any]
+) -> dict[str, Any]:
+    """KServe-v2 JSON: the pipeline's text input, ``outputs`` as JSON, request ``parameters``."""
     body: dict[str, Any] = {
         "inputs": [
-            {"name": INPUT_NAME, "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}
+            {"name": pipeline.input, "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}
         ],
-        "outputs": [{"name": OUTPUT_NAME, "parameters": {"binary_data": False}}],
+        "outputs": [{"name": n, "parameters": {"binary_data": False}} for n in outputs],
     }
     if parameters:
         body["parameters"] = parameters
     return body
 
 
-def _triton_output(payload: dict[str, Any]) -> np.ndarray:
+def triton_output(payload: dict[str, Any], name: str, dtype: Any = np.float32) -> np.ndarray:
     for output in payload.get("outputs", []):
-        if output.get("name") == OUTPUT_NAME:
-            return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
-    raise ValidationError(f"no {OUTPUT_NAME!r} output in the response")
+        if output.get("name") == name:
+            return np.asarray(output["data"], dtype=dtype).reshape(output["shape"])
+    raise ValidationError(f"no {name!r} output in the response")
+
+
+def grpc_text_input(grpcclient: Any, pipeline: Pipeline, texts: list[str]) -> Any:
+    data = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
+    infer_input = grpcclient.InferInput(pipeline.input, list(data.shape), "BYTES")
+    infer_input.set_data_from_numpy(data)
+    return infer_input
 
 
 class TritonHttpUser(FastHttpUser):
@@ -61,8 +80,8 @@ class TritonHttpUser(FastHttpUser):
     def on_start(self) -> None:
         options = self.environment.parsed_options
         self.n = options.texts_per_request
-        self.model, self.parameters = route(options.pipeline, options.variant)
-        suffix = f"[{options.variant}]" if self.parameters else ""
+        self.pipeline, self.model, self.parameters, suffix = target(self.environment, "embedding")
+        self.output = self.pipeline.outputs[0].name
         self.name = f"http {self.model}{suffix}"
         self.path = f"/v2/models/{self.model}/infer"
 
@@ -71,17 +90,16 @@ class TritonHttpUser(FastHttpUser):
         texts = next_texts(self.n)
         with self.client.post(
             self.path,
-            json=_triton_body(texts, self.parameters),
+            json=triton_body(self.pipeline, texts, [self.output], self.parameters),
             name=self.name,
             catch_response=True,
         ) as response:
-            if response.status_code != 200:
-                response.failure(f"HTTP {response.status_code}: {(response.text or '')[:200]}")
-                return
-            try:
-                validate(_triton_output(response.json()), len(texts))
-            except (ValidationError, ValueError, KeyError) as e:
-                response.failure(f"invalid response: {e}")
+            check_json(
+                response,
+                lambda payload: validate(
+                    triton_output(payload, self.output), len(texts), self.pipeline.dim
+                ),
+            )
 
 
 class TritonGrpcUser(User):
@@ -95,13 +113,13 @@ class TritonGrpcUser(User):
         options = self.environment.parsed_options
         self.grpcclient = grpcclient
         self.n = options.texts_per_request
-        self.model, self.parameters = route(options.pipeline, options.variant)
-        suffix = f"[{options.variant}]" if self.parameters else ""
+        self.pipeline, self.model, self.parameters, suffix = target(self.environment, "embedding")
+        self.output = self.pipeline.outputs[0].name
         self.name = f"grpc {self.model}{suffix}"
         self.triton = grpcclient.InferenceServerClient(
             grpc_target(options.grpc_url, self.environment.host)
         )
-        self.outputs = [grpcclient.InferRequestedOutput(OUTPUT_NAME)]
+        self.outputs = [grpcclient.InferRequestedOutput(self.output)]
         self.timeout_s = options.request_timeout_s
 
     def on_stop(self) -> None:
@@ -110,9 +128,7 @@ class TritonGrpcUser(User):
     @task
     def embed(self) -> None:
         texts = next_texts(self.n)
-        data = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
-        infer_input = self.grpcclient.InferInput(INPUT_NAME, list(data.shape), "BYTES")
-        infer_input.set_data_from_numpy(data)
+        infer_input = grpc_text_input(self.grpcclient, self.pipeline, texts)
         kwargs = {"parameters": self.parameters} if self.parameters else {}
         start = time.perf_counter()
         exception: BaseException | None = None
@@ -125,16 +141,9 @@ class TritonGrpcUser(User):
                 client_timeout=self.timeout_s,
                 **kwargs,
             )
-            array = result.as_numpy(OUTPUT_NAME)
+            array = result.as_numpy(self.output)
             length = int(array.nbytes)
-            validate(array, len(texts))
+            validate(array, len(texts), self.pipeline.dim)
         except Exception as e:
             exception = e
-        self.environment.events.request.fire(
-            request_type="grpc",
-            name=self.name,
-            response_time=(time.perf_counter() - start) * 1000.0,
-            response_length=length,
-            exception=exception,
-            context={},
-        )
+        fire_grpc(self.environment, self.name, start, length, exception)

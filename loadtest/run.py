@@ -1,7 +1,9 @@
 """``python -m tritonforge.loadtest.run``: a bounded, headless Locust run with SLO gates.
 
 Starts the embedded Triton on free loopback ports (unless ``--url`` names a running server),
-runs :mod:`loadtest.locustfile` for ``--duration-s`` seconds with HTTP and/or gRPC users, writes
+runs :mod:`loadtest.locustfile` (``--task classification``: :mod:`loadtest.classify_locustfile`)
+for ``--duration-s`` seconds with HTTP and/or gRPC users against the discovered pipeline
+(``--pipeline-name``, default: the task's default pipeline), writes
 CSV + HTML reports under ``--reports-dir`` and exits with Locust's status: 0 when every SLO holds,
 1 naming each breached threshold. SLO thresholds: ``--slo-*`` options or ``TRITONFORGE_SLO_*``
 environment variables (see :mod:`loadtest.locustfile`).
@@ -19,6 +21,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from tritonforge.client.discovery import ORCHESTRATIONS
 from tritonforge.client.settings import normalize_url
 from tritonforge.env import env_float, run_main
 from tritonforge.loadtest.locust_options import check_environment
@@ -29,6 +32,18 @@ log = logging.getLogger(__name__)
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 USER_CLASSES = {"http": ["TritonHttpUser"], "grpc": ["TritonGrpcUser"]}
 USER_CLASSES["both"] = USER_CLASSES["http"] + USER_CLASSES["grpc"]
+# Per task: the locustfile and its users by protocol.
+TASK_USERS = {
+    "embedding": (LOCUSTFILE, USER_CLASSES),
+    "classification": (
+        LOCUSTFILE.with_name("classify_locustfile.py"),
+        {
+            "http": ["TritonClassifyHttpUser"],
+            "grpc": ["TritonClassifyGrpcUser"],
+            "both": ["TritonClassifyHttpUser", "TritonClassifyGrpcUser"],
+        },
+    ),
+}
 
 
 def locust_command(
@@ -104,8 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         default=env_float("TRITONFORGE_LOADTEST_DURATION_S", 30.0, minimum=0.1),
     )
-    parser.add_argument("--pipeline", choices=["ensemble", "bls"], default=None)
-    parser.add_argument("--variant", choices=["fp32", "int8", "torchscript"], default=None)
+    parser.add_argument("--task", choices=sorted(TASK_USERS), default="embedding")
+    parser.add_argument(
+        "--pipeline-name", default=None, help="pipeline (default: the task's discovered default)"
+    )
+    parser.add_argument("--pipeline", choices=ORCHESTRATIONS, default=None)
+    parser.add_argument("--variant", default=None, help="a variant the pipeline serves")
     parser.add_argument("--reports-dir", type=Path, default=Path("reports"))
     parser.add_argument("--name", default="loadtest", help="report file prefix")
     for slo in ("p95-ms", "p99-ms", "min-rps", "max-fail-ratio"):
@@ -117,15 +136,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.reports_dir.mkdir(parents=True, exist_ok=True)
     prefix = args.reports_dir / args.name
     extra = ["--csv", str(prefix), "--html", f"{prefix}.html", *passthrough]
-    for option in ("pipeline", "variant", "slo_p95_ms", "slo_p99_ms", "slo_min_rps"):
+    for option in (
+        "pipeline_name",
+        "pipeline",
+        "variant",
+        "slo_p95_ms",
+        "slo_p99_ms",
+        "slo_min_rps",
+    ):
         if getattr(args, option) is not None:
             extra += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     if args.slo_max_fail_ratio is not None:
         extra += ["--slo-max-fail-ratio", str(args.slo_max_fail_ratio)]
+    if not args.url:  # the embedded server serves this repository: discover from it offline
+        extra += ["--model-repository", str(args.model_repository)]
+    locustfile, users = TASK_USERS[args.task]
     with target(args) as (http_url, grpc_url):
         command = locust_command(
-            locustfile=LOCUSTFILE,
-            user_classes=USER_CLASSES[args.protocol],
+            locustfile=locustfile,
+            user_classes=users[args.protocol],
             host=f"http://{http_url}",
             users=args.users,
             duration_s=args.duration_s,

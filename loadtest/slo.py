@@ -91,21 +91,47 @@ def summarize(
     )
 
 
-EMBEDDING_DIM = 384
 NORM_TOLERANCE = 1e-3
+SUM_TOLERANCE = 1e-3
 
 
 class ValidationError(Exception):
-    """The server answered 200 but the embeddings break the contract."""
+    """The server answered 200 but the answer breaks the pipeline's contract."""
 
 
-def validate(array: np.ndarray, rows: int) -> None:
-    """Raise :class:`ValidationError` unless ``array`` is [rows, 384] finite with unit-norm rows."""
-    if array.shape != (rows, EMBEDDING_DIM):
-        raise ValidationError(f"shape {list(array.shape)}, expected [{rows}, {EMBEDDING_DIM}]")
+def validate(array: np.ndarray, rows: int, dim: int) -> None:
+    """Raise :class:`ValidationError` unless ``array`` is [rows, dim] finite with unit-norm rows
+    (``dim``: the pipeline's, discovered from its config)."""
+    if array.shape != (rows, dim):
+        raise ValidationError(f"shape {list(array.shape)}, expected [{rows}, {dim}]")
     if not np.isfinite(array).all():
         raise ValidationError("non-finite values in the embeddings")
     norms = np.linalg.norm(array, axis=1)
     worst = float(np.max(np.abs(norms - 1.0)))
     if worst > NORM_TOLERANCE:
         raise ValidationError(f"row norm off by {worst:.2e} from 1 (tolerance {NORM_TOLERANCE})")
+
+
+def validate_classification(
+    probabilities: np.ndarray, labels: Sequence[str], rows: int, known: Sequence[str]
+) -> None:
+    """Raise :class:`ValidationError` unless ``probabilities`` is [rows, len(known)], finite, each
+    row a distribution, and ``labels`` (one per row) are ``known`` labels and each row's argmax."""
+    classes = len(known)
+    if probabilities.shape != (rows, classes):
+        raise ValidationError(
+            f"probabilities shape {list(probabilities.shape)}, expected [{rows}, {classes}]"
+        )
+    if not np.isfinite(probabilities).all() or (probabilities < 0).any():
+        raise ValidationError("probabilities are not finite and non-negative")
+    worst = float(np.max(np.abs(probabilities.sum(axis=1) - 1.0)))
+    if worst > SUM_TOLERANCE:
+        raise ValidationError(f"a probability row sums to 1 {worst:+.2e} (tol {SUM_TOLERANCE})")
+    if len(labels) != rows:
+        raise ValidationError(f"{len(labels)} labels for {rows} texts")
+    for i, label in enumerate(labels):
+        if label not in known:
+            raise ValidationError(f"label {label!r} is not one of {list(known)}")
+        best = float(probabilities[i].max())
+        if probabilities[i, list(known).index(label)] < best - 1e-6:
+            raise ValidationError(f"row {i}: label {label!r} is not the most probable class")

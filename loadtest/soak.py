@@ -1,7 +1,7 @@
 """``python -m tritonforge.loadtest.soak`` (``make soak``): a bounded leak soak against the embedded Triton.
 
-After a warm-up, ``--concurrency`` workers send the corpus through the ensembles and
-``embed_bls``, every encoder variant, gRPC and HTTP alternately, for ``--duration-s``. Every ``--sample-s`` it records the RSS of
+After a warm-up, ``--concurrency`` workers send the corpus through every discovered pipeline (its
+ensembles and its BLS, every variant each serves), gRPC and HTTP alternately, for ``--duration-s``. Every ``--sample-s`` it records the RSS of
 tritonserver and of each Python stub and the bytes of the server's ``/dev/shm`` regions. The run
 fails (exit 1) when any process grows by ``--max-growth-mb`` or more per 10k requests over the
 second half of the window after warm-up (a leak is sustained; an arena that extends once is not), or when shared memory has not returned to its post-warm-up baseline once the load stops.
@@ -25,12 +25,36 @@ import psutil
 from tritonforge.client.sync import EmbeddingClient
 from tritonforge.env import run_main
 from tritonforge.loadtest.corpus import generate
+from tritonforge.pipelines import Pipeline, from_repository
 from tritonforge.progress import Bar
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 
 MB = 1024 * 1024
-VARIANTS = ("fp32", "int8", "torchscript")
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One way in: a pipeline through an orchestration with a variant."""
+
+    pipeline: Pipeline
+    orchestration: str
+    variant: str
+
+
+def routes(server: EmbeddedServer) -> list[Route]:
+    """Every (pipeline, ensemble|bls, variant) the served repository declares (discovered)."""
+    out = []
+    for p in from_repository(Path(server.settings.model_repository)).values():
+        out += [Route(p, "ensemble", v) for v in p.variants]
+        out += [Route(p, "bls", v) for v in p.bls_variants if p.bls]
+    return out
+
+
+def send(client: EmbeddingClient, route: Route, texts: list[str]) -> None:
+    """One call through ``route`` (embed or classify, by the pipeline's task)."""
+    call = client.classify if route.pipeline.task == "classification" else client.embed
+    call(texts, variant=route.variant, pipeline=route.orchestration, name=route.pipeline.name)
 
 
 @dataclass
@@ -71,6 +95,8 @@ class Traffic:
 
     def __init__(self, server: EmbeddedServer, concurrency: int, texts: Sequence[str]) -> None:
         self.server, self.texts = server, list(texts)
+        self.routes = routes(server)
+        self.repository = str(server.settings.model_repository)
         self.requests = self.failures = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -81,16 +107,14 @@ class Traffic:
     def _work(self, worker: int) -> None:
         protocol = "grpc" if worker % 2 == 0 else "http"
         url = self.server.grpc_url if protocol == "grpc" else self.server.http_url
-        client = EmbeddingClient(url, protocol, timeout_s=30)
+        client = EmbeddingClient(url, protocol, timeout_s=30, repository=self.repository)
         i = worker
         while not self._stop.is_set():
             batch = [self.texts[(i + k) % len(self.texts)] for k in range(1 + i % 4)]
-            # every variant through both orchestrations, so every stub sees traffic
-            pipeline = "bls" if i % 2 else "ensemble"
-            variant = VARIANTS[(i // 2) % len(VARIANTS)]
+            # every pipeline, orchestration and variant in turn, so every stub sees traffic
             ok = True
             try:
-                client.embed(batch, variant=variant, pipeline=pipeline)
+                send(client, self.routes[i % len(self.routes)], batch)
             except Exception:  # counted; the soak is about memory, failures are reported
                 ok = False
             with self._lock:
@@ -124,10 +148,12 @@ def warm_up_peak(server: EmbeddedServer, longest: str, rows: int = 64) -> None:
     allocator arenas (ONNX Runtime, PyTorch) grow to their peak before measuring starts: their
     one-time growth is not a leak."""
     text = " ".join([longest] * 4)  # longer than max_length: truncated to it
-    with EmbeddingClient(server.grpc_url, "grpc", timeout_s=120, batch_size=rows) as client:
-        for pipeline in ("ensemble", "bls"):
-            for variant in VARIANTS:
-                client.embed([text] * rows, variant=variant, pipeline=pipeline)
+    repository = str(server.settings.model_repository)
+    with EmbeddingClient(
+        server.grpc_url, "grpc", timeout_s=120, batch_size=rows, repository=repository
+    ) as client:
+        for route in routes(server):
+            send(client, route, [text] * min(rows, route.pipeline.max_items))
 
 
 def growth_per_10k(requests: Sequence[int], rss_mb: Sequence[float]) -> float:

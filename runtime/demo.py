@@ -1,7 +1,10 @@
-"""``make run``: embed a few sentences through the served pipeline and show what they mean.
+"""``make run``: show every served pipeline answering, discovered from the server's configs.
 
-The ``embed`` ensemble is called over HTTP and the ``embed_bls`` orchestrator over gRPC (plain
-tritonclient), so one run shows both protocols and both orchestrations agree.
+For each embedding pipeline: a few sentences through its fp32 ensemble over HTTP and its BLS over
+gRPC (both orchestrations agree), their similarities, and every other variant the BLS serves. For
+each classification pipeline: the same client's typed ``classify`` over HTTP (ensemble) and gRPC
+(BLS): label, score and top-k per sentence. Nothing here names a model: the typed client
+(:mod:`client.discovery`) reads names, variants, dims and labels from the configs.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tritonforge.client.sync import EmbeddingClient
 from tritonforge.env import env_float
+from tritonforge.pipelines import Pipeline
 from tritonforge.runtime.server import EmbeddedServer
 from tritonforge.text import cosine_matrix, nearest_neighbours
 
@@ -22,44 +27,22 @@ SENTENCES = (
     "A cat sleeps on the warm windowsill.",
     "A kitten naps in the afternoon sun.",
 )
-TEXT_INPUT, OUTPUT = "text", "embedding"
+CLASSIFY_SENTENCES = (
+    "I love how fast and friendly the support team was.",
+    "The package arrived on Tuesday.",
+    "This is the worst update they have ever shipped.",
+)
 TIMEOUT_S = env_float("TRITONFORGE_DEMO_TIMEOUT_S", 60.0)
 
 
-def _batch(texts: Sequence[str]) -> np.ndarray:
-    return np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1)
-
-
-def embed_http(url: str, model: str, texts: Sequence[str]) -> np.ndarray:
-    """Embeddings of ``texts`` from ``model`` over HTTP (one batched request)."""
-    import tritonclient.http as httpclient
-
-    data = _batch(texts)
-    with httpclient.InferenceServerClient(url, network_timeout=TIMEOUT_S) as client:
-        tensor = httpclient.InferInput(TEXT_INPUT, list(data.shape), "BYTES")
-        tensor.set_data_from_numpy(data)
-        result = client.infer(model, [tensor], outputs=[httpclient.InferRequestedOutput(OUTPUT)])
-    return np.asarray(result.as_numpy(OUTPUT))
-
-
-def embed_grpc(
-    url: str, model: str, texts: Sequence[str], variant: str | None = None
-) -> np.ndarray:
-    """Embeddings of ``texts`` from ``model`` over gRPC; ``variant`` goes as a request parameter."""
-    import tritonclient.grpc as grpcclient
-
-    data = _batch(texts)
-    with grpcclient.InferenceServerClient(url) as client:
-        tensor = grpcclient.InferInput(TEXT_INPUT, list(data.shape), "BYTES")
-        tensor.set_data_from_numpy(data)
-        result = client.infer(
-            model,
-            [tensor],
-            outputs=[grpcclient.InferRequestedOutput(OUTPUT)],
-            parameters={"variant": variant} if variant else None,
-            client_timeout=TIMEOUT_S,
-        )
-    return np.asarray(result.as_numpy(OUTPUT))
+def demo_client(
+    server: EmbeddedServer, protocol: str, pipeline: str = "ensemble"
+) -> EmbeddingClient:
+    """A typed client for ``server`` that may read its configs (the admin key) to discover."""
+    url = server.http_url if protocol == "http" else server.grpc_url
+    return EmbeddingClient(
+        url, protocol, pipeline=pipeline, timeout_s=TIMEOUT_S, admin_key=server.settings.admin_key
+    )
 
 
 def format_table(labels: Sequence[str], sim: np.ndarray) -> str:
@@ -88,25 +71,75 @@ def stream_answer(server: EmbeddedServer, prompt: str = GENERATE_PROMPT) -> str:
     return "".join(parts)
 
 
-def run_demo(server: EmbeddedServer) -> None:
-    """Embed :data:`SENTENCES` via ``embed`` (HTTP) and ``embed_bls`` (gRPC); print similarities."""
+def show_embeddings(server: EmbeddedServer, pipeline: Pipeline) -> None:
+    """Embed :data:`SENTENCES` via the fp32 ensemble (HTTP) and the BLS (gRPC); similarities."""
     texts = list(SENTENCES)
-    ensemble = embed_http(server.http_url, "embed", texts)
-    bls = embed_grpc(server.grpc_url, "embed_bls", texts)
-    int8 = embed_grpc(server.grpc_url, "embed_bls", texts, variant="int8")
-    print(f"\n==> embedded {len(texts)} sentences: shape {list(ensemble.shape)}, unit L2 norm")
+    with demo_client(server, "http") as c:
+        ensemble = c.embed(texts, variant="fp32", name=pipeline.name)
+    print(
+        f"\n==> {pipeline.name}: embedded {len(texts)} sentences through "
+        f"{pipeline.model('fp32')!r} (HTTP): shape {list(ensemble.shape)}, unit L2 norm"
+    )
     for i, text in enumerate(texts):
         print(f"  [{i}] {text}")
     sim = cosine_matrix(ensemble)
-    print("\n==> pairwise cosine similarity (embed ensemble over HTTP)")
+    print(f"\n==> pairwise cosine similarity ({pipeline.model('fp32')} over HTTP)")
     print(format_table(texts, sim))
     print("\n==> nearest neighbour of each sentence")
     for i, (j,) in enumerate(nearest_neighbours(sim, k=1)):
         print(f"  {texts[i]!r:48} -> {texts[j]!r} ({sim[i, j]:.3f})")
-    agree = float(np.abs(ensemble - bls).max())
-    int8_cos = float((ensemble * int8).sum(axis=1).mean())
-    print(
-        f"\n==> embed_bls over gRPC: max |ensemble - BLS| = {agree:.2e}; "
-        f"int8 variant mean cosine to fp32 = {int8_cos:.4f}\n"
+    if pipeline.bls is None:
+        return
+    with demo_client(server, "grpc", "bls") as c:
+        by_variant = {
+            v: c.embed(texts, variant=v, name=pipeline.name) for v in pipeline.bls_variants
+        }
+    agree = float(np.abs(ensemble - by_variant.get("fp32", ensemble)).max())
+    others = "; ".join(
+        f"{v} mean cosine to fp32 = {float((ensemble * e).sum(axis=1).mean()):.4f}"
+        for v, e in by_variant.items()
+        if v != "fp32"
     )
+    print(f"\n==> {pipeline.bls} over gRPC: max |ensemble - BLS| = {agree:.2e}; {others}\n")
+
+
+def show_classification(server: EmbeddedServer, pipeline: Pipeline) -> None:
+    """Classify :data:`CLASSIFY_SENTENCES` via the ensemble (HTTP) and the BLS (gRPC)."""
+    texts = list(CLASSIFY_SENTENCES)
+    k = min(2, len(pipeline.labels))
+    with demo_client(server, "http") as c:
+        results = c.classify(texts, top_k=k, name=pipeline.name)
+    print(
+        f"\n==> {pipeline.name}: classified {len(texts)} sentences through "
+        f"{pipeline.model('fp32')!r} (HTTP), labels {list(pipeline.labels)}"
+    )
+    for text, r in zip(texts, results, strict=True):
+        top = ", ".join(f"{t.label} {t.score:.3f}" for t in r.top)
+        print(f"  {text!r:56} -> {r.label} ({r.score:.3f}); top {k}: {top}")
+    if pipeline.bls is None:
+        return
+    with demo_client(server, "grpc", "bls") as c:
+        bls = c.classify(texts, top_k=k, name=pipeline.name)
+    gap = max(
+        abs(a.probabilities[label] - b.probabilities[label])
+        for a, b in zip(results, bls, strict=True)
+        for label in pipeline.labels
+    )
+    same = sum(a.label == b.label for a, b in zip(results, bls, strict=True))
+    print(
+        f"==> {pipeline.bls} over gRPC: {same}/{len(texts)} labels agree, "
+        f"max |ensemble - BLS| probability = {gap:.2e}\n"
+    )
+
+
+def run_demo(server: EmbeddedServer) -> None:
+    """Every discovered pipeline answering (embeddings, then classifiers), then generation."""
+    with demo_client(server, "http") as c:
+        found = c.pipelines()
+    for pipeline in found.values():
+        if pipeline.task == "embedding":
+            show_embeddings(server, pipeline)
+    for pipeline in found.values():
+        if pipeline.task == "classification":
+            show_classification(server, pipeline)
     stream_answer(server)

@@ -55,9 +55,16 @@ def _time(fn: object, n: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
-    parser.add_argument("--model", default="embed")
+    parser.add_argument(
+        "--model", default=None, help="default: the default embedding pipeline's (discovered)"
+    )
     parser.add_argument("--requests", type=int, default=300, help="per path and server")
     args = parser.parse_args()
+    if args.model is None:
+        from tritonforge.client.discovery import choose
+        from tritonforge.pipelines import from_repository
+
+        args.model = choose(from_repository(args.model_repository), "embedding").model("fp32")
     servers = {
         name: EmbeddedServer(ServerSettings.ephemeral(args.model_repository, front=front))
         for name, front in (("front", True), ("direct", False))

@@ -26,6 +26,7 @@ import numpy as np
 
 from tritonforge.errors import ModelConfigError
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config, model_names, referenced_models
 from tritonforge.runtime.errors import ServerError
 from tritonforge.runtime.server import EmbeddedServer
@@ -34,7 +35,11 @@ CANARY_TEXT = b"tritonforge canary"
 
 
 def public_models(repository: Path) -> list[str]:
-    """Models no other model calls (ensemble steps and declared BLS targets are internal)."""
+    """What the canaries call: every discovered pipeline's public models (ensembles, BLS; from
+    the ``tritonforge.*`` parameters), plus any other model no other model calls (ensemble steps
+    and declared BLS targets are internal)."""
+    pipelines = from_repository(repository).values()
+    members = {m for p in pipelines for m in p.models}
     configs: dict[str, ModelConfig] = {}
     for name in model_names(repository):
         with contextlib.suppress(ModelConfigError):
@@ -45,7 +50,8 @@ def public_models(repository: Path) -> list[str]:
             steps = cfg.raw.get("ensemble_scheduling", {}).get("step", [])
             called |= {str(s.get("model_name", "")) for s in steps}
         called |= set(referenced_models(cfg.parameters).values())
-    return sorted(set(configs) - called)
+    others = set(configs) - called - members
+    return sorted(others | {m for p in pipelines for m in p.public_models if m in configs})
 
 
 def canary_inputs(config: ModelConfig) -> dict[str, np.ndarray]:

@@ -56,7 +56,8 @@ COMMANDS: dict[str, Command] = {
     ),
     "lint": Command("tritonforge.runtime.cli", "check the model repository's configs", ("lint",)),
     "client": Command(
-        "tritonforge.client.cli", "call a running server (embed, similarity, health)"
+        "tritonforge.client.cli",
+        "call a running server (embed, classify, similarity, health, pipelines)",
     ),
     "bench": Command(
         "tritonforge.loadtest.bench", "throughput/latency table (ratios against baselines)"

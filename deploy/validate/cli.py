@@ -7,6 +7,7 @@ import argparse
 import os
 from collections.abc import Mapping
 
+from tritonforge.deploy.names import manifest_name_findings
 from tritonforge.deploy.validate.compose import compose_document, compose_findings, validate_compose
 from tritonforge.deploy.validate.container_code import (
     FRONT_ENTRY,
@@ -29,9 +30,11 @@ from tritonforge.deploy.validate.monitoring import (
 )
 from tritonforge.deploy.validate.paths import (
     COMPOSE_FILE,
+    DEPLOY_DIR,
     K8S_DIR,
     KSERVE_DIR,
     LOADTEST_REQUIREMENTS,
+    MODEL_REPOSITORY,
     TRITON_REQUIREMENTS,
 )
 
@@ -62,6 +65,7 @@ def all_findings(env: Mapping[str, str] | None = None) -> dict[str, list[str]]:
             FRONT_FIRST_PARTY | IMPORT_NAMES,
         ),
         "gpu configs": [f for d in gpu_config_dirs() for f in gpu_config_findings(d)],
+        "manifest names": manifest_name_findings(MODEL_REPOSITORY, DEPLOY_DIR, [COMPOSE_FILE]),
     }
 
 

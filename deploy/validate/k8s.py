@@ -113,7 +113,9 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
     # liveness: /v2/health/live, or (better, server#8604) an exec canary inference
     liveness = triton.get("livenessProbe") or {}
     canary = " ".join(str(a) for a in (liveness.get("exec") or {}).get("command", []))
-    if (liveness.get("httpGet") or {}).get("path") != "/v2/health/live" and "/infer" not in canary:
+    if (liveness.get("httpGet") or {}).get("path") != "/v2/health/live" and not (
+        "/infer" in canary or "tritonforge.canary" in canary
+    ):
         out.append("k8s: livenessProbe must GET /v2/health/live or run a canary inference")
     pre_stop = pre_stop_command(triton)
     if DRAIN_MODULE not in pre_stop or "wait" not in pre_stop:

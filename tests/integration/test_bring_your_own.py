@@ -9,7 +9,6 @@ embedded Triton, and called over HTTP and gRPC through every ensemble and the BL
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +18,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests import tiny_checkpoints
-from tritonforge.export.pipeline import Options, export_pipeline
-from tritonforge.export.specs.hf import pipeline_from_pretrained
 from tritonforge.pipelines import Pipeline, from_repository
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.server import EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,40 +30,6 @@ TEXTS = [
     "I really did not like the slow responses!",
 ]
 MAX_ABS = 1e-4
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
-    root = tmp_path_factory.mktemp("checkpoints")
-    return {
-        "distil": (tiny_checkpoints.distilbert(root / "distil"), "embedding"),
-        "sentiment": (
-            tiny_checkpoints.roberta(root / "sentiment", tiny_checkpoints.LABELS),
-            "classification",
-        ),
-    }
-
-
-@pytest.fixture(scope="module")
-def repository(
-    tmp_path_factory: pytest.TempPathFactory, checkpoints: dict[str, tuple[Path, str]]
-) -> Path:
-    repo = tmp_path_factory.mktemp("byo") / "model_repository"
-    for name, (directory, task) in checkpoints.items():
-        spec = pipeline_from_pretrained(directory, task, name, max_length=64)
-        export_pipeline(spec, Options(repo=repo, quantize=None), progress=lambda _: None)
-    return repo
-
-
-@pytest.fixture(scope="module")
-def server(repository: Path) -> Iterator[EmbeddedServer]:
-    server = EmbeddedServer(ServerSettings.ephemeral(repository))
-    server.start()
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
 
 
 def reference(directory: Path, task: str, texts: list[str]) -> np.ndarray:
@@ -100,6 +63,19 @@ def infer(server: EmbeddedServer, protocol: str, model: str, outputs: list[str],
         return {name: result.as_numpy(name) for name in outputs}
 
 
+# The export and the server are shared session fixtures (conftest.py): byo_repository, byo_server.
+
+
+@pytest.fixture
+def repository(byo_repository: Path) -> Path:
+    return byo_repository
+
+
+@pytest.fixture
+def server(byo_server: EmbeddedServer) -> EmbeddedServer:
+    return byo_server
+
+
 def test_export_generates_every_model_under_its_own_names(repository: Path) -> None:
     pipelines = from_repository(repository)
     assert sorted(pipelines) == ["distil", "sentiment"]
@@ -119,11 +95,11 @@ def test_export_generates_every_model_under_its_own_names(repository: Path) -> N
 def test_served_embeddings_equal_pytorch(
     server: EmbeddedServer,
     repository: Path,
-    checkpoints: dict[str, tuple[Path, str]],
+    byo_checkpoints: dict[str, tuple[Path, str]],
     protocol: str,
 ) -> None:
     pipeline: Pipeline = from_repository(repository)["distil"]
-    expected = reference(*checkpoints["distil"], TEXTS)
+    expected = reference(*byo_checkpoints["distil"], TEXTS)
     models = [*pipeline.ensembles.values(), pipeline.model(bls=True)]
     for model in models:
         got = infer(server, protocol, model, ["embedding"])["embedding"]
@@ -134,11 +110,11 @@ def test_served_embeddings_equal_pytorch(
 def test_served_probabilities_equal_pytorch(
     server: EmbeddedServer,
     repository: Path,
-    checkpoints: dict[str, tuple[Path, str]],
+    byo_checkpoints: dict[str, tuple[Path, str]],
     protocol: str,
 ) -> None:
     pipeline = from_repository(repository)["sentiment"]
-    expected = reference(*checkpoints["sentiment"], TEXTS)
+    expected = reference(*byo_checkpoints["sentiment"], TEXTS)
     names = ["label", "score", "probabilities", "top_labels", "top_scores"]
     for model in [*pipeline.ensembles.values(), pipeline.model(bls=True)]:
         got = infer(server, protocol, model, names)

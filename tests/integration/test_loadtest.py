@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT_ROOT
+from tests.conftest import PIPELINE_REPOSITORY, PROJECT_ROOT
 from tritonforge.runtime.server import EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -138,6 +138,8 @@ def test_a_server_that_never_answers_fails_requests_instead_of_stalling_the_run(
         extra=[
             "--grpc-url", f"127.0.0.1:{port}", "--request-timeout-s", "1",
             "--samples-out", str(samples), "--slo-max-fail-ratio", "1", "--slo-min-rps", "0",
+            # the pipeline's names from the repository: this fake server answers nothing
+            "--model-repository", str(PIPELINE_REPOSITORY),
         ],
     )  # fmt: skip
     started = time.monotonic()

@@ -14,12 +14,14 @@ from tests.conftest import PIPELINE_REPOSITORY
 from tests.integration.otlp import OtlpReceiver, Span
 from tritonforge.bls import build_plan
 from tritonforge.client import EmbeddingClient
-from tritonforge.client.settings import BLS_MODEL, ENSEMBLE_MODELS
+from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 from tritonforge.runtime.tracing import TraceSettings
 
 pytestmark = pytest.mark.integration
+DEFAULT = from_repository(PIPELINE_REPOSITORY)["embed"]  # the default embedding pipeline
+BLS_MODEL = DEFAULT.model(bls=True)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,7 @@ def test_a_client_span_parents_one_trace_holding_every_ensemble_stage(
     traced: tuple[EmbeddedServer, OtlpReceiver], protocol: str
 ) -> None:
     server, receiver = traced
-    model = ENSEMBLE_MODELS["fp32"]
+    model = DEFAULT.model("fp32")
     stages = ensemble_stages(model)
     # A caller's OpenTelemetry span (opentelemetry-api only: a span context without an SDK).
     context = trace.SpanContext(

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from tritonforge.client.discovery import route
 from tritonforge.client.errors import (
     ClientError,
     ConnectionFailedError,
@@ -19,7 +20,7 @@ from tritonforge.client.errors import (
 )
 from tritonforge.client.retry import RetryPolicy, call_with_retry, call_with_retry_async, translate
 from tritonforge.client.retry import log as retry_log
-from tritonforge.client.settings import ClientSettings, normalize_url, route
+from tritonforge.client.settings import ClientSettings, normalize_url
 
 
 class FakeClock:
@@ -211,15 +212,28 @@ def test_async_retry_follows_the_same_policy() -> None:
     assert len(attempts) == 1
 
 
-def test_routes_follow_the_pipeline_contract() -> None:
-    assert route("ensemble", "fp32") == ("embed", {})
-    assert route("ensemble", "int8") == ("embed_int8", {})
-    assert route("ensemble", "torchscript") == ("embed_torchscript", {})
-    assert route("bls", "int8") == ("embed_bls", {"variant": "int8"})
-    with pytest.raises(InvalidRequestError, match="unknown variant"):
-        route("ensemble", "fp16")
-    with pytest.raises(InvalidRequestError, match="unknown pipeline"):
-        route("graph", "fp32")
+def test_routes_follow_the_discovered_pipeline() -> None:
+    from tritonforge.pipelines import Output, Pipeline
+
+    embed = Pipeline(
+        name="embed",
+        task="embedding",
+        ensembles={"fp32": "embed", "int8": "embed_int8", "torchscript": "embed_torchscript"},
+        bls="embed_bls",
+        bls_variants=("fp32", "int8"),
+        input="text",
+        outputs=(Output("embedding", "FP32", (384,)),),
+    )
+    assert route(embed, "ensemble", "fp32") == ("embed", {})
+    assert route(embed, "ensemble", "int8") == ("embed_int8", {})
+    assert route(embed, "ensemble", "torchscript") == ("embed_torchscript", {})
+    assert route(embed, "bls", "int8") == ("embed_bls", {"variant": "int8"})
+    with pytest.raises(InvalidRequestError, match=r"unknown variant='fp16'.*'fp32', 'int8'"):
+        route(embed, "ensemble", "fp16")
+    with pytest.raises(InvalidRequestError, match="unknown variant='torchscript' for 'embed_bls'"):
+        route(embed, "bls", "torchscript")  # exported, but not a BLS target
+    with pytest.raises(InvalidRequestError, match="unknown pipeline='graph'"):
+        route(embed, "graph", "fp32")
 
 
 def test_settings_come_from_env_and_arguments_win(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,14 @@ import pytest
 
 from tritonforge.loadtest import corpus
 from tritonforge.loadtest.bench import EMPTY_SUMMARY, Cell, Target, aggregate, analyse, table
-from tritonforge.loadtest.slo import SloThresholds, ValidationError, check_slos, summarize, validate
+from tritonforge.loadtest.slo import (
+    SloThresholds,
+    ValidationError,
+    check_slos,
+    summarize,
+    validate,
+    validate_classification,
+)
 
 LIMITS = SloThresholds(p95_ms=100, p99_ms=200, min_rps=10, max_fail_ratio=0.01)
 
@@ -53,19 +60,35 @@ def test_summary_of_nothing_is_nan_not_an_error() -> None:
 
 def test_validate_accepts_unit_rows_and_rejects_broken_ones() -> None:
     rng = np.random.default_rng(0)
-    good = rng.normal(size=(3, 384)).astype(np.float32)
+    good = rng.normal(size=(3, 48)).astype(np.float32)
     good /= np.linalg.norm(good, axis=1, keepdims=True)
-    validate(good, 3)
+    validate(good, 3, 48)
     with pytest.raises(ValidationError, match="shape"):
-        validate(good, 2)
-    with pytest.raises(ValidationError, match="shape"):
-        validate(good[:, :128], 3)
+        validate(good, 2, 48)
+    with pytest.raises(ValidationError, match=r"expected \[3, 48\]"):
+        validate(good[:, :16], 3, 48)
     bad = good.copy()
     bad[1, 0] = np.nan
     with pytest.raises(ValidationError, match="non-finite"):
-        validate(bad, 3)
+        validate(bad, 3, 48)
     with pytest.raises(ValidationError, match="norm"):
-        validate(good * 1.01, 3)
+        validate(good * 1.01, 3, 48)
+
+
+def test_validate_classification_checks_distribution_labels_and_argmax() -> None:
+    known = ("negative", "neutral", "positive")
+    probs = np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]], dtype=np.float32)
+    validate_classification(probs, ["negative", "positive"], 2, known)
+    with pytest.raises(ValidationError, match="shape"):
+        validate_classification(probs[:, :2], ["negative", "positive"], 2, known)
+    with pytest.raises(ValidationError, match="sums to 1"):
+        validate_classification(probs * 0.5, ["negative", "positive"], 2, known)
+    with pytest.raises(ValidationError, match="not one of"):
+        validate_classification(probs, ["negative", "happy"], 2, known)
+    with pytest.raises(ValidationError, match="not the most probable"):
+        validate_classification(probs, ["neutral", "positive"], 2, known)
+    with pytest.raises(ValidationError, match="2 texts"):
+        validate_classification(probs, ["negative"], 2, known)
 
 
 def test_corpus_is_deterministic_with_the_documented_mix() -> None:
