@@ -83,8 +83,10 @@ FREE_TEXT = {
     "TRITONFORGE_METRICS_URL",
     "TRITONFORGE_MODEL_REPOSITORY",
     "TRITONFORGE_PERF_ANALYZER_DIR",
+    "TRITONFORGE_PIPELINE_NAME",  # a pipeline's name: checked against the discovered ones
     "TRITONFORGE_PYTHONPATH",  # set by the launcher for Triton's stub, not by users
     "TRITONFORGE_URL",
+    "TRITONFORGE_VARIANT",  # checked against the discovered pipeline's variants
 }
 
 
@@ -166,7 +168,6 @@ TYPED: dict[str, Callable[[], object]] = {
     "TRITONFORGE_DEADLINE_S": _client,
     "TRITONFORGE_BATCH_SIZE": _client,
     "TRITONFORGE_PROTOCOL": _client,
-    "TRITONFORGE_VARIANT": _client,
     "TRITONFORGE_PIPELINE": _client,
     "TRITONFORGE_HEALTH_PORT": _runtime_cli,
     "TRITONFORGE_HTTP_PORT": _server_settings,
