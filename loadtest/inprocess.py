@@ -53,11 +53,16 @@ class InProcessEmbedder:
         self.padded_tokens = 0
         self.total_tokens = 0
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        feed = self.tokenizer.encode(texts)
+    def run(self, texts: Sequence[str]) -> np.ndarray:
+        """Tokenize, count padding, run the graph; its one output."""
+        feed = self.tokenizer.encode(list(texts))
         self.total_tokens += feed["attention_mask"].size
         self.padded_tokens += int(feed["attention_mask"].size - feed["attention_mask"].sum())
-        (pooled,) = self.session.run(None, {k: v for k, v in feed.items() if k in self.input_names})
+        (out,) = self.session.run(None, {k: v for k, v in feed.items() if k in self.input_names})
+        return np.asarray(out)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        pooled = self.run(texts)
         return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
 
 
