@@ -193,10 +193,14 @@ def run_locust_cell(
     duration_s: float,
     warmup_s: float,
     workdir: Path,
+    model_repository: Path | None = None,
 ) -> Cell:
-    """One bounded Locust run; the summary comes from the exact samples after warm-up."""
+    """One bounded Locust run; the summary comes from the exact samples after warm-up. The
+    users discover the pipeline from ``model_repository`` (the bench's), else the server's configs."""
     samples = workdir / f"cell-{time.monotonic_ns()}.json"
     extra = [*NO_SLO, "--samples-out", str(samples), "--warmup-s", str(warmup_s)]
+    if model_repository is not None:
+        extra += ["--model-repository", str(model_repository)]
     if target.task == classify_bench.TASK:
         locustfile = classify_bench.LOCUSTFILE
         if target.system == "fastapi":
@@ -247,6 +251,9 @@ def run_locust_cell(
         summary = dict(EMPTY_SUMMARY)
         if status == "ok":
             status = f"failed (locust exit {proc.returncode}, no samples)"
+    if status == "ok" and not summary.get("requests") and not summary.get("failures"):
+        print(proc.stderr[-2000:], file=sys.stderr)
+        status = f"failed (locust exit {proc.returncode}, no request sent)"
     return Cell(target, concurrency, summary, proc.returncode, status, share)
 
 
@@ -861,11 +868,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # neighbour on a shared machine hits every target alike (medians over --repeats rounds).
         plan: list[Target] = []
         fastapi_urls: dict[tuple[str, str], str] = {}
-        pipeline = bench_pipeline(args)
+        # --skip-embedding: no embedding pipeline is needed (a repository of classifiers only)
+        pipeline = None if args.skip_embedding else bench_pipeline(args)
         classifiers = [] if args.skip_classify else classify_pipelines(args)
         if not args.skip_fastapi:
             log.info("==> starting FastAPI + uvicorn (1 worker) + PyTorch eager")
-            if not args.skip_embedding:
+            if pipeline is not None:
                 embedding_baseline = stack.enter_context(fastapi_service())
                 fastapi_urls[("embedding", pipeline.name)] = embedding_baseline
                 plan.append(Target("fastapi", "http", name=pipeline.name))
@@ -874,7 +882,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if url:
                     fastapi_urls[(cp.task, cp.name)] = url
                     plan.append(Target("fastapi", "http", name=cp.name, task=cp.task))
-        targets = [] if args.skip_embedding else targets_from(args, pipeline)
+        targets = [] if pipeline is None else targets_from(args, pipeline)
         for cp in classifiers:
             targets += targets_from(args, cp)
         http = grpc = ""
@@ -903,7 +911,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
         embedders = (
             {}
-            if args.skip_inprocess or args.skip_embedding
+            if args.skip_inprocess or pipeline is None
             else load_embedders(args.model_repository, pipeline, args.variants)
         )
         in_process_classifiers = {
@@ -916,7 +924,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bar = stack.enter_context(Bar("bench", total, unit="cells"))
         for round_ in range(1, args.repeats + 1):
             log.info("==> round %d/%d", round_, args.repeats)
-            inproc += measure_inprocess(embedders, texts, args.inprocess_s, name=pipeline.name)
+            if pipeline is not None:
+                inproc += measure_inprocess(embedders, texts, args.inprocess_s, name=pipeline.name)
             for name, models in in_process_classifiers.items():
                 task = classify_bench.TASK
                 inproc += measure_inprocess(models, texts, args.inprocess_s, task, name)
@@ -945,6 +954,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         cell = run_locust_cell(
                             target, conc, host=host, grpc_url=grpc, duration_s=args.duration_s,
                             warmup_s=args.warmup_s, workdir=workdir,
+                            model_repository=args.model_repository,
                         )  # fmt: skip
                     if target.system == "triton":
                         cell.server_stats = stats_delta(before, model_stats(http, headers))
