@@ -76,7 +76,7 @@ def test_bench_smoke_writes_rows_with_ratios_and_reports_a_failed_generator(
             "--grpc-url", pipeline_server.grpc_url, "--reports-dir", str(tmp_path),
             "--duration-s", "3", "--warmup-s", "1", "--inprocess-s", "1", "--concurrency", "1",
             "--pipelines", "ensemble", "--variants", "fp32", "--locust-protocols", "http",
-            "--pa-protocols", "grpc", "--skip-fastapi", "--repeats", "2",
+            "--pa-protocols", "grpc", "--skip-fastapi", "--repeats", "2", "--skip-classify",
         ],
         capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=240, check=False, env=env,
     )  # fmt: skip
