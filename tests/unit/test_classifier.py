@@ -272,3 +272,9 @@ def test_verification_catches_a_wrong_checkpoint(
     wrong = np.zeros((len(texts[:4]), 3), dtype=np.float32)
     failures = build_mod._verify_checkpoint(checkpoint_dir(out, 1), texts[:4], wrong, TINY_HP)
     assert failures and "differ" in failures[0]
+
+
+def test_checkpoint_dir_names_the_versions(tmp_path: Path) -> None:
+    assert checkpoint_dir(tmp_path, 1) == tmp_path / "v1"
+    with pytest.raises(ValueError, match="unknown classifier version 3"):
+        checkpoint_dir(tmp_path, 3)
