@@ -131,7 +131,8 @@ def run(name: str, rest: list[str]) -> int:
     install_models = INSTALL_FLAG in rest and name in ("export", "serve", "demo")
     if install_models:
         rest.remove(INSTALL_FLAG)
-    if name == "export" and not any(not a.startswith("-") for a in rest[:1]):
+    named = any(not a.startswith("-") for a in rest[:1]) or "--from-pretrained" in rest
+    if name == "export" and not named:
         return export_defaults(rest, install_models)
     if name in ("serve", "demo"):
         if "--no-export" in rest:

@@ -70,6 +70,10 @@ def test_export_without_a_spec_runs_the_defaults(monkeypatch: pytest.MonkeyPatch
     calls.clear()
     assert cli.run("export", ["minilm", "--force"]) == 0
     assert calls == [["minilm", "--force"]]
+    calls.clear()
+    byo = ["--from-pretrained", "ckpt", "--task", "classification", "--name", "reviews"]
+    assert cli.run("export", list(byo)) == 0
+    assert calls == [byo]  # a user's checkpoint, not the defaults
 
 
 def test_serve_exports_an_incomplete_repository_first(
