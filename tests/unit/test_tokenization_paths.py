@@ -35,7 +35,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     it: its config.pbtxt and the checkpoint's tokenizer.json."""
     config_file = MODEL_REPOSITORY / "tokenizer" / "config.pbtxt"
     if not config_file.exists():
-        pytest.skip(f"{config_file} is written by `make export`; run it first")
+        pytest.skip(reason=f"{config_file} is written by `make export`; run it first")
     root = tmp_path_factory.mktemp("repo")
     model = root / "tokenizer"
     (model / "1").mkdir(parents=True)
