@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,27 @@ from tritonforge.export.classifier.model import (
     length_batches,
     trainable_parameters,
 )
+
+NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+
+
+@functools.cache
+def native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """True when the CPU computes bfloat16 natively (AMX-BF16 or AVX512-BF16). Elsewhere (e.g. an
+    AVX2-only AMD EPYC) autocast to bfloat16 is emulated and measured 7x *slower* than float32."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return False
+    flags = next(
+        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
+    )
+    return bool(NATIVE_BF16_FLAGS & set(flags))
+
+
+def default_feature_dtype() -> str:
+    """bfloat16 where the CPU has it natively (fast, AMX), else float32."""
+    return "bfloat16" if native_bf16() else "float32"
 
 
 @dataclass(frozen=True)
@@ -36,7 +59,9 @@ class HyperParams:
     bucket_batches: int = 50  # batches drawn together and sorted by length (less padding)
     seed: int = 0
     threads: int = 2  # fixed: the float reductions, hence the bytes, depend on it
-    feature_dtype: str = "bfloat16"  # autocast of the frozen pass and of training (AMX on CPU)
+    # autocast of the frozen pass and of training: bfloat16 on CPUs with native bf16 (AMX), else
+    # float32. Fingerprinted, so a checkpoint built on one kind of CPU is rebuilt on the other.
+    feature_dtype: str = field(default_factory=default_feature_dtype)
     encode_batch_size: int = 128
 
     def as_dict(self) -> dict[str, Any]:

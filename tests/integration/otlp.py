@@ -72,7 +72,13 @@ class OtlpReceiver:
                     self.send_response(415)
                     self.end_headers()
                     return
-                spans = parse_export(json.loads(body))
+                try:
+                    spans = parse_export(json.loads(body))
+                except (ValueError, KeyError, TypeError, AttributeError) as e:
+                    receiver.rejected.append(f"unparsable export ({type(e).__name__}: {e})")
+                    self.send_response(400)
+                    self.end_headers()
+                    return
                 with receiver._lock:
                     receiver.spans.extend(spans)
                 self.send_response(200)
@@ -100,6 +106,16 @@ class OtlpReceiver:
             if until <= {s.name for s in spans} or time.monotonic() > deadline:
                 return spans
             time.sleep(0.1)
+
+    def summary(self) -> str:
+        """Every trace received so far (id -> span names) and the rejected posts, for a failing
+        assertion's message: an empty trace then says whether Triton exported nothing at all or
+        exported the request under another trace id."""
+        with self._lock:
+            traces: dict[str, list[str]] = {}
+            for s in self.spans:
+                traces.setdefault(s.trace_id, []).append(f"{s.name}<-{s.parent_span_id or '-'}")
+        return f"{len(traces)} trace(s) received: {traces}; rejected posts: {self.rejected}"
 
     def __enter__(self) -> OtlpReceiver:
         self._thread.start()

@@ -39,6 +39,16 @@ def ensemble_stages(model: str) -> set[str]:
     return {str(step["model_name"]) for step in steps}
 
 
+def diagnosis(server: EmbeddedServer, receiver: OtlpReceiver) -> str:
+    """What a failing assertion shows: every trace received and Triton's tracing log lines."""
+    lines = [
+        line
+        for line in server.log_text().splitlines()
+        if any(w in line.lower() for w in ("trac", "otlp", "opentelemetry", "export"))
+    ]
+    return f"{receiver.summary()}; tritonserver tracing log: {lines[-20:]}"
+
+
 def root_of(spans: list[Span]) -> Span:
     ids = {s.span_id for s in spans}
     roots = [s for s in spans if s.parent_span_id not in ids]
@@ -77,7 +87,9 @@ def test_a_client_span_parents_one_trace_holding_every_ensemble_stage(
     assert client.last_traceparent == f"00-{trace_id}-{span_id}-01"
     spans = receiver.trace(trace_id, until={model, *stages})
     names = {s.name for s in spans}
-    assert {model, *stages} <= names, f"spans of the trace: {sorted(names)}"
+    assert {model, *stages} <= names, (
+        f"spans of the trace {trace_id}: {sorted(names)}; {diagnosis(server, receiver)}"
+    )
     assert_one_tree(spans, span_id)
     # each stage is a child of the ensemble's span
     ensemble = next(s for s in spans if s.name == model)
@@ -95,7 +107,9 @@ def test_bls_calls_join_the_callers_trace(traced: tuple[EmbeddedServer, OtlpRece
     plan = build_plan(load_model_config(PIPELINE_REPOSITORY, BLS_MODEL), PIPELINE_REPOSITORY)
     stages = {plan.routes["fp32"].model}  # the BLS tokenizes itself, then calls the encoder
     spans = receiver.trace(trace_id, until={BLS_MODEL, *stages})
-    assert {BLS_MODEL, *stages} <= {s.name for s in spans}, sorted(s.name for s in spans)
+    assert {BLS_MODEL, *stages} <= {s.name for s in spans}, (
+        f"spans of the trace {trace_id}: {sorted(s.name for s in spans)}; {diagnosis(server, receiver)}"
+    )
     assert_one_tree(spans, span_id)
     # the BLS calls are children of the BLS model's span (request.trace() passed on)
     bls = next(s for s in spans if s.name == BLS_MODEL)

@@ -27,7 +27,7 @@ from tritonforge.export.classifier.data import (
 )
 from tritonforge.export.classifier.metrics import majority_baseline, scores, tfidf_baseline
 from tritonforge.export.classifier.model import cls_head_logits, encode_frozen
-from tritonforge.export.classifier.train import HyperParams
+from tritonforge.export.classifier.train import HyperParams, native_bf16
 from tritonforge.export.errors import VerificationError
 
 TINY_HP = HyperParams(
@@ -278,3 +278,26 @@ def test_checkpoint_dir_names_the_versions(tmp_path: Path) -> None:
     assert checkpoint_dir(tmp_path, 1) == tmp_path / "v1"
     with pytest.raises(ValueError, match="unknown classifier version 3"):
         checkpoint_dir(tmp_path, 3)
+
+
+@pytest.mark.parametrize(
+    ("flags", "native"),
+    [
+        ("fpu sse avx2 fma", False),  # AVX2 only (AMD EPYC Rome): bf16 autocast is emulated
+        ("fpu avx512f avx512_vnni", False),
+        ("fpu avx512f avx512_bf16", True),
+        ("fpu avx512f amx_tile amx_bf16 amx_int8", True),
+    ],
+)
+def test_native_bf16_reads_the_cpu_flags(tmp_path: Path, flags: str, native: bool) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n\n")
+    assert native_bf16.__wrapped__(cpuinfo) is native
+
+
+def test_native_bf16_is_false_without_cpuinfo(tmp_path: Path) -> None:
+    assert native_bf16.__wrapped__(tmp_path / "missing") is False
+
+
+def test_the_default_feature_dtype_follows_the_cpu() -> None:
+    assert HyperParams().feature_dtype == ("bfloat16" if native_bf16() else "float32")
