@@ -251,6 +251,8 @@ class Supervisor:
             if time.monotonic() < next_canary:
                 continue
             next_canary = time.monotonic() + self.canary_interval_s
+            if not self.configs:  # nothing loaded yet (a staged start): no canary can fail
+                continue
             failures = 0 if self._record(self.canary()) else failures + 1
             if failures >= self.failures_to_restart:
                 bad = [m for m, v in self.health().models.items() if v != "ok"]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from tritonforge.runtime.command import triton_command
+from tritonforge.runtime.errors import ServerError
 from tritonforge.runtime.lint import lint_by_model, lint_repository
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 from tritonforge.runtime.staged import (
@@ -18,7 +20,7 @@ from tritonforge.runtime.staged import (
     public_units,
     servable_models,
 )
-from tritonforge.runtime.supervisor import Health, HealthEndpoint
+from tritonforge.runtime.supervisor import Health, HealthEndpoint, Supervisor
 
 EMBED_PUBLIC = ["embed", "embed_int8", "embed_torchscript", "embed_bls"]
 
@@ -151,3 +153,31 @@ def test_health_reports_what_is_still_building(tmp_path: Path) -> None:
     assert body["building"] == {"sentiment": "exporting for 3 s"}
     assert body["export_failures"] == {"smollm2": "export failed (report: r.json)"}
     assert Health().to_json()["building"] == {}
+
+
+def test_a_supervisor_with_nothing_loaded_yet_never_restarts(tmp_path: Path) -> None:
+    """A staged start on a fresh clone serves no model for minutes: no canary, no restart."""
+    loops = threading.Semaphore(0)
+    restarts: list[str] = []
+
+    class Idle(EmbeddedServer):
+        def stub_pids(self) -> dict[str, int]:
+            loops.release()  # once per supervisor loop
+            return {}
+
+        def restart(self, stop_timeout_s: float = 5.0) -> EmbeddedServer:
+            restarts.append("restart")
+            raise ServerError("not in this test")
+
+    server = Idle(ServerSettings.ephemeral(tmp_path, model_control_mode="explicit"))
+    supervisor = Supervisor(
+        server, models=[], canary_interval_s=0.0, poll_interval_s=0.001, failures_to_restart=1
+    ).start()
+    try:
+        for _ in range(50):
+            assert loops.acquire(timeout=30)
+    finally:
+        supervisor.stop()
+        server.stop()
+    assert restarts == [] and supervisor.health().restarts == 0
+    assert not supervisor.health().healthy  # nothing serves yet
