@@ -174,7 +174,11 @@ def _supervise(
             background.on_models = lambda models: watch.add_models(_public(repo, models))
     endpoint.supervisor = supervisor
     endpoint.start()
-    canaries = ", ".join(supervisor.models) if supervisor else "none: --no-supervise"
+    canaries = (
+        (", ".join(supervisor.models) or "none loaded yet")
+        if supervisor
+        else "none: --no-supervise"
+    )
     log.info("==> pipeline health: %s (canaries: %s)", endpoint.url, canaries)
     return endpoint
 

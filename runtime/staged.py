@@ -207,7 +207,7 @@ class BackgroundExports:
         """Label -> why it failed and where its failure report is."""
         with self._lock:
             return {
-                s.job.label: f"{s.failure} (report: {s.report})"
+                s.job.label: f"{s.failure}; report: {s.report}"
                 for s in self.states
                 if s.state == "failed"
             }
@@ -294,7 +294,11 @@ class BackgroundExports:
         argv = [*self.export_command, "export", *job.argv]
         if "--model-repository" not in job.argv:
             argv += ["--model-repository", str(self.repository)]
-        log.info("==> exporting %s in the background: %s", job.label, shlex.join(argv[1:]))
+        log.info(
+            "==> exporting %s in the background: tritonforge %s",
+            job.label,
+            shlex.join(argv[len(self.export_command) :]),
+        )
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(log_path, "w") as out:
             out.write(f"$ {shlex.join(argv)}\n")
@@ -355,7 +359,7 @@ class BackgroundExports:
             state.state, state.failure, state.report = "failed", why, report
         last = errors[-1].strip() if errors else (lines[-1].strip() if lines else "")
         log.error(
-            "==> export %s FAILED: %s; still serving: %s\n    %s\n    failure report: %s (log: %s)",
+            "export %s FAILED: %s; still serving: %s\n    %s\n    failure report: %s (log: %s)",
             state.job.label,
             why,
             ", ".join(public_units(self.repository, self.loaded)) or "nothing",

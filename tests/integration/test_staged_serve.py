@@ -243,3 +243,32 @@ def test_a_failed_background_export_leaves_the_served_pipeline_serving(
     assert body["building"] == {}
     assert str(report) in body["export_failures"]["nolabels"]
     assert not any(p.name.startswith("nolabels") for p in repo.iterdir())
+
+
+def test_the_demo_shows_each_pipeline_as_it_comes_up(
+    first_repository: Path, byo_checkpoints: dict[str, tuple[Path, str]], tmp_path: Path
+) -> None:
+    """``make run`` is ``tritonforge demo`` with the default exports in the background."""
+    import shutil
+
+    repo = tmp_path / "model_repository"
+    shutil.copytree(first_repository, repo)
+    directory, task = byo_checkpoints["sentiment"]
+    job = (
+        f"--from-pretrained {directory} --task {task} --name tinycls --format onnx --max-length 64"
+    )
+    ports = [str(free_port()) for _ in range(4)]
+    done = subprocess.run(
+        [sys.executable, "-m", "tritonforge", "demo", "--once", "--quiet",
+         "--model-repository", str(repo), "--http-port", ports[0], "--grpc-port", ports[1],
+         "--metrics-port", ports[2], "--health-port", ports[3], "--background-export", job],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    first = done.stdout.index("==> distil: embedded")
+    assert "pipeline distil up after" in done.stderr
+    assert "pipeline tinycls up after" in done.stderr
+    second = done.stdout.index("==> tinycls: classified 3 sentences")
+    assert first < second
+    assert "tinycls_bls over gRPC" in done.stdout
