@@ -137,8 +137,10 @@ def run_demo(server: EmbeddedServer, only: Collection[str] | None = None) -> Non
     with ``only``, just the pipelines (and the generation model) named there."""
     if only is not None and not only:
         return
-    with demo_client(server, "http") as c:
-        found = c.pipelines()
+    found = {}
+    if only is None or set(only) - {GENERATE_MODEL}:
+        with demo_client(server, "http") as c:
+            found = c.pipelines()
     chosen = [p for p in found.values() if only is None or p.name in only]
     for pipeline in chosen:
         if pipeline.task == "embedding":

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonforge.errors import ModelConfigError
+from tritonforge.logs import LEVELS
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config, referenced_models
 from tritonforge.runtime.errors import ServerError
@@ -149,6 +150,17 @@ class JobState:
     report: Path | None = None
 
 
+def default_export_command() -> list[str]:
+    """``tritonforge`` in this interpreter, at this process's log level."""
+    level = logging.getLevelName(logging.getLogger("tritonforge").getEffectiveLevel()).lower()
+    return [
+        sys.executable,
+        "-m",
+        "tritonforge",
+        *(("--log-level", level) if level in LEVELS else ()),
+    ]
+
+
 UpCallback = Callable[[str, dict[str, list[str]]], None]
 """Called with the job's label and the newly served units (:func:`public_units`)."""
 
@@ -180,7 +192,7 @@ class BackgroundExports:
         self.loaded: list[str] = list(loaded)
         self.on_up = on_up
         self.on_models = on_models
-        self.export_command = list(export_command or [sys.executable, "-m", "tritonforge"])
+        self.export_command = list(export_command or default_export_command())
         self.t0 = time.monotonic() if t0 is None else t0
         self.load_timeout_s = load_timeout_s
         self.echo = echo or (lambda line: print(line, flush=True))

@@ -312,7 +312,8 @@ class HealthEndpoint:
     """``GET /health/pipeline`` -> 200 + JSON when the pipeline can serve, else 503.
 
     Healthy means: not draining, Triton ready and, when supervised, every public model answering
-    its canary. Point load balancers here: unlike Triton's ``/v2/health/ready`` it flips the moment
+    its canary (every loaded one: with background exports, ``builds`` lists what is still being
+    built and what failed, and nothing loaded yet is 503). Point load balancers here: unlike Triton's ``/v2/health/ready`` it flips the moment
     a shutdown starts and when a crashed stub leaves Triton "ready" but broken.
     """
 
