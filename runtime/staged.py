@@ -117,6 +117,13 @@ def public_units(repository: Path, models: Iterable[str]) -> dict[str, list[str]
     return units
 
 
+def files_stamp(directory: Path) -> tuple[int, int]:
+    """(number of files, newest mtime in ns) under ``directory``: changes when an export
+    replaces or rewrites anything there."""
+    stats = [p.stat().st_mtime_ns for p in directory.rglob("*") if p.is_file()]
+    return len(stats), max(stats, default=0)
+
+
 # -- the jobs ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ExportJob:
@@ -190,6 +197,7 @@ class BackgroundExports:
         self.report_dir = self.repository.resolve().parent / REPORT_DIR
         self.states = [JobState(job) for job in jobs]
         self.loaded: list[str] = list(loaded)
+        self._stamps = {m: files_stamp(self.repository / m) for m in self.loaded}
         self.on_up = on_up
         self.on_models = on_models
         self.export_command = list(export_command or default_export_command())
@@ -334,11 +342,16 @@ class BackgroundExports:
         return code, log_path
 
     def _load(self) -> list[str]:
-        """Load every servable model (Triton skips those unchanged); returns the new ones."""
+        """Load every servable model that is not loaded, and reload those whose files changed
+        since (a re-export), callees first; returns the new ones."""
         models, _ = servable_models(self.repository)
         newly = [m for m in models if m not in self.loaded]
         for model in models:
+            stamp = files_stamp(self.repository / model)
+            if model in self.loaded and self._stamps.get(model) == stamp:
+                continue
             self.server.load_model(model, timeout_s=self.load_timeout_s)
+            self._stamps[model] = stamp
             if model not in self.loaded:
                 self.loaded.append(model)
         # a supervisor restart brings back everything that is up now
