@@ -17,6 +17,7 @@ from tritonforge.runtime.staged import (
     BackgroundExports,
     ExportJob,
     dependency_order,
+    files_stamp,
     public_units,
     servable_models,
 )
@@ -181,3 +182,17 @@ def test_a_supervisor_with_nothing_loaded_yet_never_restarts(tmp_path: Path) -> 
         server.stop()
     assert restarts == [] and supervisor.health().restarts == 0
     assert not supervisor.health().healthy  # nothing serves yet
+
+
+def test_files_stamp_changes_when_an_export_replaces_a_version(embed_repo: Path) -> None:
+    import os
+
+    before = files_stamp(embed_repo / "encoder_fp32")
+    assert before == files_stamp(embed_repo / "encoder_fp32")  # nothing changed: no reload
+    staged = embed_repo.parent / "staged-1"
+    staged.mkdir()
+    (staged / "model.onnx").write_bytes(b"re-exported")
+    os.utime(staged / "model.onnx", ns=(before[1] + 10**9, before[1] + 10**9))
+    os.replace(embed_repo / "encoder_fp32" / "1", embed_repo.parent / "old")
+    os.replace(staged, embed_repo / "encoder_fp32" / "1")
+    assert files_stamp(embed_repo / "encoder_fp32") != before
