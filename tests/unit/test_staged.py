@@ -196,3 +196,13 @@ def test_files_stamp_changes_when_an_export_replaces_a_version(embed_repo: Path)
     os.replace(embed_repo / "encoder_fp32" / "1", embed_repo.parent / "old")
     os.replace(staged, embed_repo / "encoder_fp32" / "1")
     assert files_stamp(embed_repo / "encoder_fp32") != before
+
+
+def test_background_exports_need_explicit_model_control(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tritonforge.runtime.cli import main
+
+    argv = ["serve", "--model-repository", str(tmp_path), "--background-export", "minilm"]
+    assert main([*argv, "--model-control-mode", "none"]) == 1  # nothing started
+    assert "--background-export needs --model-control-mode explicit" in caplog.text
