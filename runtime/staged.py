@@ -332,6 +332,8 @@ class BackgroundExports:
                 env=env,
                 start_new_session=True,  # Ctrl-C reaches the server; stop() interrupts this
             )
+            if self._stop.is_set():  # stop() ran before the process existed
+                os.killpg(process.pid, signal.SIGINT)
             assert process.stdout is not None
             for line in process.stdout:
                 out.write(line)
