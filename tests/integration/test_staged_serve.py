@@ -100,7 +100,8 @@ class Serve:
             return None
         for child in children:
             try:
-                if "export" in child.cmdline()[3:5]:
+                command = child.cmdline()
+                if command[1:3] == ["-m", "tritonforge"] and "export" in command:
                     return child
             except psutil.NoSuchProcess:
                 continue
@@ -227,22 +228,26 @@ def test_a_failed_background_export_leaves_the_served_pipeline_serving(
 
     repo = tmp_path / "model_repository"
     shutil.copytree(first_repository, repo)
-    # an embedding checkpoint exported as a classifier: it has no labels, the export refuses it
-    directory, _ = byo_checkpoints["distil"]
-    s = serve(repo, f"--from-pretrained {directory} --task classification --name nolabels")
-    s.wait_for("the failure", lambda: "export nolabels FAILED" in s.text())
-    report = tmp_path / ".tritonforge" / "background-exports" / "nolabels.failed.json"
+    # a checkpoint whose weights file is damaged: it inspects fine, the export fails loading it
+    directory, task = byo_checkpoints["sentiment"]
+    broken = tmp_path / "broken"
+    shutil.copytree(directory, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    s = serve(repo, f"--from-pretrained {broken} --task {task} --name damaged")
+    s.wait_for("the failure", lambda: "export damaged FAILED" in s.text())
+    report = tmp_path / ".tritonforge" / "background-exports" / "damaged.failed.json"
     text = s.text()
     assert f"failure report: {report}" in text, text[-3000:]
     assert "still serving: distil" in text
     failure = json.loads(report.read_text())
-    assert any("id2label" in line for line in failure["error_lines"]), failure
-    assert "id2label" in Path(failure["log"]).read_text()
+    assert failure["error_lines"] and "rror" in failure["error_lines"][-1], failure
+    assert failure["error_lines"][-1] in Path(failure["log"]).read_text()
+    assert f"    {failure['error_lines'][-1].strip()}\n" in text  # the error, printed
     embed_answers(s, repo)
     _, body = s.wait_for("healthy pipeline health", lambda: (h := s.health()) and h[0] == 200 and h)
     assert body["building"] == {}
-    assert str(report) in body["export_failures"]["nolabels"]
-    assert not any(p.name.startswith("nolabels") for p in repo.iterdir())
+    assert str(report) in body["export_failures"]["damaged"]
+    assert not any(p.name.startswith("damaged") for p in repo.iterdir())
 
 
 def test_the_demo_shows_each_pipeline_as_it_comes_up(
