@@ -288,6 +288,8 @@ class BackgroundExports:
         try:
             newly = self._load()
         except (ServerError, OSError, ModelConfigError) as e:
+            if self._stop.is_set():  # the server is shutting down under the load
+                return
             self._fail(state, f"export done in {took:.0f} s, but loading failed: {e}", log_path)
             return
         self._set(state, "done")
