@@ -344,13 +344,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
         endpoint.stop()
         return _wait_for_signal(server, stop)
     shown = threading.Lock()  # one pipeline's demo at a time
+    demos: list[threading.Thread] = []
 
-    def show(label: str, units: dict[str, list[str]]) -> None:
+    def demo(units: dict[str, list[str]]) -> None:
         with shown:
             try:
                 run_demo(server, only=list(units))
             except Exception as e:  # the demo failing must not stop the exports
                 log.error("==> demo of %s failed: %s", ", ".join(units), e)
+
+    def show(label: str, units: dict[str, list[str]]) -> None:
+        """In its own thread: the next export starts at once."""
+        demos.append(
+            threading.Thread(target=demo, args=(units,), name=f"demo-{label}", daemon=True)
+        )
+        demos[-1].start()
 
     loaded = list(load_models or [])
     background = _background(server, jobs, loaded, t0, on_up=show)
@@ -366,6 +374,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.once:
         while not background.wait(0.5) and not stop.is_set():
             pass
+        for thread in demos:
+            thread.join()
         stop.set()
     return _wait_for_signal(server, stop, endpoint, args.drain_timeout_s, background)
 
