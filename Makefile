@@ -52,11 +52,13 @@ classifier: $(STAMP)  ## train the default sentiment classifier: HF checkpoints 
 export: $(STAMP)  ## export every default pipeline (embed: MiniLM fp32/int8/TorchScript; classify: the sentiment classifier v1+v2 fp32/int8, trained first when needed; generate: SmolLM2) into the model repository
 	$(TF) export --model-repository $(REPO)
 
-serve: export  ## serve the model repository on the embedded Triton (Ctrl-C stops it)
-	$(TF) serve --no-export --model-repository $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+# serve and run do not depend on export: they serve what is exported at once and run the default
+# exports in the background, serving each pipeline as soon as its export is done (docs/operations.md).
+serve: $(STAMP)  ## serve the model repository on the embedded Triton, each pipeline as soon as its export is done (Ctrl-C stops it)
+	$(TF) serve --model-repository $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
-run: export  ## set up, export, serve the default pipeline, show it answering, stop
-	$(TF) demo --no-export --model-repository $(REPO)
+run: $(STAMP)  ## set up, serve, show each pipeline answering as soon as its export is done (exports run in the background); Ctrl-C stops
+	$(TF) demo --model-repository $(REPO)
 
 test: $(STAMP)  ## lint, export (skipped when unchanged), unit + integration tests on the real embedded Triton
 	@echo "==> [test 1/4] ruff + mypy"

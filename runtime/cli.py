@@ -8,7 +8,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -21,6 +22,7 @@ from tritonforge.runtime.server import (
     EmbeddedServer,
     ServerSettings,
 )
+from tritonforge.runtime.staged import BackgroundExports, ExportJob, public_units, servable_models
 from tritonforge.runtime.supervisor import HealthEndpoint, Supervisor
 from tritonforge.runtime.tracing import TRACE_ENV, TRACE_RATE_ENV, trace_args
 
@@ -43,6 +45,15 @@ def _server_args(p: argparse.ArgumentParser) -> None:
         "model whose stub crashed, the others keep serving; none: it restarts the whole server",
     )
     p.add_argument("--load-model", action="append", default=[], help="with explicit control")
+    p.add_argument(
+        "--background-export",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help="after Triton is up with the models that are complete, run `tritonforge export ARGS` "
+        "(one shell-quoted string; repeatable, run in order) and load what each export completes "
+        "(explicit model control); a failed export leaves the others serving",
+    )
     p.add_argument("--ready-timeout-s", type=float, default=defaults.ready_timeout_s)
     p.add_argument("--exit-timeout-s", type=float, default=defaults.exit_timeout_s)
     p.add_argument("--log-verbose", type=int, default=0)
@@ -86,7 +97,8 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _settings(args: argparse.Namespace) -> ServerSettings:
+def _settings(args: argparse.Namespace, load_models: Sequence[str] | None = None) -> ServerSettings:
+    """The server's settings; ``load_models`` (staged start): exactly those, none when empty."""
     return ServerSettings(
         model_repository=args.model_repository,
         host=args.host,
@@ -94,7 +106,8 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         model_control_mode=args.model_control_mode,
-        load_models=args.load_model,
+        load_models=args.load_model if load_models is None else list(load_models),
+        load_all=load_models is None,
         ready_timeout_s=args.ready_timeout_s,
         exit_timeout_s=args.exit_timeout_s,
         log_verbose=args.log_verbose,
@@ -131,20 +144,41 @@ def _bind_health(server: EmbeddedServer, args: argparse.Namespace) -> HealthEndp
         ) from e
 
 
+def _public(repository: Path, models: Sequence[str]) -> list[str]:
+    return [m for ms in public_units(repository, models).values() for m in ms]
+
+
 def _supervise(
-    server: EmbeddedServer, args: argparse.Namespace, endpoint: HealthEndpoint
+    server: EmbeddedServer,
+    args: argparse.Namespace,
+    endpoint: HealthEndpoint,
+    background: BackgroundExports | None = None,
 ) -> HealthEndpoint:
-    """Serve the pipeline health endpoint, with the supervisor behind it when asked."""
+    """Serve the pipeline health endpoint, with the supervisor behind it when asked; with
+    ``background`` exports, the canaries cover what is loaded and grow as exports finish."""
     supervisor = None
     if args.supervise:
         supervisor = Supervisor(
             server,
+            models=None
+            if background is None
+            else _public(server.settings.model_repository, background.loaded),
             canary_interval_s=args.canary_interval_s,
             on_restart=lambda why: log.info("==> supervisor: recovering (%s)", why),
         ).start()
+    if background is not None:
+        endpoint.builds = background
+        if supervisor is not None:
+            watch = supervisor
+            repo = Path(server.settings.model_repository)
+            background.on_models = lambda models: watch.add_models(_public(repo, models))
     endpoint.supervisor = supervisor
     endpoint.start()
-    canaries = ", ".join(supervisor.models) if supervisor else "none: --no-supervise"
+    canaries = (
+        (", ".join(supervisor.models) or "none loaded yet")
+        if supervisor
+        else "none: --no-supervise"
+    )
     log.info("==> pipeline health: %s (canaries: %s)", endpoint.url, canaries)
     return endpoint
 
@@ -163,18 +197,24 @@ def _wait_for_signal(
     stop: threading.Event,
     endpoint: HealthEndpoint | None = None,
     drain_timeout_s: float = 0.0,
+    background: BackgroundExports | None = None,
 ) -> int:
-    """Serve until ``stop`` is set, then shut down gracefully (exit 0): the health endpoint turns
-    503 at once, in-flight requests drain, then Triton gets SIGTERM. Unsupervised, exit 1 if the
-    server dies; supervised, the supervisor restarts it (on the same ports)."""
+    """Serve until ``stop`` is set, then shut down gracefully (exit 0): a background export is
+    interrupted, the health endpoint turns 503 at once, in-flight requests drain, then Triton
+    gets SIGTERM. Unsupervised, exit 1 if the server dies; supervised, the supervisor restarts
+    it (on the same ports)."""
     supervised = endpoint is not None and endpoint.supervisor is not None
     while not stop.wait(0.5):
         if not supervised and server.returncode is not None and not server.restarting:
             log.error("tritonserver exited unexpectedly (%s)", server.returncode)
+            if background is not None:
+                background.stop()
             server.stop()
             if endpoint is not None:
                 endpoint.stop()
             return 1
+    if background is not None:
+        background.stop()
     if endpoint is not None:
         endpoint.draining.set()
         if endpoint.supervisor is not None:
@@ -204,19 +244,67 @@ def _lint_ok(repository: Path) -> bool:
     return not problems
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    if not _lint_ok(args.model_repository):
-        return 2
-    stop = _install_stop_handlers()
-    server = EmbeddedServer(_settings(args))
+def _staged(args: argparse.Namespace) -> tuple[list[ExportJob], list[str] | None]:
+    """The background export jobs and the models to load at start (None: the whole repository,
+    after the lint passed); raises :class:`ServerStartError` when they cannot be combined."""
+    jobs = [ExportJob.parse(a) for a in args.background_export]
+    if not jobs:
+        return jobs, None
+    if args.model_control_mode != "explicit":
+        raise ServerStartError("--background-export needs --model-control-mode explicit")
+    models, problems = servable_models(args.model_repository)
+    for _, why in sorted(problems.items()):
+        log.info("==> not loaded (yet: an export may complete it): %s", why[0])
+    return jobs, models
+
+
+def _start(
+    args: argparse.Namespace, load_models: list[str] | None, stop: threading.Event
+) -> tuple[EmbeddedServer, HealthEndpoint]:
+    server = EmbeddedServer(_settings(args, load_models))
     endpoint = _bind_health(server, args)
-    log.info("==> starting Triton on %s (model repository %s)", args.host, args.model_repository)
+    log.info(
+        "==> starting Triton on %s (model repository %s%s)",
+        args.host,
+        args.model_repository,
+        "" if load_models is None else f"; loading {len(load_models)} complete model(s)",
+    )
     try:
         server.start()
         server.wait_ready(cancel=stop)
     except BaseException:
         endpoint.stop()
         raise
+    return server, endpoint
+
+
+def _background(
+    server: EmbeddedServer,
+    jobs: list[ExportJob],
+    loaded: list[str],
+    t0: float,
+    on_up: Callable[[str, dict[str, list[str]]], None] | None = None,
+) -> BackgroundExports | None:
+    if not jobs:
+        return None
+    up = public_units(server.settings.model_repository, loaded)
+    log.info(
+        "==> serving now: %s; exporting in the background: %s",
+        ", ".join(up) or "nothing yet",
+        ", ".join(j.label for j in jobs),
+    )
+    for name in up:
+        log.info("==> pipeline %s up after %.0f s (complete on disk)", name, time.monotonic() - t0)
+    return BackgroundExports(server, jobs, loaded=loaded, on_up=on_up, t0=t0)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    jobs, load_models = _staged(args)
+    if load_models is None and not _lint_ok(args.model_repository):
+        return 2
+    stop = _install_stop_handlers()
+    server, endpoint = _start(args, load_models, stop)
     if stop.is_set():
         endpoint.stop()
         return _wait_for_signal(server, stop)
@@ -225,7 +313,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"metrics {server.metrics_url}"
     )
     _print_admin(server)
-    return _wait_for_signal(server, stop, _supervise(server, args, endpoint), args.drain_timeout_s)
+    background = _background(server, jobs, load_models or [], t0)
+    endpoint = _supervise(server, args, endpoint, background)
+    if background is not None:
+        background.start()
+    return _wait_for_signal(server, stop, endpoint, args.drain_timeout_s, background)
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -240,6 +332,56 @@ def cmd_lint(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from tritonforge.runtime.demo import run_demo
+
+    t0 = time.monotonic()
+    jobs, load_models = _staged(args)
+    if not jobs:
+        return _demo_all(args)
+    stop = _install_stop_handlers()
+    server, endpoint = _start(args, load_models, stop)
+    if stop.is_set():
+        endpoint.stop()
+        return _wait_for_signal(server, stop)
+    shown = threading.Lock()  # one pipeline's demo at a time
+    demos: list[threading.Thread] = []
+
+    def demo(units: dict[str, list[str]]) -> None:
+        with shown:
+            try:
+                run_demo(server, only=list(units))
+            except Exception as e:  # the demo failing must not stop the exports
+                log.error("==> demo of %s failed: %s", ", ".join(units), e)
+
+    def show(label: str, units: dict[str, list[str]]) -> None:
+        """In its own thread: the next export starts at once."""
+        demos.append(
+            threading.Thread(target=demo, args=(units,), name=f"demo-{label}", daemon=True)
+        )
+        demos[-1].start()
+
+    loaded = list(load_models or [])
+    background = _background(server, jobs, loaded, t0, on_up=show)
+    assert background is not None
+    _print_admin(server)
+    endpoint = _supervise(server, args, endpoint, background)
+    background.start()
+    show("", public_units(args.model_repository, loaded))
+    log.info(
+        f"==> serving: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
+        f"metrics {server.metrics_url}  (Ctrl-C stops)"
+    )
+    if args.once:
+        while not background.wait(0.5) and not stop.is_set():
+            pass
+        for thread in demos:
+            thread.join()
+        stop.set()
+    return _wait_for_signal(server, stop, endpoint, args.drain_timeout_s, background)
+
+
+def _demo_all(args: argparse.Namespace) -> int:
+    """The demo of a complete repository (no background exports): lint, serve, show, serve."""
     from tritonforge.runtime.demo import run_demo
 
     if not _lint_ok(args.model_repository):

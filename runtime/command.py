@@ -70,7 +70,7 @@ def triton_command(
     if s.model_config_name:
         cmd.append(f"--model-config-name={s.model_config_name}")
     load_models = list(s.load_models)
-    if s.model_control_mode == "explicit" and not load_models:
+    if s.model_control_mode == "explicit" and not load_models and s.load_all:
         load_models = ["*"]  # explicit control, but start with the whole repository loaded
     cmd += [f"--load-model={m}" for m in load_models]
     cmd += list(s.extra_args)

