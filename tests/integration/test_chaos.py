@@ -1,0 +1,31 @@
+"""A short chaos run in the suite (``make chaos`` is the long one): mixed traffic over every
+pipeline while the injector SIGSEGVs stubs, floods generate past its
+queue, opens SSE streams, cancels streams and sends malformed headers. Every gate must hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PIPELINE_REPOSITORY
+from tests.integration.reliability import linked_repository
+from tritonforge.loadtest.chaos import FAULTS, print_report, run_chaos
+from tritonforge.pipelines import from_repository
+from tritonforge.repository import model_names
+
+pytestmark = pytest.mark.integration
+
+
+def test_chaos_run_keeps_every_gate(tmp_path: Path) -> None:
+    if not from_repository(PIPELINE_REPOSITORY):
+        pytest.skip("no pipeline exported: run `make export`")
+    repo = linked_repository(tmp_path / "repo", tuple(model_names(PIPELINE_REPOSITORY)))
+    report = run_chaos(
+        repo, duration_s=30.0, rate_per_s=6.0, seed=19, faults=FAULTS, fault_interval_s=4.0,
+        timeout_s=30.0, sse_streams=16,
+    )  # fmt: skip
+    print_report(report)
+    assert report.kills, "the injector killed no stub"
+    assert sum(p.sent for p in report.pipelines.values()) > 100
+    assert not report.breaches, report.breaches
