@@ -456,9 +456,21 @@ class Supervisor:
             models = {self._stub_models[i] for i in dead if i in self._stub_models}
             self._recover(models, f"stub process of {', '.join(dead)} died", dead)
             return
+        asked, reasons = self._pending_reloads()
+        if asked:
+            self._recover(asked, "; ".join(reasons), ())
+
+    def _pending_reloads(self) -> tuple[set[str], list[str]]:
+        """Every reload the readiness thread asked for so far, together (several canaries may
+        report the same broken stub)."""
+        models: set[str] = set()
+        reasons: list[str] = []
         with contextlib.suppress(queue.Empty):
-            asked, reason = self._reload_requests.get_nowait()
-            self._recover(set(asked), reason, ())
+            while True:
+                asked, reason = self._reload_requests.get_nowait()
+                models |= asked
+                reasons.append(reason)
+        return models, reasons
 
     def _probe(self) -> None:
         """Readiness: canaries every ``canary_interval_s``; overload only marks not ready."""
@@ -527,6 +539,7 @@ class Supervisor:
                 error = f"; reload failed: {e}"[:500]
                 log.error("supervisor: %s%s", reason, error)
             self._snapshot_stubs()
+            self._pending_reloads()  # asked before this reload: stale now
             with self._lock:
                 self._health.restarts += 1
                 self._health.model_reloads += 1

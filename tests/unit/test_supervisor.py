@@ -10,6 +10,7 @@ import threading
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from tritonforge.runtime.supervisor import (
     FAILED,
     OVERLOADED,
     Backoff,
+    Supervisor,
     callees,
     classify_failure,
     dependents,
@@ -225,3 +227,114 @@ def test_metrics_proxy_holds_its_port_and_answers_503_while_triton_is_down() -> 
         proxy.stop()
         upstream.shutdown()
         upstream.server_close()
+
+
+class FakeServer:
+    """What the supervisor reads of an EmbeddedServer (unit tests of its decisions only; the
+    integration tests run the real one)."""
+
+    def __init__(self, repository: Path) -> None:
+        from types import SimpleNamespace
+
+        self.settings = SimpleNamespace(
+            model_repository=repository, front=False, model_control_mode="explicit"
+        )
+        self.pid: int | None = 100
+        self.returncode: int | None = None
+        self.loaded: list[str] = []
+        self.restarts = 0
+        self.stub_table = {"tok_0_0": (1, "tok"), "enc_0_0": (2, "enc"), "gen_0_0": (3, "gen")}
+
+    def stubs(self) -> dict[str, tuple[int, str]]:
+        return dict(self.stub_table)
+
+    def stub_pids(self) -> dict[str, int]:
+        return {k: v[0] for k, v in self.stub_table.items()}
+
+    def load_model(self, model: str, force: bool = False) -> None:
+        self.loaded.append(model)
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self.returncode = None
+
+
+def _repo(tmp_path: Path) -> Path:
+    configs = {
+        "tok": 'name: "tok"\nbackend: "python"\ninput { name: "text" data_type: TYPE_STRING dims: 1 }',
+        "enc": 'name: "enc"\nbackend: "python"',
+        "ens": 'name: "ens"\nplatform: "ensemble"\ninput { name: "text" data_type: TYPE_STRING dims: 1 }\n'
+        'ensemble_scheduling { step { model_name: "tok" model_version: -1 }\n'
+        'step { model_name: "enc" model_version: -1 } }',
+        "gen": 'name: "gen"\nbackend: "python"\ninput { name: "text" data_type: TYPE_STRING dims: 1 }',
+    }
+    for name, text in configs.items():
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(text)
+    return tmp_path
+
+
+class Scripted(Supervisor):
+    def __init__(self, server: FakeServer, answers: list[dict[str, str]]) -> None:
+        super().__init__(server, ["ens", "gen"])  # type: ignore[arg-type]
+        self.answers = answers
+
+    def canary(self) -> dict[str, str]:
+        return self.answers.pop(0) if self.answers else {"ens": "ok", "gen": "ok"}
+
+
+def test_overloaded_canaries_never_reload_or_restart(tmp_path: Path) -> None:
+    """Finding 2a: the canary of a flooded model refused again and again restarts nothing."""
+    server = FakeServer(_repo(tmp_path))
+    busy = {"ens": "ok", "gen": "overloaded: StatusCode.UNAVAILABLE generate: overloaded"}
+    supervisor = Scripted(server, [busy] * 10)
+    for _ in range(10):
+        supervisor._probe_once()
+        supervisor._watch_once()
+        assert not supervisor.health().healthy
+        assert supervisor.health().pipelines == {"ens": "ok", "gen": "overloaded"}
+    assert server.loaded == [] and server.restarts == 0
+    supervisor._probe_once()
+    assert supervisor.health().healthy
+
+
+def test_a_dead_stub_reloads_its_model_and_its_callers_never_the_server(tmp_path: Path) -> None:
+    """Finding 1: the tokenizer dies; it and the ensemble that calls it are reloaded."""
+    server = FakeServer(_repo(tmp_path))
+    supervisor = Scripted(server, [])
+    supervisor._snapshot_stubs()
+    server.stub_table["tok_0_0"] = (11, "tok")  # a new PID: the old stub is gone
+    supervisor._watch_once()
+    assert server.loaded == ["tok", "ens"] and server.restarts == 0
+    health = supervisor.health()
+    assert health.model_reloads == 1 and health.server_restarts == 0
+    assert "tok_0_0" in health.last_restart_reason and "ens" in health.last_restart_reason
+
+
+def test_a_canary_naming_an_unhealthy_stub_reloads_it_at_once(tmp_path: Path) -> None:
+    server = FakeServer(_repo(tmp_path))
+    sick = "failed: StatusCode.INTERNAL Stub process 'tok_0_0' is not healthy."
+    supervisor = Scripted(server, [{"ens": sick, "gen": "ok"}])
+    supervisor._snapshot_stubs()
+    supervisor._probe_once()
+    supervisor._watch_once()
+    assert server.loaded == ["tok", "ens"] and server.restarts == 0
+
+
+def test_only_a_tritonserver_exit_restarts_the_server(tmp_path: Path) -> None:
+    server = FakeServer(_repo(tmp_path))
+    broken = {"ens": "failed: StatusCode.INTERNAL ens: internal error (KeyError)", "gen": "ok"}
+    supervisor = Scripted(server, [broken, broken])
+    supervisor._snapshot_stubs()
+    supervisor._probe_once()
+    supervisor._watch_once()
+    assert server.loaded == [] and server.restarts == 0  # once may be a blip
+    supervisor._probe_once()
+    supervisor._watch_once()
+    # twice: the model and everything it calls are reloaded, still no server restart
+    assert sorted(server.loaded) == ["enc", "ens", "tok"] and server.restarts == 0
+    server.returncode = -11
+    supervisor._watch_once()
+    health = supervisor.health()
+    assert server.restarts == 1 and health.server_restarts == 1
+    assert health.last_server_restart_reason == "tritonserver exited with status -11"
