@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import secrets
 import socket
 import urllib.error
 import urllib.request
@@ -16,6 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tritonforge.runtime.errors import ModelLoadError
+
+RELOAD_KEY = "tritonforge.reload_id"
+"""Config parameter a forced reload sets to a fresh value: Triton 2.51 skips a load whose config
+override equals the served config (0.003 s, the dead stub stays dead), so the override must
+differ. No model reads it."""
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -115,13 +121,17 @@ class RepositoryAPI:
 
         Triton loads the new instances before it retires the old ones, so requests keep being
         served; raises :class:`ModelLoadError` with Triton's error when the load fails (the
-        versions already serving stay). Triton skips a load when nothing changed on disk;
-        ``force`` passes the current config as an override so the instances are rebuilt (what a
-        crashed stub needs).
+        versions already serving stay). Triton skips a load when nothing changed on disk, and
+        also when a config override equals the served config; ``force`` passes the current
+        config with a fresh :data:`RELOAD_KEY` parameter as an override, so the instances are
+        rebuilt (what a crashed stub needs).
         """
         body = b"{}"
         if force:
-            body = json.dumps({"parameters": {"config": self.model_config(model)}}).encode()
+            config = json.loads(self.model_config(model))
+            parameters = config.setdefault("parameters", {})
+            parameters[RELOAD_KEY] = {"string_value": secrets.token_hex(8)}
+            body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
         error = self.call(f"models/{model}/load", body=body, timeout_s=timeout_s)
         if error:
             raise ModelLoadError({model: error})

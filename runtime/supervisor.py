@@ -21,7 +21,6 @@ last recovery; every action is also logged.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import json
 import logging
@@ -42,7 +41,7 @@ from tritonforge.errors import ModelConfigError
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config, model_names, referenced_models
-from tritonforge.runtime.errors import ServerError
+from tritonforge.runtime.errors import ModelLoadError, ServerError
 from tritonforge.runtime.server import EmbeddedServer
 
 log = logging.getLogger(__name__)
@@ -531,10 +530,8 @@ class Supervisor:
             self._notify(f"{reason}; reloading {', '.join(reloading)}")
             error = ""
             try:
-                for wave in waves:
-                    with concurrent.futures.ThreadPoolExecutor(max_workers=len(wave)) as pool:
-                        for future in [pool.submit(self._load, m) for m in wave]:
-                            future.result()
+                for model in reloading:  # one at a time: Triton reloads ensembles itself too
+                    self._load(model)
             except (ServerError, OSError) as e:
                 error = f"; reload failed: {e}"[:500]
                 log.error("supervisor: %s%s", reason, error)
@@ -549,7 +546,13 @@ class Supervisor:
             self._record(self.canary())
 
     def _load(self, model: str) -> None:
-        self.server.load_model(model, force=True)
+        """Reload ``model`` (a fresh instance); a load that Triton superseded with its own (it
+        reloads an ensemble when a step model is loaded) is done."""
+        try:
+            self.server.load_model(model, force=True)
+        except ModelLoadError as e:
+            if "Newer operation has been applied" not in str(e.failures):
+                raise
 
     def _restart_server(self, reason: str) -> None:
         """Restart tritonserver on the same ports, after the back-off's delay (interruptible)."""
