@@ -3,7 +3,7 @@
 Serves the repository as ``serve`` does (explicit model control, the supervisor, the front),
 sends mixed traffic at a fixed rate through every public model of every discovered pipeline
 (gRPC and HTTP alternately; decoupled models over gRPC streams), and meanwhile a seeded fault
-injector, every ``--fault-interval-s``, in turn: SIGSEGVs a random Python stub, floods a
+injector, every ``--fault-interval-s`` until ``--max-recovery-s`` + 5 s before the end, in turn: SIGSEGVs a random Python stub, floods a
 decoupled (generate) model past its queue (``max_running + max_queue`` from its config, plus
 ``--flood-extra``), opens ``--sse-streams`` SSE streams at once, cancels gRPC streams and SSE
 streams mid-answer, and sends malformed HTTP headers to the front.
@@ -11,7 +11,8 @@ streams mid-answer, and sends malformed HTTP headers to the front.
 It reports, per pipeline, requests sent / answered OK / answered with a clean error (an HTTP
 status or gRPC status from the server) / shed (a clean overload refusal while that pipeline was
 being flooded) / lost (connection reset, stream ended without its final response) / hung (no
-answer within ``--timeout-s``), the longest unavailability (no OK answer in between), for each
+answer within ``--timeout-s``), the longest unavailability (of any of its public models: no OK
+answer in between), for each
 killed stub when its pipeline answered again, and the supervisor's whole-server restarts. Exit 1
 when a gate is breached (:func:`gates`): any lost or hung request; a pipeline whose own stub was
 not killed answering < ``--min-ok-ratio`` of its requests OK (shed ones aside); a killed stub's
@@ -340,6 +341,7 @@ class Chaos:
         fault_interval_s: float,
         flood_extra: int = 16,
         sse_streams: int = 64,
+        cooldown_s: float = 15.0,
     ) -> None:
         self.server, self.supervisor = server, supervisor
         self.repository = Path(server.settings.model_repository)
@@ -350,6 +352,7 @@ class Chaos:
         self.fault_names = list(faults)
         self.fault_interval_s = fault_interval_s
         self.flood_extra, self.sse_streams = flood_extra, sse_streams
+        self.cooldown_s = cooldown_s  # no fault in the last seconds: each recovery is measured
         self.outcomes: list[Outcome] = []
         self.kills: list[Kill] = []
         self.fault_counts: dict[str, dict[str, int]] = {}
@@ -555,7 +558,9 @@ class Chaos:
         }  # fmt: skip
         order = [f for f in self.fault_names if f in actions]
         i = 0
-        while not self._stop.wait(self.fault_interval_s) and self.now() < duration_s - 1:
+        while (
+            not self._stop.wait(self.fault_interval_s) and self.now() < duration_s - self.cooldown_s
+        ):
             if not order:
                 return
             fault = order[i % len(order)]
@@ -589,8 +594,9 @@ class Chaos:
             setattr(p, o.kind, getattr(p, o.kind) + 1)
         for name, p in report.pipelines.items():
             p.stub_killed = name in killed
-            mine = [o for o in self.outcomes if o.pipeline == name]
-            p.longest_unavailable_s = round(longest_gap_s(mine), 2) if mine else 0.0
+            models = {o.model for o in self.outcomes if o.pipeline == name}
+            gaps = [longest_gap_s([o for o in self.outcomes if o.model == m]) for m in models]
+            p.longest_unavailable_s = round(max(gaps, default=0.0), 2)
         for i, kill in enumerate(self.kills):
             until = self.kills[i + 1].at_s if i + 1 < len(self.kills) else self.now()
             back = back_after_s(kill, self.outcomes, until)
@@ -648,7 +654,7 @@ def run_chaos(
         supervisor = Supervisor(server, canary_interval_s=1.0, poll_interval_s=0.2).start()
         chaos = Chaos(
             server, supervisor, rate_per_s, timeout_s, seed, faults, fault_interval_s,
-            sse_streams=sse_streams,
+            sse_streams=sse_streams, cooldown_s=max_recovery_s + 5,
         )  # fmt: skip
         report = chaos.run(duration_s)
     finally:

@@ -517,21 +517,36 @@ class Supervisor:
             self.on_restart(reason)
 
     def _recover(self, models: set[str], reason: str, dead: Sequence[str]) -> None:
-        """Reload ``models`` and their dependents (explicit control); with another control mode
-        a dead stub can only be revived by restarting the server."""
+        """Reload ``models``, then every model that calls them and still does not answer
+        (explicit control); with another control mode a dead stub can only be revived by
+        restarting the server.
+
+        Triton reloads an ensemble itself when one of its steps is loaded, and a BLS model calls
+        its targets by name, so after the broken model's reload most dependents answer at once;
+        a canary through each one that calls it decides which dependents need a reload of their
+        own (each reload costs CPU and, for a Python model, a new stub)."""
         if self.server.settings.model_control_mode != "explicit":
             self._restart_server(reason)
             return
         with self._action:
-            waves = reload_plan(self.calls, models)
-            reloading = [m for wave in waves for m in wave]
-            affected = [m for m in self.models if m in reloading or callees(self.calls, m) & models]
+            first, *later = reload_plan(self.calls, models)
+            affected = [m for m in self.models if callees(self.calls, m) & models]
             self._mark(affected, f"{RECOVERING}: {reason}")
-            self._notify(f"{reason}; reloading {', '.join(reloading)}")
+            self._notify(f"{reason}; reloading {', '.join(first)}")
+            reloaded: list[str] = []
             error = ""
+            started = time.monotonic()
             try:
-                for model in reloading:  # one at a time: Triton reloads ensembles itself too
+                for model in first:
                     self._load(model)
+                    reloaded.append(model)
+                results = self.canary()
+                still = [m for m in affected if results.get(m, OK) != OK]
+                broken = {m for m in still if not results[m].startswith(OVERLOADED)}
+                wanted = {c for m in broken for c in callees(self.calls, m)}
+                for model in [m for wave in later for m in wave if m in wanted]:
+                    self._load(model)  # one at a time: Triton reloads ensembles itself too
+                    reloaded.append(model)
             except (ServerError, OSError) as e:
                 error = f"; reload failed: {e}"[:500]
                 log.error("supervisor: %s%s", reason, error)
@@ -541,7 +556,8 @@ class Supervisor:
                 self._health.restarts += 1
                 self._health.model_reloads += 1
                 self._health.last_restart_reason = (
-                    f"{reason}; reloaded {', '.join(reloading)}{error}"
+                    f"{reason}; reloaded {', '.join(reloaded)} in "
+                    f"{time.monotonic() - started:.1f} s{error}"
                 )
             self._record(self.canary())
 

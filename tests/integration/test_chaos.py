@@ -1,4 +1,4 @@
-"""A short chaos run in the suite (``make chaos`` is the long one): mixed traffic over every
+"""A short chaos run in the suite (``make chaos`` is the long one; 40 s here): mixed traffic over every
 pipeline while the injector SIGSEGVs stubs, floods generate past its
 queue, opens SSE streams, cancels streams and sends malformed headers. Every gate must hold."""
 
@@ -22,7 +22,7 @@ def test_chaos_run_keeps_every_gate(tmp_path: Path) -> None:
         pytest.skip("no pipeline exported: run `make export`")
     repo = linked_repository(tmp_path / "repo", tuple(model_names(PIPELINE_REPOSITORY)))
     report = run_chaos(
-        repo, duration_s=30.0, rate_per_s=6.0, seed=19, faults=FAULTS, fault_interval_s=4.0,
+        repo, duration_s=40.0, rate_per_s=6.0, seed=19, faults=FAULTS, fault_interval_s=4.0,
         timeout_s=30.0, sse_streams=16,
     )  # fmt: skip
     print_report(report)

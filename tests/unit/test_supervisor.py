@@ -305,10 +305,23 @@ def test_a_dead_stub_reloads_its_model_and_its_callers_never_the_server(tmp_path
     supervisor._snapshot_stubs()
     server.stub_table["tok_0_0"] = (11, "tok")  # a new PID: the old stub is gone
     supervisor._watch_once()
-    assert server.loaded == ["tok", "ens"] and server.restarts == 0
+    assert server.loaded == ["tok"] and server.restarts == 0  # the ensemble answers again
     health = supervisor.health()
     assert health.model_reloads == 1 and health.server_restarts == 0
-    assert "tok_0_0" in health.last_restart_reason and "ens" in health.last_restart_reason
+    assert "tok_0_0" in health.last_restart_reason
+
+
+def test_a_caller_still_broken_after_the_reload_is_reloaded_too(tmp_path: Path) -> None:
+    """Finding 1: the ensemble kept answering "Stub process ... is not healthy" after the
+    tokenizer came back; a dependent whose canary still fails is reloaded as well."""
+    server = FakeServer(_repo(tmp_path))
+    sick = "failed: StatusCode.INTERNAL in ensemble 'ens', Stub process 'tok_0_0' is not healthy."
+    supervisor = Scripted(server, [{"ens": sick, "gen": "ok"}])
+    supervisor._snapshot_stubs()
+    server.stub_table["tok_0_0"] = (11, "tok")
+    supervisor._watch_once()
+    assert server.loaded == ["tok", "ens"] and server.restarts == 0
+    assert "reloaded tok, ens" in supervisor.health().last_restart_reason
 
 
 def test_a_canary_naming_an_unhealthy_stub_reloads_it_at_once(tmp_path: Path) -> None:
@@ -318,7 +331,7 @@ def test_a_canary_naming_an_unhealthy_stub_reloads_it_at_once(tmp_path: Path) ->
     supervisor._snapshot_stubs()
     supervisor._probe_once()
     supervisor._watch_once()
-    assert server.loaded == ["tok", "ens"] and server.restarts == 0
+    assert server.loaded == ["tok"] and server.restarts == 0
 
 
 def test_only_a_tritonserver_exit_restarts_the_server(tmp_path: Path) -> None:
