@@ -30,8 +30,9 @@ from tests.integration.reliability import Load, linked_repository, text_inputs
 from tritonforge.generation import TEXT_INPUT
 from tritonforge.loadtest.chaos import OK, stream_once
 from tritonforge.pipelines import from_repository
+from tritonforge.repository import load_model_config
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.supervisor import Backoff, Supervisor
+from tritonforge.runtime.supervisor import Backoff, Supervisor, public_models
 
 pytestmark = pytest.mark.integration
 
@@ -50,11 +51,11 @@ def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
 
 
 def _generate_model() -> str:
-    for pipeline in from_repository(PIPELINE_REPOSITORY).values():
-        for model in pipeline.public_models:
-            text = (PIPELINE_REPOSITORY / model / "config.pbtxt").read_text()
-            if "decoupled: true" in text:
-                return model
+    """The exported decoupled (streaming) public model, found from the configs."""
+    for model in public_models(PIPELINE_REPOSITORY):
+        config = load_model_config(PIPELINE_REPOSITORY, model)
+        if config.raw.get("model_transaction_policy", {}).get("decoupled"):
+            return model
     pytest.skip("no decoupled (generate) model exported: run `make export`")
 
 
