@@ -392,10 +392,22 @@ class Supervisor:
             return snapshot
 
     # -- loop --------------------------------------------------------------------------------
-    def _snapshot_stubs(self) -> None:
+    def _snapshot_stubs(self, models: Iterable[str] | None = None) -> None:
+        """Remember the stub PIDs: all of them, or only those of ``models`` (just reloaded): a
+        stub of another model that died meanwhile must still be seen missing."""
         stubs = self.server.stubs()
-        self._stubs = {name: pid for name, (pid, _) in stubs.items()}
-        self._stub_models = {name: model for name, (_, model) in stubs.items()}
+        if models is None:
+            self._stubs = {name: pid for name, (pid, _) in stubs.items()}
+            self._stub_models = {name: model for name, (_, model) in stubs.items()}
+            return
+        fresh = set(models)
+        kept = {i: m for i, m in self._stub_models.items() if m not in fresh}
+        self._stubs = {i: pid for i, pid in self._stubs.items() if i in kept}
+        self._stub_models = kept
+        for name, (pid, model) in stubs.items():
+            if model in fresh:
+                self._stubs[name] = pid
+                self._stub_models[name] = model
 
     def start(self) -> Supervisor:
         self._snapshot_stubs()
@@ -550,7 +562,7 @@ class Supervisor:
             except (ServerError, OSError) as e:
                 error = f"; reload failed: {e}"[:500]
                 log.error("supervisor: %s%s", reason, error)
-            self._snapshot_stubs()
+            self._snapshot_stubs(reloaded or first)
             self._pending_reloads()  # asked before this reload: stale now
             with self._lock:
                 self._health.restarts += 1

@@ -68,7 +68,7 @@ def test_gates() -> None:
     report.pipelines = {
         "embed": PipelineReport(sent=1000, ok=990, clean_error=10, stub_killed=True),
         "classify": PipelineReport(sent=1000, ok=1000),
-        "generate": PipelineReport(sent=100, ok=60, shed=40),
+        "generate": PipelineReport(sent=100, ok=50, shed=40, clean_error=10, flooded=True),
     }
     report.kills = [Kill(1.0, "tokenizer_0_0", "tokenizer", ["embed"], ["embed"], 3.0)]
     assert gates(report, 0.999, 10.0) == []

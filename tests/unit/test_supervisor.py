@@ -351,3 +351,18 @@ def test_only_a_tritonserver_exit_restarts_the_server(tmp_path: Path) -> None:
     health = supervisor.health()
     assert server.restarts == 1 and health.server_restarts == 1
     assert health.last_server_restart_reason == "tritonserver exited with status -11"
+
+
+def test_a_stub_that_dies_during_another_reload_is_still_seen_dead(tmp_path: Path) -> None:
+    """Chaos: the tokenizer died while the encoder was being reloaded; the snapshot taken after
+    that reload must not adopt the tokenizer's absence."""
+    server = FakeServer(_repo(tmp_path))
+    supervisor = Scripted(server, [])
+    supervisor._snapshot_stubs()
+    server.stub_table["enc_0_0"] = (12, "enc")
+    del server.stub_table["tok_0_0"]  # died meanwhile, not yet back
+    supervisor._recover({"enc"}, "stub process of enc_0_0 died", ["enc_0_0"])
+    assert server.loaded == ["enc"]
+    assert supervisor.dead_stubs() == ["tok_0_0"]
+    supervisor._watch_once()
+    assert server.loaded == ["enc", "tok"]
