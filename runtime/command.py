@@ -40,17 +40,21 @@ def triton_command(
     backend_dir: Path,
     socket_dir: Path,
     shm_prefix: str,
+    metrics_address: tuple[str, int] | None = None,
 ) -> list[str]:
     """argv of tritonserver: repository, listeners, metrics, control mode, Python backend shm
-    prefix, restricted APIs (only without the front: the front checks the key itself)."""
+    prefix, restricted APIs (only without the front: the front checks the key itself).
+    ``metrics_address`` (host, port) overrides the settings' (behind the launcher's metrics
+    proxy, Triton's own metrics listen on a private loopback port)."""
     s = settings
+    metrics_host, metrics_port = metrics_address or (s.host, s.metrics_port)
     cmd = [
         str(binary),
         f"--model-repository={Path(s.model_repository).resolve()}",
         f"--backend-directory={backend_dir}",
         *listen_args(s, socket_dir),
-        f"--metrics-address={s.host}",
-        f"--metrics-port={s.metrics_port}",
+        f"--metrics-address={metrics_host}",
+        f"--metrics-port={metrics_port}",
         "--allow-gpu-metrics=false",
         "--allow-cpu-metrics=true",
         "--pinned-memory-pool-byte-size=0",

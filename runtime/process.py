@@ -54,6 +54,7 @@ class TritonProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
+        self._stop_lock = threading.Lock()  # the supervisor and a signal may stop it at once
 
     @property
     def pid(self) -> int | None:
@@ -114,7 +115,12 @@ class TritonProcess:
 
     def stop(self, timeout_s: float) -> int | None:
         """SIGTERM, wait up to ``timeout_s`` for a graceful exit, then kill the group; remove
-        shared memory and the work directory. Its exit status (None if never launched)."""
+        shared memory and the work directory. Its exit status (None if never launched).
+        Safe to call again or from two threads at once (the second waits, then returns)."""
+        with self._stop_lock:
+            return self._stop(timeout_s)
+
+    def _stop(self, timeout_s: float) -> int | None:
         proc = self._proc
         if proc is None:
             self.discard()
@@ -148,14 +154,15 @@ class TritonProcess:
             with contextlib.suppress(FileNotFoundError):
                 region.unlink()
         self.discard()
-        if self._watchdog is not None:  # a clean stop: tell the watchdog to leave quietly
-            with contextlib.suppress(OSError):
-                assert self._watchdog.stdin is not None
-                self._watchdog.stdin.write(b"done")
-                self._watchdog.stdin.close()
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:  # a clean stop: tell the watchdog to leave quietly
+            # ValueError: its pipe is already closed (written to closed file before)
+            with contextlib.suppress(OSError, ValueError):
+                assert watchdog.stdin is not None
+                watchdog.stdin.write(b"done")
+                watchdog.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self._watchdog.wait(timeout=5)
-            self._watchdog = None
+                watchdog.wait(timeout=5)
 
     def leftover_processes(self) -> list[int]:
         """PIDs still alive in the server's process group (stubs included)."""

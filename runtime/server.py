@@ -67,6 +67,12 @@ class EmbeddedServer:
         # restarts (the front reads the paths per request).
         self.socket_dir = Path(tempfile.mkdtemp(prefix="tritonforge-sock-"))
         self._front: Front | None = None
+        self._metrics_proxy: metrics.MetricsProxy | None = None
+        self._triton_metrics_port: int | None = None
+        # One lifecycle operation at a time: the supervisor's restart and the launcher's stop
+        # (a signal) may race; both stop the same process.
+        self._lifecycle = threading.RLock()
+        self._stopping = threading.Event()  # set by stop(): a restart under way gives up waiting
         self.restarting = False
 
     # -- addresses ---------------------------------------------------------------------------
@@ -141,15 +147,29 @@ class EmbeddedServer:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> EmbeddedServer:
-        """Launch tritonserver; returns at once (see :meth:`wait_ready`)."""
+        """Launch tritonserver; returns at once (see :meth:`wait_ready`). Behind the front, the
+        public ports (HTTP, gRPC, metrics) are bound once, here, and held across restarts."""
+        self._stopping.clear()
+        with self._lifecycle:
+            return self._start()
+
+    def _start(self) -> EmbeddedServer:
         if self._process is not None:
             raise ServerStartError("server already started")
         s = self.settings
         try:
-            metrics.check_port_free(s.host, s.metrics_port)
+            if not s.front:
+                metrics.check_port_free(s.host, s.metrics_port)
+            elif self._metrics_proxy is None:
+                self._metrics_proxy = metrics.MetricsProxy(
+                    s.host, s.metrics_port, lambda: self._triton_metrics_port
+                )
             if s.front and self._front is None:
                 self._front = self._make_front().start()  # binds the public ports first
         except BaseException:
+            if self._metrics_proxy is not None and not self.restarting:
+                self._metrics_proxy.stop()
+                self._metrics_proxy = None
             if not self.restarting:  # nothing started: leave no directory behind
                 shutil.rmtree(self.socket_dir, ignore_errors=True)
             raise
@@ -160,9 +180,14 @@ class EmbeddedServer:
             install = find_triton()
             backend_dir = s.backend_dir or (process.workdir / "backends")
             assemble_backend_dir(install, backend_dir)
+            private_metrics = None
+            if s.front:  # a fresh private port per launch: a stale one cannot block a restart
+                self._triton_metrics_port = free_port("127.0.0.1")
+                private_metrics = ("127.0.0.1", self._triton_metrics_port)
             command = triton_command(
-                s, install.binary, backend_dir, self.socket_dir, process.shm_prefix
-            )
+                s, install.binary, backend_dir, self.socket_dir, process.shm_prefix,
+                private_metrics,
+            )  # fmt: skip
             process.launch(
                 command,
                 triton_environment(install),
@@ -190,7 +215,24 @@ class EmbeddedServer:
         )
 
     def is_ready(self, timeout_s: float = 2.0) -> bool:
-        return repository_api.is_ready(self.http_url, timeout_s)
+        """Triton's ``/v2/health/ready`` (behind the front: on its private socket, so a flood
+        holding the front's upstream connections cannot hide it)."""
+        return repository_api.is_ready(self.http_url, timeout_s, self._direct_socket())
+
+    def _direct_socket(self) -> Path | None:
+        return self.http_socket if self.settings.front else None
+
+    @property
+    def direct_grpc_url(self) -> str:
+        """Where the launcher's own gRPC calls go: Triton's private socket behind the front (a
+        connection of their own, past the front's limits), else the public port."""
+        return self.grpc_target if self.settings.front else self.grpc_url
+
+    def refresh_front(self) -> None:
+        """Give the front fresh upstream connections (a gRPC channel that failed to connect while
+        Triton restarted backs off for up to minutes and answers UNAVAILABLE meanwhile)."""
+        if self._front is not None:
+            self._front.release_upstream()
 
     def wait_ready(
         self, timeout_s: float | None = None, cancel: threading.Event | None = None
@@ -237,7 +279,7 @@ class EmbeddedServer:
         self._repository().load_model(model, timeout_s, force)
 
     def _repository(self) -> RepositoryAPI:
-        return RepositoryAPI(self.http_url, self.admin_headers)
+        return RepositoryAPI(self.http_url, self.admin_headers, self._direct_socket())
 
     def drain(self, timeout_s: float, quiet_s: float = 0.5) -> bool:
         """Wait until no request is queued and none completed for ``quiet_s`` (nothing in flight).
@@ -254,23 +296,34 @@ class EmbeddedServer:
     def restart(self, stop_timeout_s: float = 5.0) -> EmbeddedServer:
         """Stop (bounded: in-flight requests of a dead stub never finish) and start again on the
         same ports and settings; returns when ready."""
-        self.restarting = True
-        try:
-            self._stop_triton(timeout_s=stop_timeout_s)
-            self._process = None
-            self._log.clear()
-            self.start()
-            return self.wait_ready()
-        finally:
-            self.restarting = False
+        with self._lifecycle:
+            if self._stopping.is_set():
+                return self
+            self.restarting = True
+            try:
+                self._stop_triton(timeout_s=stop_timeout_s)
+                self._process = None
+                self._triton_metrics_port = None
+                self._log.clear()
+                self._start()
+                self.wait_ready(cancel=self._stopping)
+                self.refresh_front()  # channels opened while Triton was down are backing off
+                return self
+            finally:
+                self.restarting = False
 
     def stop(self, timeout_s: float | None = None) -> int | None:
         """Stop tritonserver (see :meth:`_stop_triton`) and close the front's ports."""
-        code = self._stop_triton(timeout_s)
-        if self._front is not None:
-            self._front.stop()
-            self._front = None
-        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        self._stopping.set()
+        with self._lifecycle:
+            code = self._stop_triton(timeout_s)
+            if self._front is not None:
+                self._front.stop()
+                self._front = None
+            if self._metrics_proxy is not None:
+                self._metrics_proxy.stop()
+                self._metrics_proxy = None
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
         return code
 
     def _stop_triton(self, timeout_s: float | None = None) -> int | None:

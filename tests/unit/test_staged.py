@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -162,6 +163,16 @@ def test_a_supervisor_with_nothing_loaded_yet_never_restarts(tmp_path: Path) -> 
     restarts: list[str] = []
 
     class Idle(EmbeddedServer):
+        """A running tritonserver (it never exits here) with nothing loaded."""
+
+        @property
+        def pid(self) -> int | None:
+            return os.getpid()
+
+        @property
+        def returncode(self) -> int | None:
+            return None
+
         def stub_pids(self) -> dict[str, int]:
             loops.release()  # once per supervisor loop
             return {}
@@ -171,16 +182,14 @@ def test_a_supervisor_with_nothing_loaded_yet_never_restarts(tmp_path: Path) -> 
             raise ServerError("not in this test")
 
     server = Idle(ServerSettings.ephemeral(tmp_path, model_control_mode="explicit"))
-    supervisor = Supervisor(
-        server, models=[], canary_interval_s=0.0, poll_interval_s=0.001, failures_to_restart=1
-    ).start()
+    supervisor = Supervisor(server, models=[], canary_interval_s=0.0, poll_interval_s=0.001).start()
     try:
         for _ in range(50):
             assert loops.acquire(timeout=30)
     finally:
         supervisor.stop()
         server.stop()
-    assert restarts == [] and supervisor.health().restarts == 0
+    assert restarts == [] and supervisor.health().server_restarts == 0
     assert not supervisor.health().healthy  # nothing serves yet
 
 
