@@ -336,3 +336,23 @@ def test_embedding_outputs_read_the_binary_part() -> None:
 )
 def test_bearer_token(header: str | None, token: str | None) -> None:
     assert api.bearer_token(header) == token
+
+
+def test_the_bls_versions_and_split_are_discovered() -> None:
+    from tritonforge.pipelines import discover
+
+    bls = _config("classify_bls", "bls", task="classification")
+    bls["parameters"]["versions"] = _param("1,2")
+    bls["parameters"]["version_weights"] = _param("1=80,2=20")
+    found = discover([_config("classify", "ensemble", "fp32", task="classification"), bls])
+    assert found["classify"].versions == (1, 2)
+    assert found["classify"].version_weights == {1: 80, 2: 20}
+    assert found["classify"].latest_version == 2
+    assert discover(CONFIGS)["embed"].latest_version is None
+
+
+def test_the_demos_split_line_counts_each_version() -> None:
+    from tritonforge.runtime.demo import format_split
+
+    line = format_split(["1", "2", "1", "1"], {1: 80, 2: 20})
+    assert line == "v1 3/4 (configured 80%), v2 1/4 (configured 20%)"
