@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 PREFIX = "/v1"
 STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+# The upstream session does not inflate (it forwards v2 bytes as they are): ask for none.
+IDENTITY = {"Accept-Encoding": "identity"}
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,7 @@ class OpenAIFront:
         )
         try:
             async with self.http.session().request(
-                method, f"http://triton{path}", json=payload, timeout=timeout
+                method, f"http://triton{path}", json=payload, timeout=timeout, headers=IDENTITY
             ) as r:
                 data = await r.read()
                 if r.status != 200:
@@ -256,7 +258,7 @@ class OpenAIFront:
             async with self.http.session().post(
                 f"http://triton{path}",
                 data=json.dumps(payload).encode(),
-                headers={"Content-Type": "application/json"},
+                headers={"Content-Type": "application/json", **IDENTITY},
                 timeout=timeout,
             ) as r:
                 data = await r.read()

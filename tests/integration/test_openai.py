@@ -76,9 +76,9 @@ def test_models_lists_what_the_repository_serves(client: Any) -> None:
 @pytest.mark.parametrize("model", EMBEDDING_IDS)
 def test_embeddings_equal_the_ensemble(server: EmbeddedServer, client: Any, model: str) -> None:
     served = CATALOG[model]
-    want = EmbeddingClient(server.http_url, "http", name=served.pipeline).embed(
-        TEXTS, variant=served.variant
-    )
+    want = EmbeddingClient(
+        server.http_url, "http", name=served.pipeline, admin_key=server.settings.admin_key
+    ).embed(TEXTS, variant=served.variant)
     got = client.embeddings.create(model=model, input=TEXTS)  # the client asks for base64
     vectors = np.array([d.embedding for d in got.data], np.float32)
     assert vectors.shape == want.shape
@@ -99,9 +99,12 @@ def test_async_embeddings(server: EmbeddedServer) -> None:
         return [r.data[0].embedding for r in results]
 
     got = np.array(asyncio.run(run()), np.float32)
-    want = EmbeddingClient(server.http_url, "http", name=CATALOG[EMBEDDING_IDS[0]].pipeline).embed(
-        TEXTS
-    )
+    want = EmbeddingClient(
+        server.http_url,
+        "http",
+        name=CATALOG[EMBEDDING_IDS[0]].pipeline,
+        admin_key=server.settings.admin_key,
+    ).embed(TEXTS)
     assert np.abs(got - want).max() <= 1e-6
 
 
@@ -338,9 +341,12 @@ def test_langchain_embeddings_and_chat(server: EmbeddedServer) -> None:
         check_embedding_ctx_length=False,  # else it tokenizes with tiktoken (OpenAI's vocab)
     )
     got = np.array(embedder.embed_documents(TEXTS), np.float32)
-    want = EmbeddingClient(server.http_url, "http", name=CATALOG[EMBEDDING_IDS[0]].pipeline).embed(
-        TEXTS
-    )
+    want = EmbeddingClient(
+        server.http_url,
+        "http",
+        name=CATALOG[EMBEDDING_IDS[0]].pipeline,
+        admin_key=server.settings.admin_key,
+    ).embed(TEXTS)
     assert np.abs(got - want).max() <= 1e-6
     chat = langchain_openai.ChatOpenAI(
         model=GENERATOR, base_url=base_url(server), api_key=KEY, temperature=0, max_tokens=8
