@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from tritonforge.runtime.front import HttpFront
     from tritonforge.text import TextTokenizer
 
+log = logging.getLogger(__name__)
 PREFIX = "/v1"
 STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 # The upstream session does not inflate (it forwards v2 bytes as they are): ask for none.
@@ -111,6 +113,9 @@ class OpenAIFront:
             return _error(e)
         except FrontError as e:
             return _error(OpenAIError(str(e), e.status))
+        except Exception as e:  # a bug here: answer in OpenAI's shape, log it once
+            log.exception("/v1 %s failed", request.path[:64])
+            return _error(OpenAIError(f"internal error ({type(e).__name__}); see the log", 500))
 
     def _authorize(self, request: web.BaseRequest) -> None:
         key = self.settings.api_key
@@ -186,7 +191,7 @@ class OpenAIFront:
 
     async def _models_route(self, model_id: str) -> web.Response:
         models = await self.models()
-        created = int(self._fetched_s and time.time())
+        created = api.now()
         if not model_id:
             return web.json_response(api.models_list(models, created))
         if model_id not in models:
@@ -238,8 +243,9 @@ class OpenAIFront:
         req = api.parse_embeddings(body, await self.models())
         m = req.model
         tokens = 0
-        if m.tokenizer_model:
-            encoded = self._embedding_tokenizer(m).encode(req.texts)
+        if m.tokenizer_model:  # off the loop: tokenizing up to max_body_bytes of text takes a while
+            tokenizer = self._embedding_tokenizer(m)
+            encoded = await asyncio.to_thread(tokenizer.encode, req.texts)
             tokens = api.token_counts(encoded["attention_mask"])
         vectors = await self._infer_embeddings(m, req.texts)
         return web.json_response(
@@ -282,7 +288,7 @@ class OpenAIFront:
     async def _chat(self, request: web.BaseRequest, body: dict[str, Any]) -> web.StreamResponse:
         model = api.resolve(await self.models(), body, api.GENERATION)
         gen = self._generator(model)
-        req = api.parse_chat(body, {model.id: model}, gen.template)
+        req = await asyncio.to_thread(api.parse_chat, body, {model.id: model}, gen.template)
         return await self._generate(request, req, gen, chat=True)
 
     async def _completions(
@@ -294,8 +300,8 @@ class OpenAIFront:
     async def _generate(
         self, request: web.BaseRequest, req: api.GenerationRequest, gen: _Generator, chat: bool
     ) -> web.StreamResponse:
-        # The same ids as the generate model's own (GenerateEngine.prompt_ids).
-        prompt_tokens = len(gen.tokenizer.encode(req.prompt, add_special_tokens=False).ids)
+        # The same ids as the generate model's own (GenerateEngine.prompt_ids), off the loop.
+        prompt_tokens = await asyncio.to_thread(self._count, gen, req.prompt)
         api.check_prompt_tokens(prompt_tokens, req.model, "messages" if chat else "prompt")
         rid = api.new_id("chatcmpl" if chat else "cmpl")
         created, mid = api.now(), req.model.id
@@ -389,7 +395,7 @@ class OpenAIFront:
 
     @staticmethod
     def _count(gen: _Generator, text: str) -> int:
-        """Completion tokens: the served tokenizer's count of the returned text."""
+        """Tokens of ``text`` by the served tokenizer (no special tokens added)."""
         return len(gen.tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
 
     def _start(self, req: api.GenerationRequest, rid: str) -> Any:
