@@ -356,3 +356,30 @@ def test_the_demos_split_line_counts_each_version() -> None:
 
     line = format_split(["1", "2", "1", "1"], {1: 80, 2: 20})
     assert line == "v1 3/4 (configured 80%), v2 1/4 (configured 20%)"
+
+
+def test_bench_adds_v1_cells_for_embedding_ensembles_only() -> None:
+    import argparse
+
+    from tritonforge.loadtest.bench import OPENAI, targets_from
+    from tritonforge.pipelines import discover
+
+    args = argparse.Namespace(
+        locust_protocols=["http", OPENAI],
+        pa_protocols=["grpc", OPENAI],
+        pipelines=["ensemble", "bls"],
+        variants=["fp32", "int8"],
+    )
+    bls = _config("embed_bls", "bls")
+    bls["parameters"]["encoder_models"] = _param("fp32=encoder_fp32,int8=encoder_int8")
+    embed = discover(
+        [_config("embed", "ensemble", "fp32"), _config("embed_int8", "ensemble", "int8"), bls]
+    )
+    v1 = [t for t in targets_from(args, embed["embed"]) if t.protocol == OPENAI]
+    assert [(t.generator, t.pipeline, t.variant) for t in v1] == [
+        ("locust", "ensemble", "fp32"),
+        ("locust", "ensemble", "int8"),
+    ]
+    assert v1[0].label == "/v1/embeddings fp32 http/locust"
+    classify = discover([_config("classify", "ensemble", "fp32", task="classification")])
+    assert not [t for t in targets_from(args, classify["classify"]) if t.protocol == OPENAI]
