@@ -383,3 +383,15 @@ def test_bench_adds_v1_cells_for_embedding_ensembles_only() -> None:
     assert v1[0].label == "/v1/embeddings fp32 http/locust"
     classify = discover([_config("classify", "ensemble", "fp32", task="classification")])
     assert not [t for t in targets_from(args, classify["classify"]) if t.protocol == OPENAI]
+
+
+def test_the_client_asks_a_versioned_bls_for_model_version() -> None:
+    from tritonforge.client.classification import output_names
+    from tritonforge.pipelines import discover
+
+    bls = _config("classify_bls", "bls", task="classification")
+    bls["parameters"]["versions"] = _param("1,2")
+    found = discover([_config("classify", "ensemble", "fp32", task="classification"), bls])
+    pipeline = found["classify"]
+    assert output_names(pipeline, "classify_bls") == ["probabilities", "model_version"]
+    assert output_names(pipeline, "classify") == ["probabilities"]  # the ensemble has none
