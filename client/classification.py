@@ -96,6 +96,15 @@ def request_options(
     return parameters, kwargs
 
 
+def output_names(pipeline: Pipeline, model: str) -> list[str]:
+    """The outputs to ask ``model`` for: the pipeline's, plus ``model_version`` from a BLS that
+    serves several versions (the ensemble, whose outputs discovery reads, has none)."""
+    names = [o.name for o in pipeline.outputs]
+    if model == pipeline.bls and pipeline.versions and VERSION_OUTPUT not in names:
+        names.append(VERSION_OUTPUT)
+    return names
+
+
 def prepare(
     pipeline: Pipeline,
     texts: list[str],

@@ -259,7 +259,7 @@ class EmbeddingClient:
         result = self._infer(
             model,
             make_inputs(self._module, items, target.input),
-            make_outputs(self._module, [o.name for o in target.outputs]),
+            make_outputs(self._module, classification.output_names(target, model)),
             {**parameters, **extra_params},
             headers,
             extra,

@@ -60,6 +60,8 @@ NO_SLO += ["--slo-max-fail-ratio", "1"]
 
 
 GENERATORS = ("locust", "perf_analyzer")
+OPENAI = "openai"  # a Locust "protocol": OpenAI's /v1/embeddings on the HTTP port (ensembles)
+LOCUST_USERS = {"http": "TritonHttpUser", "grpc": "TritonGrpcUser", OPENAI: "OpenAIEmbeddingsUser"}
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class Target:
             return f"{self.name} {self.pipeline} {self.variant} {self.protocol}/{gen}"
         if self.system == "fastapi":
             return f"fastapi+torch http/{gen}"
+        if self.protocol == OPENAI:
+            return f"/v1/embeddings {self.variant} http/{gen}"
         return f"{self.pipeline} {self.variant} {self.protocol}/{gen}"
 
 
@@ -213,7 +217,7 @@ def run_locust_cell(
         locustfile, classes = HERE / "fastapi_locustfile.py", ["FastApiUser"]
     else:
         locustfile = HERE / "locustfile.py"
-        classes = ["TritonHttpUser" if target.protocol == "http" else "TritonGrpcUser"]
+        classes = [LOCUST_USERS[target.protocol]]
         extra += ["--pipeline", target.pipeline, "--variant", target.variant]
         extra += ["--grpc-url", grpc_url, "--pipeline-name", target.name]
     command = locust_command(
@@ -729,6 +733,12 @@ def targets_from(args: argparse.Namespace, pipeline: Pipeline) -> list[Target]:
                     log.warning("   (%s: skipped)", e)
                     continue
                 for protocol in protocols:
+                    if protocol == OPENAI and (
+                        generator != "locust"
+                        or orchestration != "ensemble"
+                        or pipeline.task != "embedding"
+                    ):
+                        continue  # /v1 serves embedding ensembles only
                     out.append(
                         Target(
                             "triton",
@@ -816,9 +826,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--locust-protocols",
         type=_csv,
-        default=["http"],
+        default=["http", OPENAI],
         help="protocols Locust loads Triton over (FastAPI is always Locust/HTTP, so this is the "
-        "same-generator comparison); gRPC under gevent can stall (locust#2369), hence off by default",
+        f"same-generator comparison; {OPENAI!r}: OpenAI's /v1/embeddings, ensembles only); gRPC "
+        "under gevent can stall (locust#2369), hence off by default",
     )
     parser.add_argument(
         "--pa-protocols",

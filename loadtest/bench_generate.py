@@ -4,7 +4,8 @@
    directly, no server;
 2. the usual alternative: FastAPI + transformers ``generate`` with a streamer, one thread per
    request (:mod:`loadtest.generate_fastapi_app`);
-3. our decoupled ``generate`` model on the embedded Triton (gRPC streams).
+3. our decoupled ``generate`` model on the embedded Triton (gRPC streams), and the same model
+   through the front's OpenAI-compatible ``/v1/chat/completions`` (``stream: true``, SSE).
 
 Per cell: aggregate output tokens/s, time to first token (p50/p99), inter-token latency (p50),
 request latency (p50/p99). Ratios are printed against the targets of issue 13, and everything is
@@ -188,6 +189,40 @@ def client_stream(url: str, protocol: str, timeout_s: float = 300) -> StreamFn:
     return stream
 
 
+def openai_stream(url: str, model: str, timeout_s: float = 300) -> StreamFn:
+    """Chat completions streamed from ``/v1`` (the key from $TRITONFORGE_OPENAI_API_KEY)."""
+    import requests
+
+    key = os.environ.get("TRITONFORGE_OPENAI_API_KEY") or "none"
+
+    def stream(prompt: str, max_tokens: int) -> Iterator[str]:
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "stream": True,
+        }
+        with requests.post(
+            f"http://{url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            stream=True,
+            timeout=timeout_s,
+        ) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith(b"data: {"):
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        raise RuntimeError(str(event["error"]))
+                    for choice in event.get("choices", []):
+                        text = (choice.get("delta") or {}).get("content")
+                        if text:
+                            yield text
+
+    return stream
+
+
 @contextlib.contextmanager
 def fastapi_generate_service() -> Iterator[str]:
     """The FastAPI + transformers baseline in its own process; yields its host:port."""
@@ -252,7 +287,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--requests-per-client", type=int, default=2)
-    p.add_argument("--skip", nargs="*", default=[], choices=["inprocess", "fastapi", "triton"])
+    p.add_argument(
+        "--skip", nargs="*", default=[], choices=["inprocess", "fastapi", "triton", "triton-v1"]
+    )
     p.add_argument("--out", type=Path, default=Path("reports/bench_generate.json"))
     args = p.parse_args(argv)
     model_dir = args.model_repository / "generate"
@@ -268,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells: list[Cell] = []
     prefill_ms = float("nan")
     # On a terminal: a bar over every cell (target x concurrency), with its ETA.
-    measured = [t for t in ("inprocess", "fastapi", "triton") if t not in args.skip]
+    measured = [t for t in ("inprocess", "fastapi", "triton", "triton-v1") if t not in args.skip]
     bar = Bar("bench generate", len(measured) * len(args.concurrency), unit="cells")
 
     def measure(target: str, stream: StreamFn) -> None:
@@ -293,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "fastapi" not in args.skip:
         with fastapi_generate_service() as url:
             measure("fastapi", client_stream(url, "http"))
-    if "triton" not in args.skip:
+    if "triton" not in args.skip or "triton-v1" not in args.skip:
         settings = ServerSettings.ephemeral(
             args.model_repository, model_control_mode="explicit", load_models=["generate"]
         )
@@ -301,7 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.start()
         try:
             server.wait_ready()
-            measure("triton", client_stream(server.grpc_url, "grpc"))
+            if "triton" not in args.skip:
+                measure("triton", client_stream(server.grpc_url, "grpc"))
+            if "triton-v1" not in args.skip:
+                measure("triton-v1", openai_stream(server.http_url, model_dir.name))
         finally:
             server.stop()
     bar.close()

@@ -40,6 +40,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     p.add_argument("--url", default=os.environ.get("TRITONFORGE_LOADTEST_URL") or None)
     p.add_argument("--users", type=int, default=4)
+    p.add_argument(
+        "--user-class",
+        default="GenerateStreamUser",
+        choices=["GenerateStreamUser", "OpenAIChatStreamUser"],
+        help="v2 generate_stream, or OpenAI's /v1/chat/completions (stream: true)",
+    )
     p.add_argument("--duration-s", type=float, default=30.0)
     p.add_argument("--reports-dir", type=Path, default=Path("reports"))
     args, passthrough = p.parse_known_args(argv)
@@ -49,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with http_target(args.url, args.model_repository) as http_url:
         command = locust_command(
             locustfile=LOCUSTFILE,
-            user_classes=["GenerateStreamUser"],
+            user_classes=[args.user_class],
             host=f"http://{http_url}",
             users=args.users,
             duration_s=args.duration_s,

@@ -5,6 +5,9 @@ Run through ``python -m tritonforge.loadtest.run`` / ``python -m tritonforge.loa
     locust -f loadtest/locustfile.py --headless -u 4 -r 4 -t 30s --host http://127.0.0.1:8000 \
         --grpc-url 127.0.0.1:8001 TritonHttpUser TritonGrpcUser
 
+``OpenAIEmbeddingsUser`` loads the same ensemble through the OpenAI-compatible
+``/v1/embeddings`` (docs/openai.md; the key from ``$TRITONFORGE_OPENAI_API_KEY`` when set).
+
 Every user sends ``--texts-per-request`` texts from the deterministic corpus
 (:mod:`loadtest.corpus`) per request with no think time (closed loop: concurrency = users), and
 validates each answer (shape [n, dim], dim discovered from the pipeline's config, finite, unit L2
@@ -21,6 +24,7 @@ per-request latencies after ``--warmup-s`` (what the benchmark reads).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -147,3 +151,44 @@ class TritonGrpcUser(User):
         except Exception as e:
             exception = e
         fire_grpc(self.environment, self.name, start, length, exception)
+
+
+class OpenAIEmbeddingsUser(FastHttpUser):
+    """POSTs OpenAI's embeddings request to ``/v1/embeddings`` (the ensemble of ``--variant``;
+    the BLS has no /v1 model), validated like the v2 answers."""
+
+    wait_time = constant(0)
+
+    def __init__(self, environment: Any) -> None:
+        bounded_network_timeout(self, environment)
+        super().__init__(environment)
+
+    def on_start(self) -> None:
+        from tritonforge.runtime.openai_api import embedding_model_id
+
+        options = self.environment.parsed_options
+        self.n = options.texts_per_request
+        self.pipeline, self.model, _, _ = target(self.environment, "embedding")
+        variant = next((v for v, m in self.pipeline.ensembles.items() if m == self.model), None)
+        if variant is None:
+            raise ValidationError(f"{self.model!r} is not an ensemble: /v1 serves ensembles only")
+        self.model_id = embedding_model_id(self.pipeline.name, variant)
+        self.name = f"/v1/embeddings {self.model_id}"
+        key = os.environ.get("TRITONFORGE_OPENAI_API_KEY") or "none"
+        self.headers = {"Authorization": f"Bearer {key}"}
+
+    @task
+    def embed(self) -> None:
+        texts = next_texts(self.n)
+        body = {"model": self.model_id, "input": texts, "encoding_format": "float"}
+        with self.client.post(
+            "/v1/embeddings", json=body, headers=self.headers, name=self.name, catch_response=True
+        ) as response:
+            check_json(
+                response,
+                lambda payload: validate(
+                    np.asarray([d["embedding"] for d in payload["data"]], np.float32),
+                    len(texts),
+                    self.pipeline.dim,
+                ),
+            )

@@ -9,7 +9,8 @@ each classification pipeline: the same client's typed ``classify`` over HTTP (en
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -118,17 +119,51 @@ def show_classification(server: EmbeddedServer, pipeline: Pipeline) -> None:
         print(f"  {text!r:56} -> {r.label} ({r.score:.3f}); top {k}: {top}")
     if pipeline.bls is None:
         return
+    # Like with like: the ensemble answers with the latest version, so the BLS is pinned to it
+    # (unpinned, the BLS would split traffic between the versions: shown separately below).
+    pinned = pipeline.latest_version
     with demo_client(server, "grpc", "bls") as c:
-        bls = c.classify(texts, top_k=k, name=pipeline.name)
+        bls = c.classify(texts, top_k=k, name=pipeline.name, version=pinned)
     gap = max(
         abs(a.probabilities[label] - b.probabilities[label])
         for a, b in zip(results, bls, strict=True)
         for label in pipeline.labels
     )
     same = sum(a.label == b.label for a, b in zip(results, bls, strict=True))
+    both = "" if pinned is None else f", both at version {pinned}"
     print(
-        f"==> {pipeline.bls} over gRPC: {same}/{len(texts)} labels agree, "
-        f"max |ensemble - BLS| probability = {gap:.2e}\n"
+        f"==> {pipeline.bls} over gRPC{both}: {same}/{len(texts)} labels agree, "
+        f"max |ensemble - BLS| probability = {gap:.2e}"
+    )
+    if pipeline.version_weights:
+        show_canary_split(server, pipeline)
+    print()
+
+
+CANARY_REQUESTS = 20
+
+
+def format_split(answered: Sequence[str | None], weights: Mapping[int, int]) -> str:
+    """``"v1 16/20 (80%), v2 4/20 (20%)"``: which version answered each unpinned request,
+    next to the configured split."""
+    counts = Counter(str(v) for v in answered)
+    n = len(answered)
+    return ", ".join(
+        f"v{v} {counts.get(str(v), 0)}/{n} (configured {p}%)" for v, p in sorted(weights.items())
+    )
+
+
+def show_canary_split(server: EmbeddedServer, pipeline: Pipeline) -> None:
+    """:data:`CANARY_REQUESTS` unpinned one-text requests through the BLS: which version
+    answered each (the canary split by request), against the configured weights."""
+    texts = [
+        f"{CLASSIFY_SENTENCES[i % len(CLASSIFY_SENTENCES)]} (#{i})" for i in range(CANARY_REQUESTS)
+    ]
+    with demo_client(server, "grpc", "bls") as c:
+        answered = [c.classify([t], name=pipeline.name)[0].model_version for t in texts]
+    print(
+        f"==> {pipeline.bls} unpinned (canary split): "
+        f"{format_split(answered, pipeline.version_weights)}"
     )
 
 

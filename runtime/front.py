@@ -37,7 +37,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import grpc
@@ -48,11 +48,15 @@ from tritonclient.grpc import service_pb2
 from tritonforge.env import env_int
 from tritonforge.runtime.errors import FrontError, ServerStartError
 
+if TYPE_CHECKING:
+    from tritonforge.runtime.openai_front import OpenAIFront, OpenAISettings
+
 log = logging.getLogger(__name__)
 
 ADMIN_HEADER = "x-tritonforge-admin"
 GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # how Triton prefixes gRPC keys
 GRPC_SERVICE = "/inference.GRPCInferenceService/"
+OPENAI_KEY_ENV = "TRITONFORGE_OPENAI_API_KEY"  # when set, /v1 needs `Authorization: Bearer`
 # The first seed's header: pins a model version of a BLS pipeline (request parameter `version`).
 VERSION_HEADER = "X-Model-Version"
 GRPC_STREAMING = {f"{GRPC_SERVICE}ModelStreamInfer"}
@@ -256,6 +260,7 @@ class HttpFront:
         self.limits = limits
         self._session: aiohttp.ClientSession | None = None
         self._session_socket: Path | None = None
+        self.openai: OpenAIFront | None = None  # the /v1 routes (runtime/openai_front.py)
 
     def session(self) -> aiohttp.ClientSession:
         path = self.upstream_socket()
@@ -315,6 +320,8 @@ class HttpFront:
         return any(HTTP_RESTRICTED.search(re.sub("/+", "/", p)) for p in (raw, decoded))
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if self.openai is not None and self.openai.owns(request.path):
+            return await self.openai.handle(request)
         try:
             if (
                 self.admin_key is not None
@@ -541,6 +548,7 @@ class Front:
         admin_header: str,
         grpc_admin_headers: Iterable[str],
         limits: FrontLimits | None = None,
+        openai: OpenAISettings | None = None,
     ) -> None:
         self.host = host
         self.http_port = http_port
@@ -548,6 +556,10 @@ class Front:
         self.limits = limits or FrontLimits()
         self.http = HttpFront(http_socket, admin_key, admin_header.lower(), self.limits)
         self.grpc = GrpcFront(grpc_target, admin_key, grpc_admin_headers, self.limits)
+        if openai is not None:
+            from tritonforge.runtime.openai_front import OpenAIFront
+
+            self.http.openai = OpenAIFront(self.http, self.grpc.channel, openai)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="front", daemon=True)
         self._runner: web.ServerRunner | None = None
@@ -645,6 +657,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grpc-port", type=int, default=env_int("TRITONFORGE_GRPC_PORT", 8001))
     p.add_argument("--socket-dir", type=Path, required=True, help="where Triton's sockets are")
     p.add_argument("--admin-key-env", default="TRITONFORGE_ADMIN_KEY")
+    p.add_argument(
+        "--model-repository",
+        type=Path,
+        default=os.environ.get("TRITONFORGE_MODEL_REPOSITORY"),
+        help="the served repository (read-only): turns on the OpenAI-compatible /v1 routes",
+    )
     defaults = FrontLimits()
     for name, value in vars(defaults).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
@@ -664,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         admin_header=ADMIN_HEADER,
         grpc_admin_headers=(GRPC_ADMIN_HEADER, ADMIN_HEADER),
         limits=limits,
+        openai=openai_settings(args.model_repository, os.environ.get(OPENAI_KEY_ENV)),
     )
     try:
         front.start()
@@ -680,3 +699,14 @@ def main(argv: list[str] | None = None) -> int:
     stop.wait()
     front.stop()
     return 0
+
+
+def openai_settings(
+    model_repository: Path | None, api_key: str | None = None
+) -> OpenAISettings | None:
+    """The ``/v1`` settings for a front serving ``model_repository`` (None: no ``/v1``)."""
+    if model_repository is None:
+        return None
+    from tritonforge.runtime.openai_front import OpenAISettings
+
+    return OpenAISettings(Path(model_repository), api_key=api_key or None)

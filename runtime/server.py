@@ -32,6 +32,7 @@ from tritonforge.runtime.front import (
     Front,
     grpc_target,
     http_socket,
+    openai_settings,
 )
 from tritonforge.runtime.locate import assemble_backend_dir, find_triton
 from tritonforge.runtime.logparse import ServerLog, load_failures, port_hint
@@ -212,6 +213,7 @@ class EmbeddedServer:
             admin_header=ADMIN_HEADER,
             grpc_admin_headers=(GRPC_ADMIN_HEADER, ADMIN_HEADER),
             limits=s.front_limits,
+            openai=openai_settings(s.model_repository, s.openai_api_key) if s.openai else None,
         )
 
     def is_ready(self, timeout_s: float = 2.0) -> bool:

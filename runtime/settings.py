@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonforge.env import env_int
-from tritonforge.runtime.front import FrontLimits
+from tritonforge.runtime.front import OPENAI_KEY_ENV, FrontLimits
 
 ADMIN_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
 
@@ -55,6 +55,10 @@ class ServerSettings:
     owns the public HTTP/gRPC ports, bounds bodies and checks the admin key. False: Triton binds
     the TCP ports itself (no body bounds; the admin key goes on its command line)."""
     front_limits: FrontLimits = field(default_factory=FrontLimits)
+    openai: bool = True
+    """Serve the OpenAI-compatible ``/v1`` routes on the front's HTTP port (docs/openai.md)."""
+    openai_api_key: str | None = field(default_factory=lambda: os.environ.get(OPENAI_KEY_ENV))
+    """When set, ``/v1`` needs ``Authorization: Bearer <key>`` (default: $TRITONFORGE_OPENAI_API_KEY)."""
     private_shm: bool = True
     """Run tritonserver in its own mount namespace with a private 0700 tmpfs on /dev/shm (the
     Python backend creates its regions 0644, readable by every local user, whatever the umask);

@@ -482,9 +482,15 @@ def render_prompt(text: str, template: str | None, use_template: bool) -> str:
     Jinja template, rendered sandboxed as Hugging Face does), or ``text`` as is."""
     if not use_template or not template:
         return text
+    return render_chat([{"role": "user", "content": text}], template)
+
+
+def render_chat(messages: Sequence[Mapping[str, str]], template: str) -> str:
+    """``messages`` (``role``/``content``) through the chat template with the generation prompt
+    appended (the OpenAI ``/v1/chat/completions`` path; one user message is :func:`render_prompt`)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     return env.from_string(template).render(
-        messages=[{"role": "user", "content": text}], add_generation_prompt=True
+        messages=[dict(m) for m in messages], add_generation_prompt=True
     )

@@ -71,11 +71,18 @@ class Pipeline:
     max_items: int = 1
     max_text_bytes: int = 0
     models: tuple[str, ...] = field(default_factory=tuple)  # every model of the pipeline
+    versions: tuple[int, ...] = ()  # the BLS's encoder versions when several are served
+    version_weights: Mapping[int, int] = field(default_factory=dict)  # its canary split, percent
 
     @property
     def variants(self) -> tuple[str, ...]:
         """Variants served through an ensemble (the BLS may list more, exported or not)."""
         return tuple(v for v in VARIANTS if v in self.ensembles)
+
+    @property
+    def latest_version(self) -> int | None:
+        """The encoder version an ensemble answers with (Triton's latest), when several."""
+        return max(self.versions) if self.versions else None
 
     @property
     def public_models(self) -> tuple[str, ...]:
@@ -158,6 +165,17 @@ def discover(configs: Iterable[Mapping[str, Any]]) -> dict[str, Pipeline]:
             max_items=int(params.get("max_items") or first.get("max_batch_size", 1) or 1),
             max_text_bytes=int(params.get("max_text_bytes") or 0),
             models=tuple(sorted(str(c["name"]) for _, c in models)),
+            versions=tuple(
+                int(v) for v in (bls[0].get("versions", "") if bls else "").split(",") if v.strip()
+            ),
+            version_weights={
+                int(k): int(v)
+                for k, _, v in (
+                    item.partition("=")
+                    for item in (bls[0].get("version_weights", "") if bls else "").split(",")
+                    if item.strip()
+                )
+            },
         )
     return pipelines
 

@@ -212,3 +212,24 @@ def test_canary_switch_under_load_loses_nothing(server: EmbeddedServer) -> None:
     }
     assert versions == {2}
     server.load_model("ab_bls")  # back to the spec's split for any later test
+
+
+def test_the_demo_compares_the_same_version_and_shows_the_split(
+    server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The ensemble answers with the latest version: the demo pins the BLS to it (unpinned, the
+    canary split would put some texts on version 1), then shows the split on its own line."""
+    from tritonforge.runtime import demo
+
+    with demo.demo_client(server, "http") as c:
+        pipeline = c.pipelines()["ab"]
+    assert pipeline.versions == (1, 2) and pipeline.version_weights == dict(WEIGHTS)
+    demo.show_classification(server, pipeline)
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "ab_bls over gRPC" in x)
+    assert "both at version 2" in line and "3/3 labels agree" in line
+    gap = float(line.rsplit("= ", 1)[1])
+    assert gap < 1e-5  # the same weights on both sides
+    split = next(x for x in out.splitlines() if "unpinned (canary split)" in x)
+    counts = [int(n) for n in re.findall(r"v\d (\d+)/20", split)]
+    assert len(counts) == 2 and sum(counts) == demo.CANARY_REQUESTS and min(counts) > 0

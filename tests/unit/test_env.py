@@ -81,6 +81,7 @@ FREE_TEXT = {
     "TRITONFORGE_HOST",
     "TRITONFORGE_LOADTEST_URL",
     "TRITONFORGE_METRICS_URL",
+    "TRITONFORGE_OPENAI_API_KEY",  # the /v1 API key (any text)
     "TRITONFORGE_MODEL_REPOSITORY",
     "TRITONFORGE_PERF_ANALYZER_DIR",
     "TRITONFORGE_PIPELINE_NAME",  # a pipeline's name: checked against the discovered ones

@@ -1,0 +1,397 @@
+"""The /v1 layer's pure parts: the catalog from configs, request parsing (OpenAI's error shape,
+naming the field), response and stream-chunk shapes, the Triton request/response encoding."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2
+
+from tritonforge.generation import (
+    FINISH_REASON,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+    render_chat,
+    render_prompt,
+)
+from tritonforge.runtime import openai_api as api
+from tritonforge.runtime.openai_api import OpenAIError
+
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _param(value: str) -> dict[str, str]:
+    return {"string_value": value}
+
+
+def _config(
+    name: str, role: str, variant: str | None = None, task: str = "embedding"
+) -> dict[str, Any]:
+    params = {
+        "tritonforge.pipeline": _param("embed" if task == "embedding" else "classify"),
+        "tritonforge.role": _param(role),
+        "tritonforge.task": _param(task),
+        "max_items": _param("4"),
+        "max_text_bytes": _param("32"),
+    }
+    if variant:
+        params["tritonforge.variant"] = _param(variant)
+    out = (
+        [{"name": "embedding", "data_type": "TYPE_FP32", "dims": [384]}]
+        if task == "embedding"
+        else [{"name": "probabilities", "data_type": "TYPE_FP32", "dims": [3]}]
+    )
+    return {
+        "name": name,
+        "max_batch_size": 4,
+        "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": [1]}],
+        "output": out,
+        "parameters": params,
+    }
+
+
+GENERATE = {
+    "name": "generate",
+    "model_transaction_policy": {"decoupled": True},
+    "input": [{"name": TEXT_INPUT, "data_type": "TYPE_STRING", "dims": [1]}],
+    "output": [
+        {"name": TEXT_OUTPUT, "data_type": "TYPE_STRING", "dims": [1]},
+        {"name": FINISH_REASON, "data_type": "TYPE_STRING", "dims": [1]},
+    ],
+    "parameters": {
+        "max_new_tokens_limit": _param("64"),
+        "max_prompt_tokens": _param("100"),
+        "tokenizer_file": _param("tokenizer.json"),
+    },
+}
+CONFIGS = [
+    _config("embed", "ensemble", "fp32"),
+    _config("embed_int8", "ensemble", "int8"),
+    _config("embed_bls", "bls"),
+    _config("tokenizer", "tokenizer"),
+    _config("classify", "ensemble", "fp32", task="classification"),
+    GENERATE,
+]
+
+
+@pytest.fixture
+def models() -> dict[str, api.ServedModel]:
+    return api.catalog(CONFIGS)
+
+
+def _refused(exc: pytest.ExceptionInfo[OpenAIError], status: int, param: str | None) -> str:
+    assert exc.value.status == status
+    assert exc.value.param == param
+    body = exc.value.body()["error"]
+    assert set(body) == {"message", "type", "param", "code"}
+    return str(body["message"])
+
+
+def test_catalog_has_a_model_per_embedding_variant_and_the_generator(
+    models: dict[str, api.ServedModel],
+) -> None:
+    assert sorted(models) == ["embed", "embed-int8", "generate"]  # no classifier
+    assert models["embed-int8"].triton_model == "embed_int8"
+    assert models["embed"].dim == 384 and models["embed"].tokenizer_model == "tokenizer"
+    assert models["generate"].kind == api.GENERATION
+    listed = api.models_list(models, 0)
+    assert [m["id"] for m in listed["data"]] == sorted(models)
+    assert all(m["object"] == "model" for m in listed["data"])
+
+
+def test_a_non_decoupled_model_with_the_same_tensors_is_not_a_generator() -> None:
+    assert api.is_generator(GENERATE)
+    assert not api.is_generator({**GENERATE, "model_transaction_policy": {}})
+
+
+def test_triton_name_resolves_and_unknown_or_wrong_kind_is_404(
+    models: dict[str, api.ServedModel],
+) -> None:
+    assert api.resolve(models, {"model": "embed_int8"}, api.EMBEDDING).id == "embed-int8"
+    with pytest.raises(OpenAIError) as e:
+        api.resolve(models, {"model": "classify"}, api.EMBEDDING)
+    assert "embed-int8" in _refused(e, 404, "model")
+    assert e.value.code == "model_not_found"
+    with pytest.raises(OpenAIError) as e:
+        api.resolve(models, {"model": "generate"}, api.EMBEDDING)
+    assert "a generation model, not embedding" in _refused(e, 404, "model")
+    with pytest.raises(OpenAIError) as e:
+        api.resolve(models, {}, api.EMBEDDING)
+    _refused(e, 400, "model")
+
+
+def test_embeddings_accept_a_string_or_a_list(models: dict[str, api.ServedModel]) -> None:
+    one = api.parse_embeddings({"model": "embed", "input": "hi"}, models)
+    assert one.texts == ["hi"] and one.encoding_format == "float"
+    many = api.parse_embeddings(
+        {"model": "embed", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 384},
+        models,
+    )
+    assert many.texts == ["a", "b"] and many.encoding_format == "base64"
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        ({"input": []}, "input", "non-empty"),
+        ({"input": [[1, 2, 3]]}, "input", "token arrays"),
+        ({"input": [""]}, "input", "empty"),
+        ({"input": ["x" * 33]}, "input", "at most 32"),
+        ({"input": ["a"] * 5}, "input", "at most 4"),
+        ({"input": "a", "encoding_format": "int8"}, "encoding_format", "float"),
+        ({"input": "a", "dimensions": 128}, "dimensions", "384"),
+        ({"input": "a", "dimensions": True}, "dimensions", "384"),
+    ],
+)
+def test_bad_embedding_requests_name_the_field(
+    models: dict[str, api.ServedModel], body: dict[str, Any], param: str, fragment: str
+) -> None:
+    with pytest.raises(OpenAIError) as e:
+        api.parse_embeddings({"model": "embed", **body}, models)
+    assert fragment in _refused(e, 400, param)
+
+
+def test_base64_is_little_endian_float32_as_the_openai_client_decodes() -> None:
+    vectors = np.array([[0.5, -1.25, 3.0]], np.float32)
+    out = api.embeddings_response("embed", vectors, "base64", 7)
+    raw = base64.b64decode(out["data"][0]["embedding"])
+    assert np.frombuffer(raw, dtype="<f4").tolist() == [0.5, -1.25, 3.0]
+    assert out["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
+    floats = api.embeddings_response("embed", vectors, "float", 7)
+    assert floats["data"][0] == {"object": "embedding", "index": 0, "embedding": [0.5, -1.25, 3.0]}
+
+
+def test_one_user_message_renders_like_the_generate_models_own_template() -> None:
+    assert render_chat([{"role": "user", "content": "Hi"}], TEMPLATE) == render_prompt(
+        "Hi", TEMPLATE, True
+    )
+
+
+def test_chat_maps_sampling_onto_the_generate_parameters(
+    models: dict[str, api.ServedModel],
+) -> None:
+    req = api.parse_chat(
+        {
+            "model": "generate",
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+            ],
+            "max_completion_tokens": 8,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "seed": 3,
+            "stop": "\n",
+            "n": 1,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "user": "ignored",
+        },
+        models,
+        TEMPLATE,
+    )
+    assert req.prompt.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi")
+    assert req.prompt.endswith("<|im_start|>assistant\n")
+    assert req.parameters == {
+        "max_tokens": 8,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "seed": 3,
+        "chat_template": False,
+    }
+    assert req.stop == ["\n"] and req.stream and req.include_usage
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"max_tokens": 65}, "max_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 4, "max_completion_tokens": 5}, "max_tokens"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"seed": -1}, "seed"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": [""]}, "stop"),
+        ({"logprobs": True}, "logprobs"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+    ],
+)
+def test_bad_chat_requests_name_the_field(
+    models: dict[str, api.ServedModel], extra: dict[str, Any], param: str
+) -> None:
+    body = {"model": "generate", "messages": [{"role": "user", "content": "Hi"}], **extra}
+    with pytest.raises(OpenAIError) as e:
+        api.parse_chat(body, models, TEMPLATE)
+    _refused(e, 400, param)
+
+
+def test_completion_takes_the_prompt_as_is(models: dict[str, api.ServedModel]) -> None:
+    req = api.parse_completion({"model": "generate", "prompt": ["Once upon"]}, models)
+    assert req.prompt == "Once upon" and req.parameters == {"chat_template": False}
+    with pytest.raises(OpenAIError) as e:
+        api.parse_completion({"model": "generate", "prompt": ["a", "b"]}, models)
+    _refused(e, 400, "prompt")
+
+
+def test_a_prompt_past_max_prompt_tokens_is_context_length_exceeded(
+    models: dict[str, api.ServedModel],
+) -> None:
+    api.check_prompt_tokens(100, models["generate"], "messages")
+    with pytest.raises(OpenAIError) as e:
+        api.check_prompt_tokens(101, models["generate"], "messages")
+    _refused(e, 400, "messages")
+    assert e.value.code == "context_length_exceeded"
+
+
+def test_chunks_and_completions_have_openais_shape() -> None:
+    chunk = api.chat_chunk("id", 1, "generate", {"content": "x"}, None, None, True)
+    assert chunk["object"] == "chat.completion.chunk" and chunk["usage"] is None
+    assert chunk["choices"][0]["delta"] == {"content": "x"}
+    final = api.chat_chunk("id", 1, "generate", None, None, api.usage(3, 2), True)
+    assert final["choices"] == [] and final["usage"]["total_tokens"] == 5
+    assert "usage" not in api.chat_chunk("id", 1, "generate", {}, "stop")
+    whole = api.chat_completion("id", 1, "generate", "Hello", "length", api.usage(3, 2))
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
+    assert api.sse({"a": 1}) == b'data: {"a":1}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("message", "status"),
+    [
+        ("generate: overloaded (16 running, 64 queued, max_queue 64); retry later", 503),
+        ("invalid sampling parameters: top_k must be >= 0", 400),
+        ("generate: decoder step failed (RuntimeError: x)", 500),
+    ],
+)
+def test_in_stream_errors_get_the_v2_status(message: str, status: int) -> None:
+    assert api.upstream_error(message, "generate").status == status
+
+
+def test_generate_request_and_stream_response_round_trip() -> None:
+    request = api.generate_request(
+        "generate", "héllo", {"max_tokens": 4, "top_p": 0.5}, ["\n"], "r1"
+    )
+    assert [t.name for t in request.inputs] == [TEXT_INPUT, "stop"]
+    assert api._unbytes(request.raw_input_contents[0]) == ["héllo"]
+    assert request.parameters["max_tokens"].int64_param == 4
+    assert request.parameters["top_p"].double_param == 0.5
+    assert request.parameters["triton_enable_empty_final_response"].bool_param
+    response = service_pb2.ModelStreamInferResponse()
+    for name, value in ((TEXT_OUTPUT, "wörld"), (FINISH_REASON, "length")):
+        out = response.infer_response.outputs.add()
+        out.name, out.datatype = name, "BYTES"
+        response.infer_response.raw_output_contents.append(api._bytes_tensor([value]))
+    assert api.stream_chunk(response, "generate") == api.StreamChunk("wörld", "length")
+    failed = service_pb2.ModelStreamInferResponse(error_message="generate: overloaded")
+    with pytest.raises(OpenAIError) as e:
+        api.stream_chunk(failed, "generate")
+    assert e.value.status == 503
+
+
+def test_embedding_outputs_read_the_binary_part() -> None:
+    values = np.arange(6, dtype="<f4")
+    header = json.dumps(
+        {
+            "outputs": [
+                {
+                    "name": "embedding",
+                    "shape": [2, 3],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": 24},
+                }
+            ]
+        }
+    ).encode()
+    out = api.embedding_outputs(header + values.tobytes(), str(len(header)), "embedding")
+    assert out.tolist() == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(OpenAIError):
+        api.embedding_outputs(header + values.tobytes(), str(len(header)), "missing")
+
+
+@pytest.mark.parametrize(
+    ("header", "token"),
+    [
+        ("Bearer abc", "abc"),
+        ("bearer  abc ", "abc"),
+        ("Basic abc", None),
+        ("Bearer ", None),
+        (None, None),
+    ],
+)
+def test_bearer_token(header: str | None, token: str | None) -> None:
+    assert api.bearer_token(header) == token
+
+
+def test_the_bls_versions_and_split_are_discovered() -> None:
+    from tritonforge.pipelines import discover
+
+    bls = _config("classify_bls", "bls", task="classification")
+    bls["parameters"]["versions"] = _param("1,2")
+    bls["parameters"]["version_weights"] = _param("1=80,2=20")
+    found = discover([_config("classify", "ensemble", "fp32", task="classification"), bls])
+    assert found["classify"].versions == (1, 2)
+    assert found["classify"].version_weights == {1: 80, 2: 20}
+    assert found["classify"].latest_version == 2
+    assert discover(CONFIGS)["embed"].latest_version is None
+
+
+def test_the_demos_split_line_counts_each_version() -> None:
+    from tritonforge.runtime.demo import format_split
+
+    line = format_split(["1", "2", "1", "1"], {1: 80, 2: 20})
+    assert line == "v1 3/4 (configured 80%), v2 1/4 (configured 20%)"
+
+
+def test_bench_adds_v1_cells_for_embedding_ensembles_only() -> None:
+    import argparse
+
+    from tritonforge.loadtest.bench import OPENAI, targets_from
+    from tritonforge.pipelines import discover
+
+    args = argparse.Namespace(
+        locust_protocols=["http", OPENAI],
+        pa_protocols=["grpc", OPENAI],
+        pipelines=["ensemble", "bls"],
+        variants=["fp32", "int8"],
+    )
+    bls = _config("embed_bls", "bls")
+    bls["parameters"]["encoder_models"] = _param("fp32=encoder_fp32,int8=encoder_int8")
+    embed = discover(
+        [_config("embed", "ensemble", "fp32"), _config("embed_int8", "ensemble", "int8"), bls]
+    )
+    v1 = [t for t in targets_from(args, embed["embed"]) if t.protocol == OPENAI]
+    assert [(t.generator, t.pipeline, t.variant) for t in v1] == [
+        ("locust", "ensemble", "fp32"),
+        ("locust", "ensemble", "int8"),
+    ]
+    assert v1[0].label == "/v1/embeddings fp32 http/locust"
+    classify = discover([_config("classify", "ensemble", "fp32", task="classification")])
+    assert not [t for t in targets_from(args, classify["classify"]) if t.protocol == OPENAI]
+
+
+def test_the_client_asks_a_versioned_bls_for_model_version() -> None:
+    from tritonforge.client.classification import output_names
+    from tritonforge.pipelines import discover
+
+    bls = _config("classify_bls", "bls", task="classification")
+    bls["parameters"]["versions"] = _param("1,2")
+    found = discover([_config("classify", "ensemble", "fp32", task="classification"), bls])
+    pipeline = found["classify"]
+    assert output_names(pipeline, "classify_bls") == ["probabilities", "model_version"]
+    assert output_names(pipeline, "classify") == ["probabilities"]  # the ensemble has none
