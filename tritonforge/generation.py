@@ -31,6 +31,9 @@ TEXT_OUTPUT = "text_output"
 FINISH_REASON = "finish_reason"
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "chat_template")
 FINISH_LENGTH, FINISH_STOP = "length", "stop"
+# The request parameter that pins a decoder variant (each variant is its own model; a request
+# naming another variant than the model serves is refused, never answered by another decoder).
+VARIANT_PARAMETER = "variant"
 
 StepFn = Callable[
     [np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]], tuple[np.ndarray, list[np.ndarray]]
