@@ -22,6 +22,7 @@ from tritonforge.generation import (
     OutputFn,
     Scheduler,
     TextStream,
+    check_variant,
     parse_sampling,
     render_prompt,
 )
@@ -107,15 +108,7 @@ class GenerateEngine:
 
     def check_variant(self, requested: Any) -> None:
         """:class:`InvalidInputError` naming ``variant`` when a request pins another variant."""
-        if requested is None:
-            return
-        requested = requested.decode() if isinstance(requested, bytes) else str(requested)
-        if requested != self.variant:
-            raise InvalidInputError(
-                f"{VARIANT_PARAMETER}: model {self.name!r} serves variant {self.variant!r}, "
-                f"not {requested!r}; send the request to the model whose tritonforge.variant is "
-                f"{requested!r}"
-            )
+        check_variant(requested, self.variant, self.name)
 
     def warmup(self, text: str) -> None:
         """One short generation on the calling thread (before :meth:`start`)."""

@@ -480,6 +480,20 @@ class Scheduler:
         return token
 
 
+def check_variant(requested: Any, served: str, model: str) -> None:
+    """A request's ``variant`` parameter (None: not pinned) against the variant ``model`` serves;
+    :class:`InvalidInputError` naming the field on a mismatch."""
+    if requested is None:
+        return
+    requested = requested.decode() if isinstance(requested, bytes) else str(requested)
+    if requested != served:
+        raise InvalidInputError(
+            f"{VARIANT_PARAMETER}: model {model!r} serves variant {served!r}, not "
+            f"{requested!r}; send the request to the model whose tritonforge.variant is "
+            f"{requested!r}"
+        )
+
+
 def render_prompt(text: str, template: str | None, use_template: bool) -> str:
     """The prompt the model sees: ``text`` as one user message through the chat template (a
     Jinja template, rendered sandboxed as Hugging Face does), or ``text`` as is."""
