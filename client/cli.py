@@ -160,14 +160,16 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any] | None:
         "stop": args.stop or None,
         "chat_template": False if args.no_chat_template else None,
     }
-    c = GenerateClient(args.url, args.protocol, model=args.model, timeout_s=args.timeout_s)
+    c = GenerateClient(
+        args.url, args.protocol, model=args.model, timeout_s=args.timeout_s, variant=args.variant
+    )
     if args.stream:
         for chunk in c.generate(args.prompt, stream=True, **sampling):
             print(chunk, end="", flush=True)
         print()
         return None
     text = c.generate(args.prompt, stream=False, **sampling)
-    return {"model": args.model, "text": text, "finish_reason": c.last_finish_reason}
+    return {"model": c.model, "text": text, "finish_reason": c.last_finish_reason}
 
 
 def _generate_parser(sub: Any) -> None:
@@ -181,7 +183,10 @@ def _generate_parser(sub: Any) -> None:
     gen.add_argument("--seed", type=int, help="reproducible sampling")
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--no-chat-template", action="store_true", help="send the prompt raw")
-    gen.add_argument("--model", default="generate")
+    gen.add_argument("--model", default="generate", help="the model (group) to call")
+    gen.add_argument(
+        "--variant", help="pin the decoder variant (fp32, int8): its model is discovered"
+    )
     gen.add_argument("--protocol", choices=PROTOCOLS, help="default $TRITONFORGE_PROTOCOL or http")
     gen.add_argument("--url", help="host:port (default $TRITONFORGE_URL or localhost:8000/8001)")
     gen.add_argument("--timeout-s", type=float, help="max seconds between chunks (default 30)")

@@ -37,12 +37,19 @@ from tritonforge.client.errors import (
 )
 from tritonforge.client.retry import translate
 from tritonforge.client.settings import ClientSettings
-from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
+from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT, VARIANT_PARAMETER
 
 DEFAULT_MODEL = "generate"
 STOP = "stop"
 _UNAVAILABLE_HINTS = ("overloaded", "shutting down", "unavailable", "not ready")
-_INVALID_HINTS = ("invalid", "must be", f"{TEXT_INPUT}:", "max_prompt_tokens", "expected")
+_INVALID_HINTS = (
+    "invalid",
+    "must be",
+    f"{TEXT_INPUT}:",
+    f"{VARIANT_PARAMETER}:",
+    "max_prompt_tokens",
+    "expected",
+)
 
 
 @dataclass(frozen=True)
@@ -115,16 +122,21 @@ class GenerateClient:
         protocol: str | None = None,
         model: str = DEFAULT_MODEL,
         timeout_s: float | None = None,
+        variant: str | None = None,
     ) -> None:
+        """``variant`` (fp32, int8, ...) pins the decoder: the model serving it in ``model``'s
+        group is discovered (:func:`generator_model`) and every request carries the ``variant``
+        parameter, which the model checks (a mismatch is refused, never answered silently)."""
         kwargs: dict[str, Any] = {"url": url}
         if protocol:
             kwargs["protocol"] = protocol
         if timeout_s:
             kwargs["timeout_s"] = timeout_s
         self.settings = ClientSettings(**kwargs)
-        self.model = model
+        self.variant = variant
+        self.model = generator_model(self.settings, model, variant) if variant else model
         self.last_finish_reason: str | None = None
-        self.context = f"{self.settings.protocol}://{self.settings.address} model {model!r}"
+        self.context = f"{self.settings.protocol}://{self.settings.address} model {self.model!r}"
 
     def __enter__(self) -> GenerateClient:
         return self
@@ -139,7 +151,7 @@ class GenerateClient:
         return chunks if stream else "".join(chunks)
 
     def stream(self, prompt: str, **sampling: Any) -> Iterator[Chunk]:
-        params, stop = sampling_parameters(**sampling)
+        params, stop = sampling_parameters(**{VARIANT_PARAMETER: self.variant, **sampling})
         if self.settings.protocol == "grpc":
             yield from self._grpc(prompt, params, stop)
         else:
@@ -212,6 +224,64 @@ class GenerateClient:
         raise ResponseError(f"{self.context}: the stream ended without a final response")
 
 
+def _served_configs(settings: ClientSettings) -> list[dict[str, Any]]:
+    """Every model config the server shows (restricted APIs: the admin key is sent when set)."""
+    from tritonforge.client.discovery import admin_headers, grpc_config, index_names
+
+    headers = admin_headers(settings.protocol, settings.admin_key)
+    if settings.protocol == "grpc":
+        import tritonclient.grpc as grpcclient
+
+        g = grpcclient.InferenceServerClient(settings.address)
+        try:
+            names = index_names(g.get_model_repository_index(headers=headers, as_json=True))
+            return [grpc_config(g.get_model_config(n, headers=headers)) for n in names]
+        finally:
+            g.close()
+    import tritonclient.http as httpclient
+
+    h = httpclient.InferenceServerClient(settings.address)
+    try:
+        names = index_names(h.get_model_repository_index(headers=headers))
+        return [dict(h.get_model_config(n, headers=headers)) for n in names]
+    finally:
+        h.close()
+
+
+def generator_model(settings: ClientSettings, group: str, variant: str) -> str:
+    """The model serving ``variant`` in the generation group ``group`` (``tritonforge.generator``),
+    from the repository on disk when one is configured, else the server's configs (falling back to
+    ``./model_repository`` when the server refuses them). :class:`InvalidRequestError` names
+    ``variant`` and the choices."""
+    from tritonforge.client.discovery import (
+        DEFAULT_REPOSITORY,
+        configured_repository,
+        refused,
+    )
+    from tritonforge.pipelines import discover_generators, generators_from_repository
+
+    explicit = configured_repository(settings.repository)
+    if explicit is not None:
+        found = generators_from_repository(explicit)
+    else:
+        try:
+            found = discover_generators(_served_configs(settings))
+        except Exception as e:
+            error = translate(e, f"{settings.address}: discovery")
+            if not (refused(error) and DEFAULT_REPOSITORY.is_dir()):
+                raise error from e
+            found = generators_from_repository(DEFAULT_REPOSITORY)
+    if group not in found:
+        raise InvalidRequestError(
+            f"model: no generation models {group!r} (groups: {sorted(found)}); cannot pin "
+            f"variant={variant!r}"
+        )
+    try:
+        return found[group].model(variant)
+    except KeyError as e:
+        raise InvalidRequestError(f"variant: {e.args[0]}") from e
+
+
 def grpc_inputs(infer_input: Any, prompt: str, stop: list[str]) -> list[Any]:
     """``text_input`` (and ``stop`` when given) as gRPC input tensors."""
     out = []
@@ -250,9 +320,16 @@ class AsyncGenerateClient:
         protocol: str | None = None,
         model: str = DEFAULT_MODEL,
         timeout_s: float | None = None,
+        variant: str | None = None,
     ) -> None:
-        self.sync = GenerateClient(url, protocol, model, timeout_s)
-        self.settings, self.model, self.context = self.sync.settings, model, self.sync.context
+        """``variant``: as :class:`GenerateClient` (discovered once, here)."""
+        self.sync = GenerateClient(url, protocol, model, timeout_s, variant)
+        self.settings, self.model, self.context = (
+            self.sync.settings,
+            self.sync.model,
+            self.sync.context,
+        )
+        self.variant = variant
         self.last_finish_reason: str | None = None
 
     async def __aenter__(self) -> AsyncGenerateClient:
@@ -266,7 +343,7 @@ class AsyncGenerateClient:
             yield chunk.text
 
     async def stream(self, prompt: str, **sampling: Any) -> AsyncIterator[Chunk]:
-        params, stop = sampling_parameters(**sampling)
+        params, stop = sampling_parameters(**{VARIANT_PARAMETER: self.variant, **sampling})
         source = self._grpc if self.settings.protocol == "grpc" else self._http
         async for chunk in source(prompt, params, stop):
             if chunk.finish_reason is not None:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tritonforge.export.decoder.config import clean_decoders
+from tritonforge.export.decoder.config import models as decoder_models
 from tritonforge.export.errors import ExportError
 from tritonforge.export.pipeline import FORMATS, Options, export_pipeline
 from tritonforge.export.pipeline_configs import stage_files, write_files
@@ -94,8 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from tritonforge.export.decoder.pipeline import run_decoder_export
 
             spec = DECODERS[args.spec]()
-            run_decoder_export(spec, args.model_repository, args.quantize == "int8", args.force)
-            write_files(args.model_repository, stage_files(spec.serving.model_name, "generate"))
+            int8 = args.quantize == "int8"
+            run_decoder_export(spec, args.model_repository, int8, args.force)
+            for model in decoder_models(spec, int8).values():
+                write_files(args.model_repository, stage_files(model, "generate"))
             return 0
         if args.from_pretrained is not None:
             from tritonforge.export.specs.hf import pipeline_from_pretrained

@@ -73,6 +73,8 @@ class Cell:
     itl_p50_ms: float
     latency_p50_ms: float
     latency_p99_ms: float
+    itl_p99_ms: float = float("nan")  # over every gap between chunks of every request
+    round: int = 0
 
 
 StreamFn = Callable[[str, int], Iterator[str]]
@@ -120,6 +122,7 @@ def run_cell(
     window = time.perf_counter() - t0
     ok = [t for t in timings if t.error is None]
     itl = [(t.end_s - t.first_s) / (t.tokens - 1) * 1000 for t in ok if t.tokens > 1]
+    gaps = [(b - a) * 1000 for t in ok for a, b in zip(t.chunk_s, t.chunk_s[1:], strict=False)]
 
     def pct(values: Sequence[float], q: float) -> float:
         return float(np.percentile(values, q)) if values else float("nan")
@@ -136,7 +139,33 @@ def run_cell(
         itl_p50_ms=pct(itl, 50),
         latency_p50_ms=pct([t.end_s * 1000 for t in ok], 50),
         latency_p99_ms=pct([t.end_s * 1000 for t in ok], 99),
+        itl_p99_ms=pct(gaps, 99),
     )
+
+
+def median_cells(cells: Sequence[Cell]) -> list[Cell]:
+    """One cell per (target, concurrency): the median of each figure over the rounds."""
+    groups: dict[tuple[str, int], list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.target, c.concurrency), []).append(c)
+    out = []
+    for (target, conc), group in groups.items():
+        values = {
+            k: float(np.median([getattr(c, k) for c in group]))
+            for k in asdict(group[0])
+            if k not in ("target", "concurrency", "requests", "failures", "round")
+        }
+        out.append(
+            Cell(
+                target=target,
+                concurrency=conc,
+                requests=sum(c.requests for c in group),
+                failures=sum(c.failures for c in group),
+                round=len(group),
+                **values,
+            )
+        )
+    return out
 
 
 # -- targets ----------------------------------------------------------------------------------
@@ -178,10 +207,12 @@ def inprocess_target(model_dir: Path) -> tuple[StreamFn, Any, float]:
     return stream, engine, float(np.median(times) * 1000)
 
 
-def client_stream(url: str, protocol: str, timeout_s: float = 300) -> StreamFn:
-    from tritonforge.client.generate import GenerateClient
+def client_stream(
+    url: str, protocol: str, timeout_s: float = 300, model: str | None = None
+) -> StreamFn:
+    from tritonforge.client.generate import DEFAULT_MODEL, GenerateClient
 
-    c = GenerateClient(url, protocol=protocol, timeout_s=timeout_s)
+    c = GenerateClient(url, protocol=protocol, timeout_s=timeout_s, model=model or DEFAULT_MODEL)
 
     def stream(prompt: str, max_tokens: int) -> Iterator[str]:
         yield from (chunk.text for chunk in c.stream(prompt, max_tokens=max_tokens))
@@ -233,7 +264,7 @@ def fastapi_generate_service() -> Iterator[str]:
 def print_table(cells: Sequence[Cell]) -> None:
     head = (
         f"{'target':<22}{'conc':>5}{'req':>5}{'fail':>5}{'tok/s':>9}{'ttft p50':>10}"
-        f"{'ttft p99':>10}{'itl p50':>9}{'lat p50':>10}{'lat p99':>10}"
+        f"{'ttft p99':>10}{'itl p50':>9}{'itl p99':>9}{'lat p50':>10}{'lat p99':>10}"
     )
     print(head)
     print("-" * len(head))
@@ -241,13 +272,17 @@ def print_table(cells: Sequence[Cell]) -> None:
         print(
             f"{c.target:<22}{c.concurrency:>5}{c.requests:>5}{c.failures:>5}"
             f"{c.tokens_per_s:>9.1f}{c.ttft_p50_ms:>10.0f}{c.ttft_p99_ms:>10.0f}"
-            f"{c.itl_p50_ms:>9.0f}{c.latency_p50_ms:>10.0f}{c.latency_p99_ms:>10.0f}"
+            f"{c.itl_p50_ms:>9.0f}{c.itl_p99_ms:>9.0f}{c.latency_p50_ms:>10.0f}"
+            f"{c.latency_p99_ms:>10.0f}"
         )
 
 
-def targets(cells: Sequence[Cell], prefill_ms: float, top: int) -> list[dict[str, Any]]:
-    """The issue's three targets, each with its measured ratio and whether it is met."""
-    by = {(c.target, c.concurrency): c for c in cells}
+def targets(
+    cells: Sequence[Cell], prefill_ms: float, top: int, served: str = "triton"
+) -> list[dict[str, Any]]:
+    """The issue's three targets, each with its measured ratio and whether it is met
+    (``served``: the label of the served default variant's cells)."""
+    by = {(c.target if c.target != served else "triton", c.concurrency): c for c in cells}
     out = []
 
     def add(name: str, value: float, goal: float, higher: bool) -> None:
@@ -290,9 +325,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--skip", nargs="*", default=[], choices=["inprocess", "fastapi", "triton", "triton-v1"]
     )
+    p.add_argument(
+        "--variants",
+        nargs="*",
+        help="served decoder variants to measure (default: every exported one, interleaved)",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=1, help="interleaved rounds of the served cells (medians)"
+    )
     p.add_argument("--out", type=Path, default=Path("reports/bench_generate.json"))
     args = p.parse_args(argv)
-    model_dir = args.model_repository / "generate"
+    from tritonforge.pipelines import generators_from_repository
+
+    group = generators_from_repository(args.model_repository)["generate"]
+    variants = args.variants or list(group.variants)
+    model_dir = args.model_repository / group.model()
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(model_dir / "1" / "tokenizer.json"))
@@ -305,14 +352,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells: list[Cell] = []
     prefill_ms = float("nan")
     # On a terminal: a bar over every cell (target x concurrency), with its ETA.
-    measured = [t for t in ("inprocess", "fastapi", "triton", "triton-v1") if t not in args.skip]
-    bar = Bar("bench generate", len(measured) * len(args.concurrency), unit="cells")
+    measured = [t for t in ("inprocess", "fastapi") if t not in args.skip]
+    served_cells = 0 if "triton" in args.skip else len(variants) * args.rounds
+    served_cells += 0 if "triton-v1" in args.skip else 1
+    bar = Bar(
+        "bench generate", (len(measured) + served_cells) * len(args.concurrency), unit="cells"
+    )
 
-    def measure(target: str, stream: StreamFn) -> None:
+    def measure(target: str, stream: StreamFn, rnd: int = 0) -> None:
         for _ in stream(PROMPTS[0], 4):  # warm-up (first-call costs are not measured)
             pass
         for c in args.concurrency:
             cell = run_cell(target, stream, count, c, args.requests_per_client, args.max_tokens)
+            cell.round = rnd
             log.info(
                 f"    {target} x{c}: {cell.tokens_per_s:.1f} tokens/s, TTFT p50 {cell.ttft_p50_ms:.0f} ms"
             )
@@ -331,23 +383,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         with fastapi_generate_service() as url:
             measure("fastapi", client_stream(url, "http"))
     if "triton" not in args.skip or "triton-v1" not in args.skip:
+        models = [group.model(v) for v in variants]
         settings = ServerSettings.ephemeral(
-            args.model_repository, model_control_mode="explicit", load_models=["generate"]
+            args.model_repository, model_control_mode="explicit", load_models=models
         )
         server = EmbeddedServer(settings)
         server.start()
         try:
             server.wait_ready()
-            if "triton" not in args.skip:
-                measure("triton", client_stream(server.grpc_url, "grpc"))
+            # Interleaved: every round measures every variant, so a load swing on the shared
+            # machine hits both alike.
+            for rnd in range(args.rounds if "triton" not in args.skip else 0):
+                for v, model in zip(variants, models, strict=True):
+                    measure(f"triton {v}", client_stream(server.grpc_url, "grpc", model=model), rnd)
             if "triton-v1" not in args.skip:
                 measure("triton-v1", openai_stream(server.http_url, model_dir.name))
         finally:
             server.stop()
     bar.close()
+    cells = median_cells(cells)
     print()
     print_table(cells)
-    goals = targets(cells, prefill_ms, max(args.concurrency))
+    goals = targets(
+        cells, prefill_ms, max(args.concurrency), served=f"triton {group.default_variant}"
+    )
+    by = {(c.target, c.concurrency): c for c in cells}
+    for v in variants:
+        for c in args.concurrency:
+            base, other = by.get(("triton fp32", c)), by.get((f"triton {v}", c))
+            if v != "fp32" and base and other:
+                print(
+                    f"  triton {v} / fp32 tokens/s at {c}: {other.tokens_per_s / base.tokens_per_s:.2f}x"
+                )
     print()
     for g in goals:
         print(f"  {'MET ' if g['met'] else 'MISS'} {g['target']}: {g['value']} (goal {g['goal']})")
@@ -356,6 +423,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dumps(
             {
                 "load_average": load,
+                "load_average_end": os.getloadavg(),
+                "variants": {v: group.model(v) for v in variants},
+                "default_variant": group.default_variant,
+                "rounds": args.rounds,
                 "max_tokens": args.max_tokens,
                 "prefill_ms": prefill_ms,
                 "cells": [asdict(c) for c in cells],

@@ -9,12 +9,13 @@ such as ``sequence_length``) are cut back to each request's own extent.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from tritonforge.errors import InvalidInputError
+from tritonforge.errors import InvalidInputError, ModelConfigError
 from tritonforge.modelconfig import ModelConfig
 
 AxisNames = Mapping[str, Sequence[str | None]]
@@ -188,3 +189,91 @@ def split_outputs(
             per[name] = np.ascontiguousarray(part[tuple(index)])
         result.append((m.request_index, per))
     return result
+
+
+def row_extents(
+    inputs: Mapping[str, np.ndarray],
+    row: int,
+    pad_values: Mapping[str, float | int],
+    axis_names: AxisNames,
+) -> dict[str, int]:
+    """Axis name -> the length of ``row`` without its trailing padding: the last position where
+    some padded input differs from its pad value, plus one (at least 1)."""
+    extents: dict[str, int] = {}
+    for name, arr in inputs.items():
+        if name not in pad_values:
+            continue
+        for axis, axis_name in enumerate(axis_names.get(name, ())):
+            if axis == 0 or not axis_name or axis >= arr.ndim:
+                continue
+            part = np.moveaxis(arr[row], axis - 1, 0).reshape(arr.shape[axis], -1)
+            used = np.flatnonzero((part != pad_values[name]).any(axis=1))
+            extents[axis_name] = max(
+                extents.get(axis_name, 1), int(used[-1]) + 1 if used.size else 1
+            )
+    return extents
+
+
+def _slice_row(
+    arr: np.ndarray, row: int, names: Sequence[str | None], extents: Mapping[str, int]
+) -> np.ndarray:
+    index: list[slice] = [slice(row, row + 1)]
+    for axis in range(1, arr.ndim):
+        name = names[axis] if axis < len(names) else None
+        index.append(slice(0, extents[name]) if name and name in extents else slice(None))
+    return np.ascontiguousarray(arr[tuple(index)])
+
+
+def infer_rows(
+    inputs: Mapping[str, np.ndarray],
+    infer: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
+    pad_values: Mapping[str, float | int],
+    axis_names: AxisNames,
+) -> dict[str, np.ndarray]:
+    """Run a merged batch one row at a time, each row cut to its own unpadded extent, and stack
+    the outputs (named axes padded back with zeros to the batch's extent).
+
+    For graphs whose activations are quantized with one scale per tensor (dynamic int8): there a
+    row's answer depends on every other row and on the padding beside it; alone and unpadded it
+    depends on its own values only, so an answer no longer depends on who shares the batch."""
+    batch = int(next(iter(inputs.values())).shape[0])
+    rows: list[Mapping[str, np.ndarray]] = []
+    for r in range(batch):
+        extents = row_extents(inputs, r, pad_values, axis_names)
+        rows.append(
+            infer({n: _slice_row(a, r, axis_names.get(n, ()), extents) for n, a in inputs.items()})
+        )
+    full = _sizes(inputs, axis_names)
+    out: dict[str, np.ndarray] = {}
+    for name in rows[0]:
+        names = axis_names.get(name, ())
+        parts = []
+        for part in rows:
+            arr = part[name]
+            widths = [(0, 0)]
+            for a in range(1, arr.ndim):
+                axis_name = names[a] if a < len(names) else None
+                grow = full[axis_name] - arr.shape[a] if axis_name and axis_name in full else 0
+                widths.append((0, grow))
+            parts.append(np.pad(arr, widths) if any(w for _, w in widths) else arr)
+        out[name] = np.concatenate(parts)
+    return out
+
+
+# Ops whose output scale spans the whole input tensor (every row and the padding of a batch).
+PER_TENSOR_DYNAMIC_OPS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul"})
+BATCH_ROWS = ("auto", "together", "alone")
+
+
+def rows_alone(path: Path, setting: str) -> bool:
+    """Whether a model runs its rows one by one (:func:`infer_rows`): ``setting`` is the config's
+    ``batch_rows``; ``auto`` decides from the ONNX graph at ``path`` (any op of
+    :data:`PER_TENSOR_DYNAMIC_OPS`). :class:`ModelConfigError` for another setting."""
+    if setting not in BATCH_ROWS:
+        raise ModelConfigError(f"batch_rows must be one of {list(BATCH_ROWS)}, got {setting!r}")
+    if setting != "auto":
+        return setting == "alone"
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return any(node.op_type in PER_TENSOR_DYNAMIC_OPS for node in graph.node)

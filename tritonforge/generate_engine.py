@@ -15,37 +15,37 @@ import numpy as np
 from tritonforge.decoder import OrtDecoder
 from tritonforge.errors import InvalidInputError
 from tritonforge.generation import (
+    VARIANT_PARAMETER,
     ErrorFn,
     Generation,
     GenerationLimits,
     OutputFn,
     Scheduler,
     TextStream,
+    check_variant,
     parse_sampling,
     render_prompt,
 )
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.pipelines import VARIANT_KEY
 
 
 class GenerateEngine:
-    """Load the decoder variant named by ``parameters.variant``, the tokenizer and the chat
-    template (each checked against its sidecar), and own the scheduler."""
+    """Load the model's decoder (``parameters.decoder_file``; the variant it is, fp32 or int8, is
+    ``tritonforge.variant``), the tokenizer and the chat template (each checked against its
+    sidecar), and own the scheduler."""
 
     def __init__(
         self,
         config: ModelConfig,
         version_dir: Path,
-        variant: str | None = None,
         on_step: Callable[[int, int], None] | None = None,
     ) -> None:
         from tokenizers import Tokenizer
 
-        variant = variant or config.param("variant", "fp32")
-        key = {"fp32": "decoder_file", "int8": "int8_decoder_file"}.get(variant)
-        if key is None:
-            raise InvalidInputError(f"variant must be fp32 or int8, got {variant!r}")
-        decoder_path = version_dir / config.param(key, kind=str)
+        variant = config.param(VARIANT_KEY, "fp32")
+        decoder_path = version_dir / config.param("decoder_file", kind=str)
         tokenizer_path = version_dir / config.param("tokenizer_file", kind=str)
         meta_path = version_dir / config.param("generation_file", kind=str)
         for path in (decoder_path, tokenizer_path, meta_path):
@@ -93,6 +93,7 @@ class GenerateEngine:
         on_error: ErrorFn,
         is_cancelled: Any = lambda: False,
     ) -> Generation:
+        self.check_variant(values.get(VARIANT_PARAMETER))
         params = parse_sampling(values, self.limits)
         seed = params.seed if params.seed is not None else self.seeds.spawn(1)[0]
         return Generation(
@@ -104,6 +105,10 @@ class GenerateEngine:
             is_cancelled=is_cancelled,
             rng=np.random.default_rng(seed),
         )
+
+    def check_variant(self, requested: Any) -> None:
+        """:class:`InvalidInputError` naming ``variant`` when a request pins another variant."""
+        check_variant(requested, self.variant, self.name)
 
     def warmup(self, text: str) -> None:
         """One short generation on the calling thread (before :meth:`start`)."""

@@ -31,6 +31,9 @@ TEXT_OUTPUT = "text_output"
 FINISH_REASON = "finish_reason"
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "chat_template")
 FINISH_LENGTH, FINISH_STOP = "length", "stop"
+# The request parameter that pins a decoder variant (each variant is its own model; a request
+# naming another variant than the model serves is refused, never answered by another decoder).
+VARIANT_PARAMETER = "variant"
 
 StepFn = Callable[
     [np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]], tuple[np.ndarray, list[np.ndarray]]
@@ -475,6 +478,20 @@ class Scheduler:
         elif chunk:
             seq.on_output(seq, chunk, None)
         return token
+
+
+def check_variant(requested: Any, served: str, model: str) -> None:
+    """A request's ``variant`` parameter (None: not pinned) against the variant ``model`` serves;
+    :class:`InvalidInputError` naming the field on a mismatch."""
+    if requested is None:
+        return
+    requested = requested.decode() if isinstance(requested, bytes) else str(requested)
+    if requested != served:
+        raise InvalidInputError(
+            f"{VARIANT_PARAMETER}: model {model!r} serves variant {served!r}, not "
+            f"{requested!r}; send the request to the model whose tritonforge.variant is "
+            f"{requested!r}"
+        )
 
 
 def render_prompt(text: str, template: str | None, use_template: bool) -> str:

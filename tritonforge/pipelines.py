@@ -24,6 +24,17 @@ ROLE_KEY = "tritonforge.role"  # tokenizer | encoder | postprocess | ensemble | 
 VARIANT_KEY = "tritonforge.variant"  # encoders and ensembles
 LABELS_KEY = "tritonforge.labels"  # classification: JSON list, index order
 PUBLIC_ROLES = ("ensemble", "bls")
+# Generation models (decoupled ``generate``): one model per variant, grouped by name.
+GENERATOR_ROLE = "generator"
+GENERATOR_KEY = "tritonforge.generator"  # the group: the default variant's model name
+DEFAULT_VARIANT_KEY = "tritonforge.default_variant"
+GENERATION_VARIANTS = ("fp32", "int8")
+
+
+def generator_name(base: str, variant: str, default_variant: str) -> str:
+    """The model serving ``variant`` of the generator ``base``: ``base`` for the default
+    variant, ``<base>_<variant>`` for any other (so ``generate`` is always the recommended one)."""
+    return base if variant == default_variant else f"{base}_{variant}"
 
 
 @dataclass(frozen=True)
@@ -201,3 +212,54 @@ def pipeline_models(repository: Path) -> list[str]:
     return sorted(
         str(c["name"]) for c in repository_configs(repository) if PIPELINE_KEY in _params(c)
     )
+
+
+@dataclass(frozen=True)
+class Generator:
+    """One generation model group: variant -> model (each variant is its own Triton model, so
+    Triton's per-model metrics describe one decoder) and the recommended default."""
+
+    name: str
+    models: Mapping[str, str]
+    default_variant: str
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return tuple(self.models)
+
+    def model(self, variant: str | None = None) -> str:
+        """The model for ``variant`` (None: the default); :class:`KeyError` naming the choices."""
+        variant = variant or self.default_variant
+        try:
+            return self.models[variant]
+        except KeyError as e:
+            raise KeyError(
+                f"unknown variant={variant!r} for {self.name!r}; it serves {list(self.models)}"
+            ) from e
+
+
+def discover_generators(configs: Iterable[Mapping[str, Any]]) -> dict[str, Generator]:
+    """Generation model groups declared by ``configs`` (``tritonforge.role`` = generator)."""
+    groups: dict[str, dict[str, tuple[str, str]]] = {}
+    for config in configs:
+        params = _params(config)
+        if params.get(ROLE_KEY) != GENERATOR_ROLE:
+            continue
+        group = params.get(GENERATOR_KEY) or str(config["name"])
+        variant = params.get(VARIANT_KEY, "fp32")
+        groups.setdefault(group, {})[variant] = (
+            str(config["name"]),
+            params.get(DEFAULT_VARIANT_KEY, "fp32"),
+        )
+    out = {}
+    for name, members in sorted(groups.items()):
+        order = sorted(members, key=lambda v: (v not in GENERATION_VARIANTS, v))
+        models = {v: members[v][0] for v in order}
+        default = members[order[0]][1]
+        out[name] = Generator(name, models, default if default in models else order[0])
+    return out
+
+
+def generators_from_repository(repository: Path) -> dict[str, Generator]:
+    """The generation model groups a model repository on disk declares."""
+    return discover_generators(repository_configs(repository))

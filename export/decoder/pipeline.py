@@ -14,6 +14,7 @@ import importlib.metadata
 import io
 import json
 import os
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch
 import tritonforge
 from tritonforge.decoder import OrtDecoder, past_names, present_names
 from tritonforge.export.decoder import verify
-from tritonforge.export.decoder.config import files, render_config
+from tritonforge.export.decoder.config import VERSION, files, models, render_config
 from tritonforge.export.decoder.load import load_gguf, package_file
 from tritonforge.export.decoder.module import KVCacheDecoder
 from tritonforge.export.decoder.report import write_report
@@ -39,6 +40,8 @@ from tritonforge.export.specs.text import read_sentences
 from tritonforge.generation import render_prompt
 from tritonforge.integrity import sha256_file
 
+# The int8 decoder lived beside fp32 in ``generate/1`` before each variant became a model.
+LEGACY_FILES = ("decoder_int8.onnx",)
 TIE_MARGIN = 1e-2  # a greedy divergence where PyTorch's own top-2 logits are closer is a tie
 
 
@@ -245,6 +248,10 @@ def run_decoder_export(
         report = _build(spec, staging, steps, fp, checkpoint, int8)
         with steps("commit (os.replace into the repository)"):
             moved = staging.commit()
+            for model in models(spec, int8).values():
+                for name in LEGACY_FILES:  # an earlier layout's files would still be served
+                    for stale in (repo / model / str(VERSION)).glob(f"{name}*"):
+                        stale.unlink()
         progress(f"==> [export {spec.name}] done in {time.perf_counter() - steps.t0:.1f} s")
         return Outcome(skipped=False, report=report, moved=moved)
     finally:
@@ -260,7 +267,12 @@ def _build(
     int8: bool,
 ) -> dict[str, Any]:
     torch.manual_seed(0)
-    out = {role: staging.path(rel) for role, rel in files(spec, int8).items()}
+    paths = {role: staging.path(rel) for role, rel in files(spec, int8).items()}
+    # fp32's files are written first; every other variant's directory gets copies (its own
+    # decoder comes from quantization).
+    out = {role: paths[f"fp32.{role}"] for role in ("decoder", "tokenizer", "generation")}
+    if int8:
+        out["int8"] = paths["int8.decoder"]
     failures: list[str] = []
     report: dict[str, Any] = {
         "spec": spec.name,
@@ -352,12 +364,14 @@ def _build(
         failures += _int8(spec, out, fp32, alone, run, report, steps)
     if failures:
         raise VerificationError(failures, f"spec {spec.name}")
-    with steps("config.pbtxt, sha256 sidecars, reports"):
-        staging.path(f"{spec.serving.model_name}/config.pbtxt").write_text(
-            render_config(spec, int8)
-        )
+    with steps("config.pbtxt per variant, sha256 sidecars, reports"):
+        for variant, model in models(spec, int8).items():
+            staging.path(f"{model}/config.pbtxt").write_text(render_config(spec, variant, int8))
+            if variant != "fp32":
+                for role in ("tokenizer", "generation"):
+                    shutil.copyfile(out[role], paths[f"{variant}.{role}"])
         staging.seal()
-        for role, path in out.items():
+        for role, path in paths.items():
             report["artifacts"][role] = {
                 "file": str(path.relative_to(staging.root)),
                 "bytes": path.stat().st_size,
@@ -365,7 +379,8 @@ def _build(
             }
         steps.timings["total"] = time.perf_counter() - steps.t0
         report["timings_s"] = {k: round(v, 3) for k, v in steps.timings.items()}
-        write_report(report, out["decoder"].parent)
+        for model in models(spec, int8).values():
+            write_report(report, staging.path(f"{model}/{VERSION}"))
     return report
 
 
@@ -386,7 +401,12 @@ def _int8(
     with steps("int8 gate: greedy agreement with fp32 + held-out perplexity"):
         agree = verify.teacher_forced_agreement(q8, q8.empty_past, run["prompts"], alone)
         tokens8 = verify.scheduler_tokens(q8, q8.empty_past, max_running=8, **run)
+        alone8 = verify.scheduler_tokens(q8, q8.empty_past, max_running=1, **run)
         free = verify.agreement(alone, tokens8)
+        # Recorded, not (yet) a failure: measured 2026-12-01, 7 of 20 prompts' greedy tokens
+        # differ alone vs in a batch of 8 (ONNX Runtime's MatMulNBits kernels differ between one
+        # row and several; fp32 is invariant). Issue 20 item 3 keeps it open.
+        batch_diff = [i for i, (a, b) in enumerate(zip(alone8, tokens8, strict=True)) if a != b]
         rows = [run["tokenizer"].encode(t).ids for t in read_sentences(spec.perplexity_file)]
         ppl32 = verify.perplexity(fp32, fp32.empty_past, rows)
         ppl8 = verify.perplexity(q8, q8.empty_past, rows)
@@ -399,6 +419,8 @@ def _int8(
             f"int8 gate: top-1 agreement with fp32's greedy tokens {agree:.3f} < "
             f"{gate.min_greedy_agreement}"
         )
+    if batch_diff:
+        steps.note(f"int8 batching invariance: prompts {batch_diff} differ inside a batch")
     if ppl8 / ppl32 > gate.max_perplexity_ratio:
         problems.append(
             f"int8 gate: perplexity ratio {ppl8 / ppl32:.3f} > {gate.max_perplexity_ratio}"
@@ -413,6 +435,9 @@ def _int8(
         "method": "onnxruntime MatMulNBits: weight-only int8, blocks of 32, int8 compute",
         "greedy_agreement": agree,
         "free_running_agreement": free,
+        # The served int8 model's greedy output is checked against these (integration test).
+        "greedy_tokens": alone8,
+        "batching_invariance_differences": batch_diff,
         "perplexity": {"fp32": ppl32, "int8": ppl8, "ratio": ppl8 / ppl32},
         "gate": {
             "min_greedy_agreement": gate.min_greedy_agreement,

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tritonforge.pipelines import generator_name
+
 BATCH_AXIS = "batch_size"
 SEQ_AXIS = "sequence_length"
 PAST_AXIS = "past_sequence_length"
@@ -23,8 +25,19 @@ class GenerationServing:
     max_running: int = 16  # sequences decoded together (in-flight batch)
     max_queue: int = 64  # admitted requests waiting for a slot; the excess gets UNAVAILABLE
     intra_op_threads: int = 2
+    # Every variant is its own Triton model (own scheduler, own per-model metrics): the default
+    # variant is ``model_name``, any other ``<model_name>_<variant>`` (pipelines.generator_name).
+    variants: tuple[str, ...] = ("fp32", "int8")
     default_variant: str = "fp32"
     warmup_prompt: str = "Hello"
+
+    def default_for(self, variants: tuple[str, ...]) -> str:
+        """The default among the exported ``variants`` (fp32 when the spec's is not exported)."""
+        return self.default_variant if self.default_variant in variants else "fp32"
+
+    def model(self, variant: str, variants: tuple[str, ...]) -> str:
+        """The model serving ``variant`` when ``variants`` are exported."""
+        return generator_name(self.model_name, variant, self.default_for(variants))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,20 @@ from tritonforge.modelconfig import ModelConfig
 from tritonforge.runtime.server import EmbeddedServer
 
 pytestmark = pytest.mark.integration
-MODEL_DIR = PIPELINE_REPOSITORY / "generate"
+
+
+def _fp32_model() -> str:
+    """The fp32 variant's model (exact parity with PyTorch), whichever variant is the default."""
+    from tritonforge.pipelines import generators_from_repository
+
+    try:
+        return generators_from_repository(PIPELINE_REPOSITORY)["generate"].model("fp32")
+    except (KeyError, OSError):
+        return "generate"  # not exported yet: the fixtures say so
+
+
+FP32_MODEL = _fp32_model()
+MODEL_DIR = PIPELINE_REPOSITORY / FP32_MODEL
 PROMPTS = ("What is the capital of France?", "Name a color.", "Count to three.", "Hi")
 
 
@@ -36,11 +49,11 @@ def _report() -> dict:
 
 
 def grpc_client(server: EmbeddedServer) -> GenerateClient:
-    return GenerateClient(server.grpc_url, protocol="grpc", timeout_s=120)
+    return GenerateClient(server.grpc_url, protocol="grpc", timeout_s=120, model=FP32_MODEL)
 
 
 def http_client(server: EmbeddedServer) -> GenerateClient:
-    return GenerateClient(server.http_url, protocol="http", timeout_s=120)
+    return GenerateClient(server.http_url, protocol="http", timeout_s=120, model=FP32_MODEL)
 
 
 def test_grpc_and_sse_stream_the_same_greedy_text(pipeline_server: EmbeddedServer) -> None:
@@ -149,7 +162,7 @@ def test_cancellation_frees_the_slot(pipeline_server: EmbeddedServer, protocol: 
 def tight_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The generate model alone with 1 running slot and a queue of 1 (artifacts linked)."""
     repo = tmp_path_factory.mktemp("tight")
-    dst = repo / "generate"
+    dst = repo / FP32_MODEL
     shutil.copytree(MODEL_DIR, dst, symlinks=False, copy_function=_link)
     text = (MODEL_DIR / "config.pbtxt").read_text()
     for key in ("max_running", "max_queue"):

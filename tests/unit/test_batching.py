@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from tritonforge.batching import plan_batches, split_outputs, validate_inputs
-from tritonforge.errors import InvalidInputError
+from tritonforge.batching import (
+    infer_rows,
+    plan_batches,
+    row_extents,
+    rows_alone,
+    split_outputs,
+    validate_inputs,
+)
+from tritonforge.errors import InvalidInputError, ModelConfigError
 from tritonforge.modelconfig import ModelConfig
 
 CONFIG = ModelConfig.from_json(
@@ -109,3 +118,81 @@ def test_fixed_dims_are_enforced() -> None:
     validate_inputs(config, {"x": np.zeros((2, 3), np.float32)})
     with pytest.raises(InvalidInputError, match="'x' axis 1 must be 3"):
         validate_inputs(config, {"x": np.zeros((2, 4), np.float32)})
+
+
+def _per_tensor_scaled(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A stand-in for dynamic int8: every value is rounded on a grid set by the batch's max
+    (padding included), then pooled over the valid positions; a named per-token output too."""
+    x = feed["x"].astype(np.float64)
+    scale = np.abs(x).max() / 127 or 1.0
+    q = np.round(x / scale) * scale
+    mask = feed["mask"]
+    pooled = (q * mask).sum(1) / np.maximum(mask.sum(1), 1)
+    return {"pooled": pooled[:, None], "tokens": q}
+
+
+ROW_AXES = {
+    "x": ["batch", "sequence"],
+    "mask": ["batch", "sequence"],
+    "pooled": ["batch", None],
+    "tokens": ["batch", "sequence"],
+}
+PADS = {"x": 0, "mask": 0}
+
+
+def _rows(*rows: list[float]) -> dict[str, np.ndarray]:
+    width = max(len(r) for r in rows)
+    x = np.zeros((len(rows), width))
+    mask = np.zeros((len(rows), width), np.int64)
+    for i, r in enumerate(rows):
+        x[i, : len(r)], mask[i, : len(r)] = r, 1
+    return {"x": x, "mask": mask}
+
+
+def test_infer_rows_makes_a_rows_answer_independent_of_its_batch() -> None:
+    text, other = [0.3, 0.71, 0.2], [9.0, 1.0, 3.0, 7.5, 2.0]
+    alone = _per_tensor_scaled(_rows(text))["pooled"][0]
+    batched = _per_tensor_scaled(_rows(text, other))["pooled"][0]
+    assert alone != batched  # the stand-in couples rows, as per-tensor dynamic int8 does
+    rowwise = infer_rows(_rows(text, other), _per_tensor_scaled, PADS, ROW_AXES)
+    assert (
+        rowwise["pooled"][0]
+        == infer_rows(_rows(text), _per_tensor_scaled, PADS, ROW_AXES)["pooled"][0]
+    )
+    assert rowwise["pooled"][1] == _per_tensor_scaled(_rows(other))["pooled"][0]
+    # Named per-token outputs come back at the batch's width (zeros past a row's own length).
+    assert rowwise["tokens"].shape == (2, 5)
+    assert rowwise["tokens"][0, 3:].tolist() == [0.0, 0.0]
+
+
+def test_row_extents_trim_only_trailing_padding() -> None:
+    feed = _rows([1.0, 0.0, 2.0], [1.0])  # a real zero inside row 0 is kept
+    assert row_extents(feed, 0, PADS, ROW_AXES) == {"sequence": 3}
+    assert row_extents(feed, 1, PADS, ROW_AXES) == {"sequence": 1}
+    feed["mask"][1, :] = 0  # an all-padding row still runs with one position
+    feed["x"][1, :] = 0
+    assert row_extents(feed, 1, PADS, ROW_AXES) == {"sequence": 1}
+
+
+def test_rows_alone_is_decided_from_the_graph(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    def save(op: str, name: str) -> Path:
+        outputs = ["y", "s", "z"] if op == "DynamicQuantizeLinear" else ["y"]
+        node = helper.make_node(op, ["x"], outputs)
+        graph = helper.make_graph(
+            [node],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])],
+            [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs],
+        )
+        path = tmp_path / name
+        onnx.save(helper.make_model(graph), str(path))
+        return path
+
+    dynamic, plain = save("DynamicQuantizeLinear", "dyn.onnx"), save("Relu", "relu.onnx")
+    assert rows_alone(dynamic, "auto") and not rows_alone(plain, "auto")
+    assert rows_alone(plain, "alone") and not rows_alone(dynamic, "together")
+    with pytest.raises(ModelConfigError, match="batch_rows"):
+        rows_alone(plain, "sometimes")

@@ -1,17 +1,22 @@
-"""Decoder export data that needs no model: the generated config and clean."""
+"""Decoder export data that needs no model: the generated configs (one model per variant,
+discoverable), the naming rule and clean."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from tritonforge.export.decoder.config import clean_decoders, files, render_config
+import pytest
+
+from tritonforge.export.decoder.config import clean_decoders, files, models, render_config
 from tritonforge.export.specs.smollm2 import smollm2_spec
-from tritonforge.modelconfig import ModelConfig
+from tritonforge.modelconfig import ModelConfig, pbtxt_to_dict
+from tritonforge.pipelines import VARIANT_KEY, discover_generators
 
 
 def test_config_is_rendered_from_the_spec_and_decoupled() -> None:
     spec = smollm2_spec()
-    config = ModelConfig.from_pbtxt(render_config(spec, int8=True))
+    config = ModelConfig.from_pbtxt(render_config(spec, "fp32", int8=True))
     assert config.name == spec.serving.model_name
     assert config.raw["model_transaction_policy"]["decoupled"] is True
     assert config.param("max_running", kind=int) == spec.serving.max_running
@@ -20,16 +25,67 @@ def test_config_is_rendered_from_the_spec_and_decoupled() -> None:
     assert [t.name for t in config.inputs if not t.optional] == ["text_input"]
 
 
+def _configs(spec: object, int8: bool) -> list[dict]:
+    return [
+        pbtxt_to_dict(render_config(spec, v, int8))  # type: ignore[arg-type]
+        for v in models(spec, int8)  # type: ignore[arg-type]
+    ]
+
+
+def test_every_variant_is_its_own_discoverable_model() -> None:
+    """fp32 and int8 are two models (Triton's per-model metrics then describe one decoder
+    each); discovery maps variant -> model and names the default, from the configs alone."""
+    spec = smollm2_spec()
+    found = discover_generators(_configs(spec, int8=True))
+    group = found[spec.serving.model_name]
+    assert group.variants == ("fp32", "int8")
+    assert group.default_variant == spec.serving.default_variant
+    assert group.model() == spec.serving.model_name  # the default keeps the plain name
+    other = next(v for v in group.variants if v != group.default_variant)
+    assert group.model(other) == f"{spec.serving.model_name}_{other}"
+    for variant, model in group.models.items():
+        config = ModelConfig.from_pbtxt(render_config(spec, variant, int8=True))
+        assert config.name == model and config.param(VARIANT_KEY) == variant
+    with pytest.raises(KeyError, match="int4"):
+        group.model("int4")
+    # Without int8 only fp32 is exported, under the plain name whatever the spec's default.
+    alone = discover_generators(_configs(spec, int8=False))[spec.serving.model_name]
+    assert alone.models == {"fp32": spec.serving.model_name}
+
+
+def test_an_int8_default_takes_the_plain_name_and_fp32_keeps_parity_under_its_own() -> None:
+    spec = smollm2_spec()
+    spec = dataclasses.replace(
+        spec, serving=dataclasses.replace(spec.serving, default_variant="int8")
+    )
+    group = discover_generators(_configs(spec, int8=True))[spec.serving.model_name]
+    assert group.models == {"fp32": "generate_fp32", "int8": "generate"}
+    assert group.default_variant == "int8"
+
+
+def test_each_variant_directory_is_self_contained() -> None:
+    spec = smollm2_spec()
+    paths = files(spec, int8=True)
+    for variant, model in models(spec, int8=True).items():
+        mine = {r.split(".", 1)[1]: p for r, p in paths.items() if r.startswith(f"{variant}.")}
+        assert set(mine) == {"decoder", "tokenizer", "generation"}
+        assert all(p.startswith(f"{model}/1/") for p in mine.values())
+
+
 def test_clean_removes_generated_files_and_keeps_model_py(tmp_path: Path) -> None:
     spec = smollm2_spec()
-    model = tmp_path / spec.serving.model_name
-    (model / "1").mkdir(parents=True)
-    (model / "1" / "model.py").write_text("# committed\n")
-    (model / "config.pbtxt").write_text("")
+    names = models(spec, int8=True).values()
+    for name in names:
+        model = tmp_path / name
+        (model / "1").mkdir(parents=True)
+        (model / "1" / "model.py").write_text("# committed\n")
+        (model / "config.pbtxt").write_text("")
+        (model / "1" / "export_report.json").write_text("{}")
     for rel in files(spec, int8=True).values():
         (tmp_path / rel).write_text("x")
         (tmp_path / f"{rel}.sha256").write_text("x")
-    (model / "1" / "export_report.json").write_text("{}")
     removed = clean_decoders(tmp_path, [spec])
-    assert len(removed) == 2 * 4 + 2
-    assert sorted(p.name for p in model.rglob("*") if p.is_file()) == ["model.py"]
+    assert len(removed) == len(names) * (2 * 3 + 2)
+    for name in names:
+        left = sorted(p.name for p in (tmp_path / name).rglob("*") if p.is_file())
+        assert left == ["model.py"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tritonforge.client.errors import InvalidRequestError, ServerError, ServerUnavailableError
@@ -31,3 +33,26 @@ def test_classify_and_request_shapes() -> None:
         "stop": ["END"],
     }
     assert "stop" not in http_body("hi", {}, [])
+
+
+def test_a_pinned_variant_is_discovered_from_the_repository_and_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``variant=`` resolves the model from the configs' ``tritonforge.*`` parameters (offline
+    here: a repository named by ``$TRITONFORGE_MODEL_REPOSITORY``)."""
+    from tritonforge.client.generate import GenerateClient
+    from tritonforge.export.decoder.config import models, render_config
+    from tritonforge.export.specs.smollm2 import smollm2_spec
+
+    spec = smollm2_spec()
+    for variant, model in models(spec, int8=True).items():
+        (tmp_path / model).mkdir()
+        (tmp_path / model / "config.pbtxt").write_text(render_config(spec, variant, int8=True))
+    monkeypatch.setenv("TRITONFORGE_MODEL_REPOSITORY", str(tmp_path))
+    c = GenerateClient("localhost:1", protocol="http", variant="int8")
+    assert c.model == models(spec, int8=True)["int8"]
+    assert GenerateClient("localhost:1", protocol="http").model == spec.serving.model_name
+    with pytest.raises(InvalidRequestError, match=r"variant.*int4"):
+        GenerateClient("localhost:1", protocol="http", variant="int4")
+    refused = classify("variant: model 'generate' serves variant 'fp32', not 'int8'", "c")
+    assert isinstance(refused, InvalidRequestError)

@@ -227,3 +227,14 @@ def test_prefills_are_batched_within_the_padded_token_budget() -> None:
         (1, 9),
         (1, 1),
     ]  # 2 x 3 fits 9 tokens; 3 x 9 does not; the long one alone
+
+
+def test_a_request_pinning_another_variant_is_refused_naming_the_field() -> None:
+    from tritonforge.generation import check_variant
+
+    check_variant(None, "int8", "generate_int8")  # not pinned
+    check_variant(b"int8", "int8", "generate_int8")
+    with pytest.raises(
+        InvalidInputError, match=r"^variant: model 'generate' serves variant 'fp32'"
+    ):
+        check_variant("int8", "fp32", "generate")

@@ -13,8 +13,15 @@ import numpy as np
 
 from tritonforge.errors import InvalidInputError, ModelConfigError, ServingError
 from tritonforge.generate_engine import GenerateEngine
-from tritonforge.generation import FINISH_REASON, SAMPLING_FIELDS, TEXT_INPUT, TEXT_OUTPUT
+from tritonforge.generation import (
+    FINISH_REASON,
+    SAMPLING_FIELDS,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+    VARIANT_PARAMETER,
+)
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.pipelines import VARIANT_KEY
 from tritonforge.triton import error_response
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -40,7 +47,13 @@ def _sampling_values(request):
         if tensor is not None:
             values[name] = tensor.as_numpy()
     params = json.loads(request.parameters() or "{}")
-    values.update({k: v for k, v in params.items() if k in (*SAMPLING_FIELDS, "max_new_tokens")})
+    values.update(
+        {
+            k: v
+            for k, v in params.items()
+            if k in (*SAMPLING_FIELDS, "max_new_tokens", VARIANT_PARAMETER)
+        }
+    )
     return values
 
 
@@ -48,8 +61,9 @@ def _bytes(text):
     return np.array([text.encode("utf-8")], dtype=np.object_)
 
 
-def _gauges(model):
-    """(families, [running, queued] gauges) on Triton's /metrics, labelled with the model name.
+def _gauges(model, variant):
+    """(families, [running, queued] gauges) on Triton's /metrics, labelled with the model name
+    and its decoder variant.
     The families must outlive their metrics: the model keeps both."""
     families, out = [], []
     for what in ("running", "queued"):
@@ -59,7 +73,7 @@ def _gauges(model):
             kind=pb_utils.MetricFamily.GAUGE,
         )
         families.append(family)
-        out.append(family.Metric(labels={"model": model}))
+        out.append(family.Metric(labels={"model": model, "variant": variant}))
     return families, out
 
 
@@ -69,7 +83,7 @@ class TritonPythonModel:
         if not pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"])):
             raise ModelConfigError(f"{config.name}: needs model_transaction_policy decoupled")
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.metric_families, self.gauges = _gauges(config.name)
+        self.metric_families, self.gauges = _gauges(config.name, config.param(VARIANT_KEY, "fp32"))
         self.engine = GenerateEngine(config, version_dir, on_step=self._observe)
         self.name = config.name
         self.engine.warmup(config.param("warmup_prompt", "Hello"))

@@ -5,6 +5,12 @@ backend serves the same config). Reads everything from the config: ``default_mod
 tensor names/dtypes, ``max_batch_size``, ``parameters.intra_op_thread_count`` /
 ``inter_op_thread_count`` (the native backend's keys), ONNX Runtime session config entries
 (parameters whose key starts with ``session.``) and ``pad_values``.
+
+``parameters.batch_rows`` (``auto``, the default; ``together``; ``alone``): ``alone`` runs each
+row of a merged batch by itself, cut to its unpadded length (:func:`tritonforge.batching.infer_rows`),
+so that a request's answer does not depend on who shares its batch. ``auto`` does that when the
+graph quantizes activations with one scale per tensor at run time (``DynamicQuantizeLinear``:
+dynamic int8), where batching and padding would change every row's scale.
 """
 
 import triton_python_backend_utils as pb_utils
@@ -14,6 +20,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from tritonforge.batching import infer_rows, rows_alone
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.triton import execute_batched, pad_values_from
@@ -42,14 +49,20 @@ class TritonPythonModel:
         }
         self.pad_values = pad_values_from(self.config)
         self.graph_inputs = {t.name for t in self.session.get_inputs()}
+        self.rows_alone = rows_alone(path, self.config.param("batch_rows", "auto"))
         pb_utils.Logger.log_info(
             f"{self.config.name}: {path.name} on onnxruntime {ort.__version__} "
-            f"{json.dumps(self.axis_names)}"
+            f"{json.dumps(self.axis_names)}; rows {'alone' if self.rows_alone else 'batched'}"
         )
+
+    def _run(self, feed):
+        return dict(zip(self.output_names, self.session.run(self.output_names, feed), strict=True))
 
     def _infer(self, inputs):
         feed = {k: v for k, v in inputs.items() if k in self.graph_inputs}
-        return dict(zip(self.output_names, self.session.run(self.output_names, feed), strict=True))
+        if self.rows_alone:
+            return infer_rows(feed, self._run, self.pad_values, self.axis_names)
+        return self._run(feed)
 
     def execute(self, requests):
         return execute_batched(
