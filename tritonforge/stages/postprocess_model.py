@@ -9,8 +9,6 @@ import triton_python_backend_utils as pb_utils
 
 from pathlib import Path
 
-import numpy as np
-
 from tritonforge.bls import Postprocess, request_top_k
 from tritonforge.classify import classify, read_labels
 from tritonforge.modelconfig import ModelConfig
