@@ -565,12 +565,21 @@ class HttpFront:
                     return web.Response(status=upstream.status, headers=out_headers, body=data)
                 response = web.StreamResponse(status=upstream.status, headers=out_headers)
                 await response.prepare(request)
-                with contextlib.suppress(aiohttp.ClientPayloadError, aiohttp.ClientOSError):
+                watcher = asyncio.get_running_loop().create_task(_watch_client(request, upstream))
+                try:
                     async for chunk in upstream.content.iter_any():
                         await response.write(chunk)
-                if ended:
-                    await response.write(sse_event({"error": f"{ended[0]}: stream ended"}))
-                await response.write_eof()
+                except (aiohttp.ClientError, ConnectionResetError):
+                    if _client_gone(request):
+                        return response  # nobody to tell; the upstream stream is closed
+                    if not ended:
+                        ended.append("tritonserver closed the stream (restarting?)")
+                finally:
+                    watcher.cancel()
+                with contextlib.suppress(aiohttp.ClientError, ConnectionResetError):
+                    if ended:
+                        await response.write(sse_event({"error": f"{ended[0]}: stream ended"}))
+                    await response.write_eof()
                 return response
         except TimeoutError:
             if response is None:
@@ -582,6 +591,19 @@ class HttpFront:
             raise ConnectionResetError(str(e)) from e
         finally:
             self.admission.close_stream(token)
+
+
+async def _watch_client(request: web.BaseRequest, upstream: Any, poll_s: float = 0.2) -> None:
+    """Close ``upstream`` once the client's connection is gone, even while the stream is silent
+    (queued): Triton then cancels the request and the decode loop drops it at its next step."""
+    while not _client_gone(request):
+        await asyncio.sleep(poll_s)
+    upstream.close()
+
+
+def _client_gone(request: web.BaseRequest) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _unavailable(message: str) -> web.Response:
