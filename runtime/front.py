@@ -35,7 +35,7 @@ import threading
 import time
 import urllib.parse
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -692,9 +692,14 @@ class GrpcFront(grpc.GenericRpcHandler):
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method
         if method in GRPC_STREAMING:
-            return grpc.stream_stream_rpc_method_handler(
-                lambda requests, context: self._stream(method, requests, context)
-            )
+
+            async def stream(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+                # an async generator function: grpc.aio treats anything else as synchronous
+                async with contextlib.aclosing(self._stream(method, requests, context)) as out:
+                    async for response in out:
+                        yield response
+
+            return grpc.stream_stream_rpc_method_handler(stream)
 
         async def unary(request: bytes, context: Any) -> bytes:
             await self._refuse_when_draining(context)
@@ -708,7 +713,7 @@ class GrpcFront(grpc.GenericRpcHandler):
 
     async def _stream(
         self, method: str, requests: AsyncIterator[bytes], context: Any
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         await self._refuse_when_draining(context)
         metadata = await self._metadata(method, context)
         ended: list[str] = []
