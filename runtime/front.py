@@ -548,7 +548,7 @@ class HttpFront:
         def end(reason: str) -> None:
             ended.append(reason)
             for upstream in current:
-                upstream.close()
+                _close_upstream(upstream)
 
         token = self.admission.open_stream(end)
         if token is None:
@@ -598,6 +598,12 @@ async def _watch_client(request: web.BaseRequest, upstream: Any, poll_s: float =
     (queued): Triton then cancels the request and the decode loop drops it at its next step."""
     while not _client_gone(request):
         await asyncio.sleep(poll_s)
+    _close_upstream(upstream)
+
+
+def _close_upstream(upstream: Any) -> None:
+    """Close an upstream response now, waking a reader blocked on its body."""
+    upstream.content.set_exception(aiohttp.ClientConnectionError("closed by the front"))
     upstream.close()
 
 
