@@ -191,9 +191,6 @@ def test_open_streams_do_not_starve_short_requests_and_are_bounded(
     seconds_until_idle(server)
 
 
-CLASSIFY = ("classify_tokenizer", "classify_encoder_fp32", "classify_postprocess", "classify")
-
-
 @pytest.fixture(scope="module")
 def classify_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     from tests.conftest import PIPELINE_REPOSITORY
