@@ -41,7 +41,7 @@ MAX_TOKENS = 400
 
 def inflight(server: EmbeddedServer) -> tuple[int, int]:
     """``(running, queued)`` sequences of the generate model, from its gauges on /metrics."""
-    with urllib.request.urlopen(f"http://{server.metrics_url.split('//')[-1]}", timeout=10) as r:
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
         text = r.read().decode()
     values = {}
     for what in ("running", "queued"):
