@@ -5,6 +5,7 @@ refused on every route (finding 7)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import re
@@ -78,13 +79,18 @@ def grpc_stream(
 ) -> tuple[object, queue.Queue]:
     client = grpcclient.InferenceServerClient(url)
     responses: queue.Queue[tuple[object, object]] = queue.Queue()
-    client.start_stream(callback=lambda r, e: responses.put((r, e)), stream_timeout=timeout_s)
-    client.async_stream_infer(
-        "generate",
-        grpc_inputs(grpcclient.InferInput, prompt, []),
-        parameters={"max_tokens": MAX_TOKENS},
-        enable_empty_final_response=True,
+    kwargs = {} if timeout_s is None else {"stream_timeout": timeout_s}
+    client.start_stream(
+        callback=lambda result, error: responses.put((result, error)),
+        **kwargs,  # type: ignore[arg-type]
     )
+    with contextlib.suppress(InferenceServerException):  # refused at once: see the callback
+        client.async_stream_infer(
+            "generate",
+            grpc_inputs(grpcclient.InferInput, prompt, []),
+            parameters={"max_tokens": MAX_TOKENS},
+            enable_empty_final_response=True,
+        )
     return client, responses
 
 
