@@ -74,8 +74,9 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drain-timeout-s",
         type=float,
-        default=10.0,
-        help="on SIGTERM, wait this long at most for in-flight requests before stopping Triton",
+        default=5.0,
+        help="on SIGTERM, wait this long at most for in-flight requests before stopping Triton "
+        "(new requests get 503 / UNAVAILABLE at once, open streams end with a last message)",
     )
     p.add_argument(
         "--trace-otlp",
@@ -199,10 +200,12 @@ def _wait_for_signal(
     drain_timeout_s: float = 0.0,
     background: BackgroundExports | None = None,
 ) -> int:
-    """Serve until ``stop`` is set, then shut down gracefully (exit 0): a background export is
-    interrupted, the health endpoint turns 503 at once, in-flight requests drain, then Triton
-    gets SIGTERM. Unsupervised, exit 1 if the server dies; supervised, the supervisor restarts
-    it (on the same ports)."""
+    """Serve until ``stop`` is set, then shut down gracefully: a background export is
+    interrupted, the health endpoint turns 503
+    and the supervisor stops, the front refuses new requests and ends open streams, in-flight
+    requests finish (bounded by ``drain_timeout_s``), then Triton gets SIGTERM. Exit 0 only when
+    tritonserver exited 0 and left nothing behind. Unsupervised, exit 1 if the server dies;
+    supervised, the supervisor restarts it (on the same ports)."""
     supervised = endpoint is not None and endpoint.supervisor is not None
     while not stop.wait(0.5):
         if not supervised and server.returncode is not None and not server.restarting:
@@ -218,15 +221,17 @@ def _wait_for_signal(
     if endpoint is not None:
         endpoint.draining.set()
         if endpoint.supervisor is not None:
-            endpoint.supervisor.stop()
-        drained = server.drain(drain_timeout_s)
-        log.info("==> %s; stopping tritonserver", "drained" if drained else "drain timed out")
+            endpoint.supervisor.stop()  # first: nothing restarts or probes during the drain
+    drained = server.drain_front(drain_timeout_s)
+    log.info("==> %s; stopping tritonserver", "drained" if drained else "drain timed out")
     code = server.stop()
     if endpoint is not None:
         endpoint.stop()
     leftovers = server.leftover_processes()
     log.info("==> stopped (tritonserver exit status %s; leftover processes: %s)", code, leftovers)
-    return 0 if not leftovers else 1
+    if code not in (0, None):
+        log.error("tritonserver exited with status %s on shutdown", code)
+    return 0 if code in (0, None) and not leftovers else 1
 
 
 def _lint_ok(repository: Path) -> bool:

@@ -32,9 +32,10 @@ import json
 import logging
 import re
 import threading
+import time
 import urllib.parse
 import zlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,16 @@ from tritonclient.grpc import service_pb2
 
 from tritonforge.env import env_int
 from tritonforge.runtime.errors import FrontError, ServerStartError
+from tritonforge.runtime.front_guard import (
+    VERSION_PARAMETER,
+    Admission,
+    PinPolicy,
+    ThrottledLog,
+    check_model_name,
+    parse_header_length,
+    parse_version,
+    shown,
+)
 
 if TYPE_CHECKING:
     from tritonforge.runtime.openai_front import OpenAIFront, OpenAISettings
@@ -59,6 +70,7 @@ GRPC_SERVICE = "/inference.GRPCInferenceService/"
 OPENAI_KEY_ENV = "TRITONFORGE_OPENAI_API_KEY"  # when set, /v1 needs `Authorization: Bearer`
 # The first seed's header: pins a model version of a BLS pipeline (request parameter `version`).
 VERSION_HEADER = "X-Model-Version"
+LENGTH_HEADER = "Inference-Header-Content-Length"
 GRPC_STREAMING = {f"{GRPC_SERVICE}ModelStreamInfer"}
 GRPC_INFER = f"{GRPC_SERVICE}ModelInfer"
 GRPC_RESTRICTED = {
@@ -154,7 +166,7 @@ def check_json_shapes(json_part: bytes) -> None:
             continue  # not integers: Triton's own parser answers that
         except FrontError:
             for tensor in _json_tensors(json_part):
-                check_shape(tensor.get("shape", []), f"input {str(tensor.get('name'))[:64]!r}")
+                check_shape(tensor.get("shape", []), f"input {shown(str(tensor.get('name')))}")
             raise
 
 
@@ -166,14 +178,16 @@ def _json_tensors(json_part: bytes) -> list[dict[str, Any]]:
     return [t for t in inputs if isinstance(t, dict) and isinstance(t.get("shape"), list)]
 
 
-def check_infer_message(message: bytes) -> None:
-    """Shape checks on a serialized gRPC ``ModelInferRequest`` (parsed by upb: microseconds)."""
+def check_infer_message(message: bytes) -> service_pb2.ModelInferRequest:
+    """Shape checks on a serialized gRPC ``ModelInferRequest`` (parsed by upb: microseconds);
+    returns the parsed request."""
     try:
         request = service_pb2.ModelInferRequest.FromString(message)
     except DecodeError as e:
-        raise FrontError(f"not a valid ModelInferRequest ({e})", 400) from e
+        raise FrontError(f"not a valid ModelInferRequest ({shown(str(e))})", 400) from e
     for tensor in request.inputs:
-        check_shape(tensor.shape, f"input {tensor.name[:64]!r}")
+        check_shape(tensor.shape, f"input {shown(tensor.name)}")
+    return request
 
 
 def json_depth(data: bytes) -> int:
@@ -206,20 +220,24 @@ def apply_version_header(
 ) -> tuple[bytes, str | None]:
     """An inference body with ``X-Model-Version: N`` turned into the request parameter
     ``version`` (what the BLS reads to pin a model version); returns the new body and
-    ``Inference-Header-Content-Length``. A parameter already in the body wins."""
-    if not value.strip().isdigit() or int(value) < 1:
-        raise FrontError(f"{VERSION_HEADER} must be a positive integer, got {value[:20]!r}", 400)
-    split = int(header_length) if header_length is not None else len(body)
+    ``Inference-Header-Content-Length``. A parameter already in the body wins. Every value is
+    parsed defensively: :class:`FrontError` (400) naming the header otherwise."""
+    version = parse_version(value, VERSION_HEADER)
+    split = (
+        parse_header_length(header_length, len(body), LENGTH_HEADER)
+        if header_length is not None
+        else len(body)
+    )
     try:
         header = json.loads(body[:split] or b"{}")
     except ValueError as e:
-        raise FrontError(f"the inference request is not valid JSON: {e}", 400) from e
+        raise FrontError(f"the inference request is not valid JSON: {shown(str(e))}", 400) from e
     if not isinstance(header, dict):
         raise FrontError("the inference request must be a JSON object", 400)
     params = header.setdefault("parameters", {})
     if not isinstance(params, dict):
         raise FrontError("'parameters' must be a JSON object", 400)
-    params.setdefault("version", int(value))
+    params.setdefault("version", version)
     encoded = json.dumps(header, separators=(",", ":")).encode()
     return encoded + body[split:], (str(len(encoded)) if header_length is not None else None)
 
@@ -242,10 +260,47 @@ class FrontLimits:
     # old upstream channel is closed; short against Triton's exit timeout, since a client that
     # keeps an idle stream open would otherwise hold tritonserver's shutdown.
     drain_grace_s: float = 10.0
+    # Long-lived streams (SSE generate_stream and gRPC ModelStreamInfer together) open at once;
+    # past it a new stream gets 503 / UNAVAILABLE. Streams use their own upstream pool, so short
+    # requests keep max_upstream_connections to themselves.
+    max_open_streams: int = 64
+
+
+STREAM_PATH_SUFFIX = "/generate_stream"
+PIN_POLICY_TTL_S = 30.0
+SHUTTING_DOWN = "the server is shutting down"
+_DRAIN_NOT_FOUND = ("has no available versions", "unknown model", "is not found")
+
+
+def _model_of(path: str) -> str | None:
+    """The model name of a ``/v2/models/<name>/...`` path (None for other paths)."""
+    parts = path.split("/")
+    return parts[3] if len(parts) > 3 and parts[1:3] == ["v2", "models"] else None
+
+
+def _json_has_version(header_length: str | None, body: bytes) -> bool:
+    """Whether an (already checked) inference header sets the ``version`` parameter."""
+    part = body[: int(header_length)] if header_length is not None else body
+    if b'"version"' not in part:
+        return False
+    try:
+        params = json.loads(part).get("parameters")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(params, dict) and VERSION_PARAMETER in params
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    """One server-sent event as Triton's ``generate_stream`` writes it."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
 class HttpFront:
-    """aiohttp server on ``host:port`` forwarding to Triton's HTTP Unix socket."""
+    """aiohttp server on ``host:port`` forwarding to Triton's HTTP Unix socket.
+
+    Short requests and ``generate_stream`` streams use separate upstream connection pools, so
+    open streams never take a connection a short request needs; streams are bounded by
+    ``admission`` (503 past the bound)."""
 
     def __init__(
         self,
@@ -253,32 +308,89 @@ class HttpFront:
         admin_key: str | None,
         admin_header: str,
         limits: FrontLimits,
+        admission: Admission | None = None,
+        errors: ThrottledLog | None = None,
     ) -> None:
         self.upstream_socket = upstream_socket
         self.admin_key = admin_key
         self.admin_header = admin_header
         self.limits = limits
-        self._session: aiohttp.ClientSession | None = None
+        self.admission = admission or Admission(limits.max_open_streams)
+        self.errors = errors or ThrottledLog(log)
+        self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._session_socket: Path | None = None
         self.openai: OpenAIFront | None = None  # the /v1 routes (runtime/openai_front.py)
+        self._closing: set[asyncio.Task[None]] = set()
+        self._pins: tuple[Path, float, PinPolicy] | None = None
 
-    def session(self) -> aiohttp.ClientSession:
+    def session(self, pool: str = "short") -> aiohttp.ClientSession:
+        """The upstream session of ``pool`` ("short" or "stream"), reopened after a restart."""
         path = self.upstream_socket()
-        if self._session is None or self._session_socket != path:
-            if self._session is not None:
-                asyncio.get_running_loop().create_task(self._session.close())
-            connector = aiohttp.UnixConnector(
-                path=str(path), limit=self.limits.max_upstream_connections
+        if self._session_socket != path:
+            self._drop_sessions()
+            self._session_socket = path
+        session = self._sessions.get(pool)
+        if session is None:
+            limit = (
+                self.limits.max_open_streams
+                if pool == "stream"
+                else self.limits.max_upstream_connections
             )
-            self._session = aiohttp.ClientSession(
+            connector = aiohttp.UnixConnector(path=str(path), limit=max(1, limit))
+            session = self._sessions[pool] = aiohttp.ClientSession(
                 connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
             )
-            self._session_socket = path
-        return self._session
+        return session
+
+    def _drop_sessions(self) -> None:
+        loop = asyncio.get_running_loop()
+        for session in self._sessions.values():
+            task = loop.create_task(session.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        self._sessions = {}
+
+    async def pin_policy(self) -> PinPolicy | None:
+        """Which models honour a version pin, from the served configs (cached for
+        ``PIN_POLICY_TTL_S`` and per upstream); None when tritonserver cannot say."""
+        now = time.monotonic()
+        key = self.upstream_socket()
+        cached = self._pins
+        if cached is not None and cached[0] == key and now - cached[1] < PIN_POLICY_TTL_S:
+            return cached[2]
+        headers = {self.admin_header: self.admin_key} if self.admin_key else {}
+        timeout = aiohttp.ClientTimeout(total=self.limits.queue_timeout_s)
+        session = self.session()
+        try:
+            async with session.post(
+                "http://triton/v2/repository/index", headers=headers, timeout=timeout
+            ) as resp:
+                index = await resp.json(content_type=None) if resp.status == 200 else []
+            configs = []
+            for name in sorted({str(m.get("name")) for m in index if m.get("state") == "READY"}):
+                async with session.get(
+                    f"http://triton/v2/models/{urllib.parse.quote(name)}/config",
+                    headers=headers,
+                    timeout=timeout,
+                ) as resp:
+                    if resp.status == 200:
+                        configs.append(await resp.json(content_type=None))
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            return None
+        policy = PinPolicy.from_configs(configs)
+        self._pins = (key, now, policy)
+        return policy
+
+    async def check_pin(self, model: str, field: str) -> None:
+        """400 naming ``field`` when ``model`` cannot pin a version (see :class:`PinPolicy`)."""
+        policy = await self.pin_policy()
+        if policy is not None:
+            policy.check(model, field)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            await session.close()
 
     async def _read_body(self, request: web.BaseRequest) -> bytes:
         limit = self.limits.max_body_bytes
@@ -295,16 +407,10 @@ class HttpFront:
         return b"".join(chunks)
 
     def _check_json(self, request: web.BaseRequest, body: bytes) -> None:
-        header = request.headers.get("Inference-Header-Content-Length")
+        header = request.headers.get(LENGTH_HEADER)
         json_part = body
         if header is not None:
-            if not header.isdigit() or int(header) > len(body):
-                raise FrontError(
-                    f"Inference-Header-Content-Length {header[:20]!r} is not a length within "
-                    "the body",
-                    400,
-                )
-            json_part = body[: int(header)]
+            json_part = body[: parse_header_length(header, len(body), LENGTH_HEADER)]
         depth = json_depth(json_part)
         if depth > self.limits.max_json_depth:
             raise FrontError(
@@ -320,91 +426,215 @@ class HttpFront:
         return any(HTTP_RESTRICTED.search(re.sub("/+", "/", p)) for p in (raw, decoded))
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        if self.openai is not None and self.openai.owns(request.path):
-            return await self.openai.handle(request)
+        """Answer every request: a refusal is a 4xx naming the field, never a 500 with a
+        traceback; an unexpected failure is a 500 logged once per kind per interval."""
         try:
-            if (
-                self.admin_key is not None
-                and self._restricted(request)
-                and not admin_ok(request.headers.get(self.admin_header), self.admin_key)
-            ):
-                raise FrontError(
-                    f"this API is restricted: send the admin key in the {self.admin_header} header",
-                    403,
-                )
-            body = await self._read_body(request)
+            if self.admission.draining is not None:
+                return _unavailable(f"{self.admission.draining}; retry on another replica")
+            if self.openai is not None and self.openai.owns(request.path):
+                return await self.openai.handle(request)
+            return await self._handle(request)
+        except FrontError as e:
+            self.errors.record(f"http {e.status}", str(e))
+            return web.json_response({"error": str(e)}, status=e.status)
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise  # the client went away: nothing to answer
+        except Exception as e:
+            self.errors.record(
+                f"http 500 {type(e).__name__}", f"{request.method} {shown(request.path)}: {e!r}"
+            )
+            return web.json_response(
+                {"error": f"internal error in the front ({type(e).__name__})"}, status=500
+            )
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if (
+            self.admin_key is not None
+            and self._restricted(request)
+            and not admin_ok(request.headers.get(self.admin_header), self.admin_key)
+        ):
+            raise FrontError(
+                f"this API is restricted: send the admin key in the {self.admin_header} header",
+                403,
+            )
+        model = _model_of(request.path)
+        if model is not None:
+            check_model_name(model)
+        body = await self._read_body(request)
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in HOP_BY_HOP and k.lower() != self.admin_header
+        }
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding and encoding != "identity":
+            if encoding not in _INFLATE_WBITS:
+                raise FrontError(f"Content-Encoding {shown(encoding)} not supported", 415)
+            body = inflate(body, encoding, self.limits.max_body_bytes)
+            headers.pop("Content-Encoding", None)
+            headers.pop("content-encoding", None)
+        if body:
+            self._check_json(request, body)
+        version = request.headers.get(VERSION_HEADER)
+        if model is not None and request.path.endswith("/infer"):
+            if version is not None:
+                await self.check_pin(model, VERSION_HEADER)
+            elif body and _json_has_version(request.headers.get(LENGTH_HEADER), body):
+                await self.check_pin(model, f"request parameter {VERSION_PARAMETER!r}")
+        if version is not None and body and request.path.endswith("/infer"):
+            length = request.headers.get(LENGTH_HEADER)
+            body, length = apply_version_header(body, length, version)
             headers = {
                 k: v
-                for k, v in request.headers.items()
-                if k.lower() not in HOP_BY_HOP and k.lower() != self.admin_header
+                for k, v in headers.items()
+                if k.lower() not in (LENGTH_HEADER.lower(), "content-length")
             }
-            encoding = request.headers.get("Content-Encoding", "").strip().lower()
-            if encoding and encoding != "identity":
-                if encoding not in _INFLATE_WBITS:
-                    raise FrontError(f"Content-Encoding {encoding[:20]!r} not supported", 415)
-                body = inflate(body, encoding, self.limits.max_body_bytes)
-                headers.pop("Content-Encoding", None)
-                headers.pop("content-encoding", None)
-            if body:
-                self._check_json(request, body)
-            version = request.headers.get(VERSION_HEADER)
-            if version is not None and body and request.path.endswith("/infer"):
-                length = request.headers.get("Inference-Header-Content-Length")
-                body, length = apply_version_header(body, length, version)
-                headers = {
-                    k: v
-                    for k, v in headers.items()
-                    if k.lower() not in ("inference-header-content-length", "content-length")
-                }
-                if length is not None:
-                    headers["Inference-Header-Content-Length"] = length
+            if length is not None:
+                headers[LENGTH_HEADER] = length
+        if request.path.endswith(STREAM_PATH_SUFFIX):
+            return await self._forward_stream(request, headers, body)
+        self.admission.short += 1
+        try:
             return await self._forward(request, headers, body)
-        except FrontError as e:
-            return web.json_response({"error": str(e)}, status=e.status)
+        finally:
+            self.admission.short -= 1
+
+    def _upstream(
+        self, pool: str, request: web.BaseRequest, headers: dict[str, str], body: bytes
+    ) -> Any:
+        timeout = aiohttp.ClientTimeout(
+            total=self.limits.request_timeout_s, connect=self.limits.queue_timeout_s
+        )
+        return self.session(pool).request(
+            request.method,
+            f"http://triton{request.rel_url.raw_path_qs}",
+            headers=headers,
+            data=body if body else None,
+            timeout=timeout,
+            allow_redirects=False,
+        )
+
+    def _timeout_message(self) -> str:
+        return (
+            f"no answer from tritonserver within request_timeout_s="
+            f"{self.limits.request_timeout_s:g} (or no free upstream connection within "
+            f"queue_timeout_s={self.limits.queue_timeout_s:g})"
+        )
 
     async def _forward(
         self, request: web.BaseRequest, headers: dict[str, str], body: bytes
     ) -> web.StreamResponse:
-        timeout = aiohttp.ClientTimeout(
-            total=self.limits.request_timeout_s, connect=self.limits.queue_timeout_s
-        )
         try:
-            async with self.session().request(
-                request.method,
-                f"http://triton{request.rel_url.raw_path_qs}",
-                headers=headers,
-                data=body if body else None,
-                timeout=timeout,
-                allow_redirects=False,
-            ) as upstream:
+            async with self._upstream("short", request, headers, body) as upstream:
                 out_headers = {
                     k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP
                 }
-                if upstream.content_length is not None:
+                data = await upstream.read()
+                if (
+                    self.admission.draining is not None
+                    and upstream.status >= 400
+                    and any(m in data.decode("utf-8", "replace") for m in _DRAIN_NOT_FOUND)
+                ):
+                    return _unavailable(f"{self.admission.draining}; retry later")
+                return web.Response(status=upstream.status, headers=out_headers, body=data)
+        except TimeoutError:
+            return _unavailable(self._timeout_message())
+        except (aiohttp.ClientError, OSError) as e:
+            return _unavailable(f"tritonserver not reachable (restarting?): {type(e).__name__}")
+
+    async def _forward_stream(
+        self, request: web.BaseRequest, headers: dict[str, str], body: bytes
+    ) -> web.StreamResponse:
+        """A ``generate_stream`` SSE stream on the stream pool, holding one of the
+        ``max_open_streams`` slots; a client that goes away closes the upstream stream at
+        once (Triton cancels the request, the decode loop frees its slot at the next step);
+        on drain the stream ends with an ``error`` event saying why."""
+        ended: list[str] = []
+        current: list[Any] = []
+
+        def end(reason: str) -> None:
+            ended.append(reason)
+            for upstream in current:
+                _close_upstream(upstream)
+
+        token = self.admission.open_stream(end)
+        if token is None:
+            return _unavailable(self.admission.full_message())
+        response: web.StreamResponse | None = None
+        try:
+            async with self._upstream("stream", request, headers, body) as upstream:
+                current.append(upstream)
+                out_headers = {
+                    k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP
+                }
+                if upstream.content_length is not None:  # an error before the stream began
                     data = await upstream.read()
                     return web.Response(status=upstream.status, headers=out_headers, body=data)
                 response = web.StreamResponse(status=upstream.status, headers=out_headers)
                 await response.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                await response.write_eof()
+                watcher = asyncio.get_running_loop().create_task(_watch_client(request, upstream))
+                try:
+                    async for chunk in upstream.content.iter_any():
+                        await response.write(chunk)
+                except (aiohttp.ClientError, ConnectionResetError):
+                    if _client_gone(request):
+                        return response  # nobody to tell; the upstream stream is closed
+                    if not ended:
+                        ended.append("tritonserver closed the stream (restarting?)")
+                finally:
+                    watcher.cancel()
+                with contextlib.suppress(aiohttp.ClientError, ConnectionResetError):
+                    if ended:
+                        await response.write(sse_event({"error": f"{ended[0]}: stream ended"}))
+                    await response.write_eof()
                 return response
         except TimeoutError:
-            return _unavailable(
-                f"no answer from tritonserver within request_timeout_s="
-                f"{self.limits.request_timeout_s:g} (or no free upstream connection within "
-                f"queue_timeout_s={self.limits.queue_timeout_s:g})"
-            )
+            if response is None:
+                return _unavailable(self._timeout_message())
+            raise
         except (aiohttp.ClientError, OSError) as e:
-            return _unavailable(f"tritonserver not reachable (restarting?): {type(e).__name__}")
+            if response is None:
+                return _unavailable(f"tritonserver not reachable (restarting?): {type(e).__name__}")
+            raise ConnectionResetError(str(e)) from e
+        finally:
+            self.admission.close_stream(token)
+
+
+async def _watch_client(request: web.BaseRequest, upstream: Any, poll_s: float = 0.2) -> None:
+    """Close ``upstream`` once the client's connection is gone, even while the stream is silent
+    (queued): Triton then cancels the request and the decode loop drops it at its next step."""
+    while not _client_gone(request):
+        await asyncio.sleep(poll_s)
+    _close_upstream(upstream)
+
+
+def _close_upstream(upstream: Any) -> None:
+    """Close an upstream response now, waking a reader blocked on its body."""
+    upstream.content.set_exception(aiohttp.ClientConnectionError("closed by the front"))
+    upstream.close()
+
+
+def _client_gone(request: web.BaseRequest) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _unavailable(message: str) -> web.Response:
     return web.json_response({"error": message}, status=503, headers={"Retry-After": "1"})
 
 
+def _goodbye(reason: str) -> bytes:
+    """The last message of a gRPC stream ended by the front: an in-stream error saying why."""
+    return service_pb2.ModelStreamInferResponse(
+        error_message=f"{reason}: stream ended"
+    ).SerializeToString()
+
+
 class GrpcFront(grpc.GenericRpcHandler):
-    """grpc.aio server forwarding raw messages to Triton's gRPC Unix socket (no re-encoding)."""
+    """grpc.aio server forwarding raw messages to Triton's gRPC Unix socket (no re-encoding).
+
+    Streams (``ModelStreamInfer``) hold one of the ``max_open_streams`` slots (UNAVAILABLE past
+    the bound); a client that cancels or whose deadline passes cancels the upstream call at once."""
 
     def __init__(
         self,
@@ -412,11 +642,18 @@ class GrpcFront(grpc.GenericRpcHandler):
         admin_key: str | None,
         admin_headers: Iterable[str],
         limits: FrontLimits,
+        admission: Admission | None = None,
+        errors: ThrottledLog | None = None,
+        pins: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> None:
+        """``pins(model, field)`` raises :class:`FrontError` when ``model`` cannot pin."""
         self.upstream_target = upstream_target
         self.admin_key = admin_key
         self.admin_headers = tuple(h.lower() for h in admin_headers)
         self.limits = limits
+        self.admission = admission or Admission(limits.max_open_streams)
+        self.errors = errors or ThrottledLog(log)
+        self.pins = pins
         self._channel: grpc.aio.Channel | None = None
         self._channel_target = ""
 
@@ -447,68 +684,134 @@ class GrpcFront(grpc.GenericRpcHandler):
         if old is not None:
             asyncio.get_running_loop().create_task(old.close(grace=grace_s))
 
+    async def _abort(self, context: Any, code: grpc.StatusCode, details: str) -> None:
+        if code not in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
+            self.errors.record(f"grpc {code.name}", details)
+        await context.abort(code, details)
+
+    async def _refuse_when_draining(self, context: Any) -> None:
+        if self.admission.draining is not None:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"{self.admission.draining}; retry on another replica",
+            )
+
+    async def _checked_message(self, message: bytes) -> None:
+        request = check_infer_message(message)
+        check_model_name(request.model_name, "model_name")
+        if VERSION_PARAMETER in request.parameters and self.pins is not None:
+            await self.pins(request.model_name, f"request parameter {VERSION_PARAMETER!r}")
+
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method
         if method in GRPC_STREAMING:
 
             async def stream(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-                metadata = await self._metadata(method, context)
-
-                async def checked() -> AsyncIterator[bytes]:
-                    async for message in requests:
-                        try:
-                            check_infer_message(message)
-                        except FrontError as e:
-                            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-                        yield message
-
-                call = self.channel().stream_stream(method)(
-                    checked(), metadata=metadata, timeout=context.time_remaining()
-                )
-                try:
-                    async for response in call:
+                # an async generator function: grpc.aio treats anything else as synchronous
+                async with contextlib.aclosing(self._stream(method, requests, context)) as out:
+                    async for response in out:
                         yield response
-                except grpc.aio.AioRpcError as e:
-                    await context.abort(e.code(), e.details() or "")
 
             return grpc.stream_stream_rpc_method_handler(stream)
 
         async def unary(request: bytes, context: Any) -> bytes:
-            metadata = await self._metadata(method, context)
-            if method == GRPC_INFER:
-                try:
-                    check_infer_message(request)
-                except FrontError as e:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            remaining = context.time_remaining()
-            timeout = self.limits.request_timeout_s
-            if remaining is not None:
-                timeout = min(timeout, remaining)
+            await self._refuse_when_draining(context)
+            self.admission.short += 1
             try:
-                return bytes(
-                    await self.channel().unary_unary(method)(
-                        request, metadata=metadata, timeout=timeout
-                    )
-                )
-            except grpc.aio.AioRpcError as e:
-                code = e.code()
-                details = e.details() or ""
-                if code == grpc.StatusCode.DEADLINE_EXCEEDED and (
-                    remaining is None or remaining > timeout
-                ):
-                    code, details = (
-                        grpc.StatusCode.UNAVAILABLE,
-                        (
-                            f"no answer from tritonserver within request_timeout_s="
-                            f"{self.limits.request_timeout_s:g}"
-                        ),
-                    )
-                elif code == grpc.StatusCode.UNAVAILABLE and "connect" in details.lower():
-                    details = "tritonserver not reachable (restarting?)"
-                await context.abort(code, details)
-                raise  # unreachable: abort raises
+                return await self._unary(method, request, context)
+            finally:
+                self.admission.short -= 1
 
         return grpc.unary_unary_rpc_method_handler(unary)
+
+    async def _stream(
+        self, method: str, requests: AsyncIterator[bytes], context: Any
+    ) -> AsyncGenerator[bytes, None]:
+        await self._refuse_when_draining(context)
+        metadata = await self._metadata(method, context)
+        ended: list[str] = []
+        calls: list[Any] = []
+
+        def end(reason: str) -> None:
+            ended.append(reason)
+            for call in calls:
+                call.cancel()
+
+        token = self.admission.open_stream(end)
+        if token is None:
+            await self._abort(context, grpc.StatusCode.UNAVAILABLE, self.admission.full_message())
+        bad: list[FrontError] = []
+
+        async def checked() -> AsyncIterator[bytes]:
+            async for message in requests:
+                try:
+                    await self._checked_message(message)
+                except FrontError as e:
+                    bad.append(e)
+                    for call in calls:
+                        call.cancel()
+                    return
+                yield message
+
+        call = self.channel().stream_stream(method)(
+            checked(), metadata=metadata, timeout=context.time_remaining()
+        )
+        calls.append(call)
+        try:
+            try:
+                async for response in call:
+                    yield response
+            except (grpc.aio.AioRpcError, asyncio.CancelledError) as e:
+                if bad:
+                    await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(bad[0]))
+                if ended:
+                    yield _goodbye(ended[0])
+                    return
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+                await self._abort(context, e.code(), e.details() or "")
+            if bad:
+                await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(bad[0]))
+        finally:
+            call.cancel()  # a client that cancelled or timed out: Triton cancels the request
+            self.admission.close_stream(token)
+
+    async def _unary(self, method: str, request: bytes, context: Any) -> bytes:
+        metadata = await self._metadata(method, context)
+        if method == GRPC_INFER:
+            try:
+                await self._checked_message(request)
+            except FrontError as e:
+                await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        remaining = context.time_remaining()
+        timeout = self.limits.request_timeout_s
+        if remaining is not None:
+            timeout = min(timeout, remaining)
+        try:
+            return bytes(
+                await self.channel().unary_unary(method)(
+                    request, metadata=metadata, timeout=timeout
+                )
+            )
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+            details = e.details() or ""
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED and (
+                remaining is None or remaining > timeout
+            ):
+                code, details = (
+                    grpc.StatusCode.UNAVAILABLE,
+                    (
+                        f"no answer from tritonserver within request_timeout_s="
+                        f"{self.limits.request_timeout_s:g}"
+                    ),
+                )
+            elif code == grpc.StatusCode.UNAVAILABLE and "connect" in details.lower():
+                details = "tritonserver not reachable (restarting?)"
+            elif code == grpc.StatusCode.NOT_FOUND and self.admission.draining is not None:
+                code, details = grpc.StatusCode.UNAVAILABLE, f"{self.admission.draining}"
+            await self._abort(context, code, details)
+            raise  # unreachable: abort raises
 
     async def _metadata(self, method: str, context: Any) -> tuple[tuple[str, str], ...]:
         """The caller's metadata minus reserved keys and the admin key; aborts the call with
@@ -554,8 +857,25 @@ class Front:
         self.http_port = http_port
         self.grpc_port = grpc_port
         self.limits = limits or FrontLimits()
-        self.http = HttpFront(http_socket, admin_key, admin_header.lower(), self.limits)
-        self.grpc = GrpcFront(grpc_target, admin_key, grpc_admin_headers, self.limits)
+        self.admission = Admission(self.limits.max_open_streams)
+        self.errors = ThrottledLog(log)
+        self.http = HttpFront(
+            http_socket,
+            admin_key,
+            admin_header.lower(),
+            self.limits,
+            self.admission,
+            self.errors,
+        )
+        self.grpc = GrpcFront(
+            grpc_target,
+            admin_key,
+            grpc_admin_headers,
+            self.limits,
+            self.admission,
+            self.errors,
+            pins=self.http.check_pin,
+        )
         if openai is not None:
             from tritonforge.runtime.openai_front import OpenAIFront
 
@@ -610,6 +930,7 @@ class Front:
         await self._grpc_server.start()
 
     async def _stop(self) -> None:
+        self.errors.flush()
         if self._grpc_server is not None:
             await self._grpc_server.stop(grace=1.0)
         if self._runner is not None:
@@ -626,8 +947,28 @@ class Front:
 
     async def _release(self) -> None:
         await self.http.close()
-        self.http._session = None
         self.grpc.detach(grace_s=self.limits.drain_grace_s)
+
+    def begin_drain(self, reason: str = SHUTTING_DOWN) -> None:
+        """Stop accepting: from now on every request gets 503 / UNAVAILABLE naming ``reason``
+        (never reaching tritonserver, so never its NOT_FOUND of a model being unloaded), and
+        every open stream ends with a last message saying why."""
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._begin_drain(reason), self._loop).result(5)
+
+    async def _begin_drain(self, reason: str) -> None:
+        self.admission.begin_drain(reason)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight through the front (short requests finished,
+        streams ended); False at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self._thread.is_alive() or self.admission.idle():
+                return True
+            time.sleep(0.05)
+        return self.admission.idle()
 
     def stop(self) -> None:
         if self._thread.is_alive():

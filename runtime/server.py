@@ -295,6 +295,17 @@ class EmbeddedServer:
             self.metrics_url, timeout_s, quiet_s, alive=lambda: self.returncode is None
         )
 
+    def drain_front(self, timeout_s: float) -> bool:
+        """Shutdown's first step: the front refuses every new request (503 / UNAVAILABLE, so
+        clients never see Triton's NOT_FOUND of a model being unloaded), ends the open streams
+        with a last message saying why, and waits up to ``timeout_s`` for the requests in flight
+        to finish. Without a front, waits for Triton's own traffic to stop (:meth:`drain`).
+        False when requests were still in flight at the timeout."""
+        if self._front is None:
+            return self.drain(timeout_s)
+        self._front.begin_drain()
+        return self._front.wait_idle(timeout_s)
+
     def restart(self, stop_timeout_s: float = 5.0) -> EmbeddedServer:
         """Stop (bounded: in-flight requests of a dead stub never finish) and start again on the
         same ports and settings; returns when ready."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from tritonforge.batching import Batch, plan_batches, split_outputs
 from tritonforge.classify import TOP_K_PARAMETER, check_top_k, read_labels
-from tritonforge.errors import InvalidInputError, ModelConfigError, StageUnavailableError
+from tritonforge.errors import InvalidInputError, ModelConfigError, StageUnavailableError, shown
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.repository import feed_mapping, load_model_config, parse_targets, single_output
 from tritonforge.text import TextLimits
@@ -219,12 +219,13 @@ def request_version(
     value = _parameters(parameters_json).get(VERSION_PARAMETER)
     if value is not None:
         try:
-            version = int(value)
+            text = str(value).strip()
+            version = int(text) if len(text) <= 12 else -2
         except (TypeError, ValueError):
             version = -2
         if isinstance(value, bool) or version not in plan.versions:
             raise InvalidInputError(
-                f"request parameter {VERSION_PARAMETER!r}={value!r} is unknown; "
+                f"request parameter {VERSION_PARAMETER!r}={shown(value)} is unknown; "
                 f"use one of {list(plan.versions) or '(this pipeline has one version)'}"
             )
         return version
@@ -268,10 +269,12 @@ def _parameters(parameters_json: str | Mapping[str, Any] | None) -> Mapping[str,
     if isinstance(params, str):
         try:
             params = json.loads(params) if params.strip() else {}
-        except json.JSONDecodeError as e:
-            raise InvalidInputError(f"request parameters are not valid JSON: {e}") from e
+        except ValueError as e:  # JSONDecodeError, or an integer past 4300 digits
+            raise InvalidInputError(
+                f"request parameters are not valid JSON: {shown(str(e))}"
+            ) from e
     if not isinstance(params, Mapping):
-        raise InvalidInputError(f"request parameters must be a JSON object, got {params!r:.40}")
+        raise InvalidInputError(f"request parameters must be a JSON object, got {shown(params)}")
     return params
 
 
@@ -281,9 +284,8 @@ def request_variant(parameters_json: str | Mapping[str, Any] | None, plan: BlsPl
     if isinstance(value, str) and value in plan.missing:
         raise StageUnavailableError(f"variant {value!r}: {plan.missing[value]}")
     if not isinstance(value, str) or value not in plan.routes:
-        shown = repr(value) if len(repr(value)) <= 40 else f"<{len(repr(value))} characters>"
         raise InvalidInputError(
-            f"request parameter {VARIANT_PARAMETER!r}={shown} is unknown; "
+            f"request parameter {VARIANT_PARAMETER!r}={shown(value)} is unknown; "
             f"use one of {sorted([*plan.routes, *plan.missing])}"
         )
     return value

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonforge.errors import InvalidInputError, ModelConfigError, NumericalError
+from tritonforge.errors import InvalidInputError, ModelConfigError, NumericalError, shown
 
 OUTPUTS = ("label", "score", "probabilities", "top_labels", "top_scores")
 """What :func:`classify` returns (the public outputs of a classification pipeline)."""
@@ -39,15 +39,19 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def check_top_k(value: object, labels: int, field: str = TOP_K_PARAMETER) -> int:
-    """A requested top-k as an int in ``[1, labels]``; :class:`InvalidInputError` otherwise."""
+    """A requested top-k as an int in ``[1, labels]``; :class:`InvalidInputError` otherwise
+    (echoing at most 64 bytes of the value)."""
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise InvalidInputError(f"{field!r} must be an integer from 1 to {labels}, got {value!r}")
-    try:
-        k = int(value)
-    except ValueError as e:
-        raise InvalidInputError(f"{field!r} must be an integer, got {value!r}") from e
+        raise InvalidInputError(
+            f"{field!r} must be an integer from 1 to {labels}, got {shown(value)}"
+        )
+    if isinstance(value, str) and not (value.strip().isascii() and value.strip().isdigit()):
+        raise InvalidInputError(f"{field!r} must be an integer, got {shown(value)}")
+    if isinstance(value, str) and len(value.strip().lstrip("0")) > 9:
+        raise InvalidInputError(f"{field!r} is out of range: use 1 to {labels}")
+    k = int(value)
     if not 1 <= k <= labels:
-        raise InvalidInputError(f"{field!r}={k} is out of range: use 1 to {labels}")
+        raise InvalidInputError(f"{field!r}={shown(k)} is out of range: use 1 to {labels}")
     return k
 
 

@@ -7,6 +7,24 @@ not ready, ``INTERNAL`` otherwise).
 
 from __future__ import annotations
 
+ECHO_BYTES = 40
+"""At most this many bytes of a caller's value appear in an error message (the promise is at
+most 64; a 10 KB value echoed back overflowed gRPC's metadata limit: RESOURCE_EXHAUSTED)."""
+
+
+def shown(value: object, limit_bytes: int = ECHO_BYTES) -> str:
+    """``repr`` of ``value`` (a string as is) cut to ``limit_bytes`` bytes of UTF-8, saying how
+    long it was when cut."""
+    try:
+        text = value if isinstance(value, str) else repr(value)
+    except ValueError:  # an int past Python's 4300-digit conversion limit
+        return f"<{type(value).__name__} too large to show>"
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= limit_bytes:
+        return repr(text) if isinstance(value, str) else text
+    cut = raw[:limit_bytes].decode("utf-8", "ignore")
+    return f"{cut!r}... ({len(raw)} bytes)"
+
 
 class ServingError(Exception):
     """Base class of errors produced while loading or executing a model."""

@@ -107,3 +107,31 @@ def test_unknown_version_names_the_parameter(value: object) -> None:
 
 def test_single_version_pipeline_uses_latest() -> None:
     assert request_version({}, "x", _plan((), {})) == -1
+
+
+@pytest.mark.parametrize(
+    "value", ["9" * 10_240, "x" * 10_240, 10**4000, ["k"] * 3000], ids=["9s", "xs", "int", "list"]
+)
+def test_a_10kb_version_or_top_k_is_refused_without_echoing_it(value: object) -> None:
+    """Issue #19 finding 7: a 10 KB value came back in a 10,3xx-byte error (over gRPC it overflowed
+    the metadata limit: RESOURCE_EXHAUSTED)."""
+    with pytest.raises(InvalidInputError, match="'version'") as version_err:
+        request_version({"version": value}, "x", _plan((1, 2), {}))
+    with pytest.raises(InvalidInputError, match="'top_k'") as top_k_err:
+        check_top_k(value, 3)
+    for err in (version_err, top_k_err):
+        assert len(str(err.value)) < 200, str(err.value)[:300]
+
+
+def test_parameters_with_an_integer_past_4300_digits_are_a_clear_400() -> None:
+    with pytest.raises(InvalidInputError, match="not valid JSON"):
+        request_version('{"version": ' + "9" * 5000 + "}", "x", _plan((1, 2), {}))
+
+
+@pytest.mark.parametrize("value", ["²", "٣", " 2 "])
+def test_top_k_strings_must_be_ascii_integers(value: str) -> None:
+    if value.strip() == "2":
+        assert check_top_k(value, 3) == 2
+        return
+    with pytest.raises(InvalidInputError, match="'top_k'"):
+        check_top_k(value, 3)

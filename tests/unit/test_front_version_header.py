@@ -34,3 +34,18 @@ def test_bad_header_values_are_400(value: str) -> None:
     with pytest.raises(FrontError, match="X-Model-Version") as err:
         apply_version_header(b"{}", None, value)
     assert err.value.status == 400
+
+
+@pytest.mark.parametrize("value", ["²", "1" * 5000], ids=["superscript", "5000-digits"])
+def test_hostile_header_values_are_400_not_500(value: str) -> None:
+    """Issue #19 finding 6: ``'²'.isdigit()`` is true and ``int('²')`` raises ValueError."""
+    with pytest.raises(FrontError, match="X-Model-Version") as err:
+        apply_version_header(b"{}", None, value)
+    assert err.value.status == 400 and len(str(err.value)) < 200
+
+
+@pytest.mark.parametrize("length", ["²", "1" * 5000])
+def test_hostile_header_lengths_are_400_not_500(length: str) -> None:
+    with pytest.raises(FrontError, match="Inference-Header-Content-Length") as err:
+        apply_version_header(b"{}", length, "1")
+    assert err.value.status == 400

@@ -1,15 +1,15 @@
 """Classification postprocess stage: logits -> label, score, probabilities, top-k (config.pbtxt).
 
 The labels are the ``label_filename`` of the ``probabilities`` output (so Triton's classification
-extension, ``class_count``, names them too); the top-k size is ``parameters.top_k``.
+extension, ``class_count``, names them too); the top-k size is ``parameters.top_k``, or a
+request's ``top_k`` parameter (1 to the number of labels; an ensemble forwards its parameters).
 """
 
 import triton_python_backend_utils as pb_utils
 
 from pathlib import Path
 
-import numpy as np
-
+from tritonforge.bls import Postprocess, request_top_k
 from tritonforge.classify import classify, read_labels
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.triton import encode_response, error_response
@@ -22,18 +22,16 @@ class TritonPythonModel:
         self.field = self.config.inputs[0].name
         probabilities = self.config.output("probabilities")
         self.labels = read_labels(model_dir / probabilities.label_filename)
-        self.top_k = self.config.param("top_k", 1, int)
+        self.post = Postprocess(self.config.name, self.labels, self.config.param("top_k", 1, int))
 
     def execute(self, requests):
-        logits = [pb_utils.get_input_tensor_by_name(r, self.field).as_numpy() for r in requests]
-        counts = [len(x) for x in logits]
-        try:
-            outputs = classify(np.concatenate(logits), self.labels, self.top_k)
-        except Exception as e:
-            return [error_response(pb_utils, e, self.config.name) for _ in requests]
-        responses, start = [], 0
-        for n in counts:
-            part = {k: v[start : start + n] for k, v in outputs.items()}
-            responses.append(encode_response(pb_utils, part, self.config))
-            start += n
+        responses = []
+        for request in requests:  # top_k is per request (an ensemble forwards its parameters)
+            try:
+                top_k = request_top_k(request.parameters(), self.post)
+                logits = pb_utils.get_input_tensor_by_name(request, self.field).as_numpy()
+                outputs = classify(logits, self.labels, top_k)
+                responses.append(encode_response(pb_utils, outputs, self.config))
+            except Exception as e:
+                responses.append(error_response(pb_utils, e, self.config.name))
         return responses

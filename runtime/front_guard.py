@@ -1,0 +1,225 @@
+"""Defensive parsing of what clients send to the front, and a log that cannot be flooded.
+
+Every header and parameter the front reads goes through these: a bad value is a
+:class:`FrontError` (400) naming the field, and no message echoes more than :data:`ECHO_BYTES`
+bytes of what was sent. Errors the front answers are logged by :class:`ThrottledLog`: the first of
+each kind at once, then one line per kind per interval with the count, never one traceback per
+request.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tritonforge.errors import ECHO_BYTES, shown
+from tritonforge.runtime.errors import FrontError
+
+__all__ = ["ECHO_BYTES", "shown"]
+
+_ASCII_DIGITS = re.compile(r"[0-9]+")
+MAX_LENGTH_DIGITS = 12  # a length above 10**12 bytes is never within a bounded body
+MAX_VERSION_DIGITS = 9  # model versions are int64 in Triton; the BLS pins small numbers
+
+
+def parse_decimal(value: str, field: str, max_digits: int, minimum: int = 0) -> int:
+    """A non-negative ASCII decimal of at most ``max_digits`` digits and at least ``minimum``.
+
+    ``str.isdigit`` accepts ``'²'`` (which ``int`` then refuses) and ``int`` parses 5000 digits
+    slowly; this accepts neither. Raises :class:`FrontError` (400) naming ``field``.
+    """
+    stripped = value.strip()
+    if not _ASCII_DIGITS.fullmatch(stripped) or len(stripped.lstrip("0") or "0") > max_digits:
+        raise FrontError(
+            f"{field} must be an integer of at most {max_digits} digits, got {shown(value)}", 400
+        )
+    number = int(stripped)
+    if number < minimum:
+        raise FrontError(f"{field} must be at least {minimum}, got {number}", 400)
+    return number
+
+
+def parse_header_length(value: str, body_bytes: int, field: str) -> int:
+    """``Inference-Header-Content-Length``: a length within the body (400 otherwise)."""
+    length = parse_decimal(value, field, MAX_LENGTH_DIGITS)
+    if length > body_bytes:
+        raise FrontError(
+            f"{field} {length} is not a length within the body ({body_bytes} bytes)", 400
+        )
+    return length
+
+
+def parse_version(value: str, field: str) -> int:
+    """A model version to pin: a positive integer (400 naming ``field`` otherwise)."""
+    return parse_decimal(value, field, MAX_VERSION_DIGITS, minimum=1)
+
+
+@dataclass
+class _Kind:
+    first_s: float
+    count: int = 0  # since the last line written
+
+
+class ThrottledLog:
+    """Logs each kind of error once per ``interval_s``: the first occurrence at once, later ones
+    as a single line with their count when the interval has passed (at the next occurrence, or
+    :meth:`flush`). ``clock`` is injectable for tests."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        level: int = logging.WARNING,
+    ) -> None:
+        self.logger, self.interval_s, self.clock, self.level = logger, interval_s, clock, level
+        self._kinds: dict[str, _Kind] = {}
+        self._lock = threading.Lock()
+
+    def record(self, kind: str, message: str) -> None:
+        """One occurrence of ``kind`` (keep kinds few: a status and a field, never client data)."""
+        now = self.clock()
+        with self._lock:
+            seen = self._kinds.get(kind)
+            if seen is None:
+                self._kinds[kind] = _Kind(now)
+                line: str | None = f"{kind}: {message}"
+            else:
+                seen.count += 1
+                line = None
+                if now - seen.first_s >= self.interval_s:
+                    line = self._summary(kind, seen, now, message)
+        if line is not None:
+            self.logger.log(self.level, "%s", line)
+
+    def _summary(self, kind: str, seen: _Kind, now: float, message: str) -> str:
+        line = (
+            f"{kind}: {seen.count} more in the last {now - seen.first_s:.0f} s (latest: {message})"
+        )
+        seen.first_s, seen.count = now, 0
+        return line
+
+    def flush(self) -> None:
+        """Write the pending counts (at shutdown)."""
+        now = self.clock()
+        with self._lock:
+            lines = [
+                self._summary(kind, seen, now, "-")
+                for kind, seen in self._kinds.items()
+                if seen.count
+            ]
+        for line in lines:
+            self.logger.log(self.level, "%s", line)
+
+    def pending(self, kind: str) -> int:
+        """Occurrences of ``kind`` not yet written (tests)."""
+        with self._lock:
+            seen = self._kinds.get(kind)
+            return seen.count if seen else 0
+
+
+MAX_MODEL_NAME_BYTES = 256
+"""Longer model names are refused before Triton echoes them back in its error."""
+
+
+def check_model_name(name: str, field: str = "model name") -> None:
+    """Raise :class:`FrontError` (400) for a model name over :data:`MAX_MODEL_NAME_BYTES`."""
+    size = len(name.encode("utf-8", "replace"))
+    if size > MAX_MODEL_NAME_BYTES:
+        raise FrontError(
+            f"{field} is {size} bytes; at most {MAX_MODEL_NAME_BYTES} allowed: {shown(name)}", 400
+        )
+
+
+class Admission:
+    """What the front lets through: every request while accepting, at most ``max_open_streams``
+    long-lived streams (SSE and gRPC) at once; on drain, nothing new, and every open stream is
+    ended with the reason. Used from the front's event loop only."""
+
+    def __init__(self, max_open_streams: int) -> None:
+        self.max_open_streams = max_open_streams
+        self.draining: str | None = None  # the reason, once draining
+        self.short = 0  # short requests in flight
+        self._streams: dict[int, Callable[[str], None]] = {}
+        self._next = 0
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    def open_stream(self, end: Callable[[str], None]) -> int | None:
+        """A slot for a stream (``end(reason)`` ends it on drain); None past the bound."""
+        if len(self._streams) >= self.max_open_streams:
+            return None
+        self._next += 1
+        self._streams[self._next] = end
+        return self._next
+
+    def close_stream(self, token: int | None) -> None:
+        if token is not None:
+            self._streams.pop(token, None)
+
+    def full_message(self) -> str:
+        return (
+            f"{len(self._streams)} streams open (max_open_streams={self.max_open_streams}); "
+            "retry later"
+        )
+
+    def begin_drain(self, reason: str) -> None:
+        """Refuse new requests from now on and end the open streams with ``reason``."""
+        self.draining = reason
+        for end in list(self._streams.values()):
+            end(reason)
+
+    def idle(self) -> bool:
+        return self.short == 0 and not self._streams
+
+
+VERSION_PARAMETER = "version"  # the request parameter the BLS pins a version with
+
+
+def _parameters(config: Mapping[str, Any]) -> dict[str, str]:
+    raw = config.get("parameters") or {}
+    if not isinstance(raw, Mapping):
+        return {}
+    return {
+        str(k): str(v.get("string_value", "")) if isinstance(v, Mapping) else str(v)
+        for k, v in raw.items()
+    }
+
+
+@dataclass(frozen=True)
+class PinPolicy:
+    """Which served models honour a version pin (``X-Model-Version`` / request parameter
+    ``version``): those whose config declares several ``versions`` (the BLS pipelines with A/B
+    versions), read from the configs, never restated."""
+
+    pinnable: frozenset[str]
+    known: frozenset[str]
+
+    @classmethod
+    def from_configs(cls, configs: Iterable[Mapping[str, Any]]) -> PinPolicy:
+        pinnable, known = set(), set()
+        for config in configs:
+            name = str(config.get("name", ""))
+            known.add(name)
+            versions = [v for v in _parameters(config).get("versions", "").split(",") if v.strip()]
+            if len(versions) > 1:
+                pinnable.add(name)
+        return cls(frozenset(pinnable), frozenset(known))
+
+    def check(self, model: str, field: str) -> None:
+        """Raise :class:`FrontError` (400) when ``model`` is served but cannot pin, saying where
+        pinning works; an unknown model is left to Triton (it answers that)."""
+        if model in self.pinnable or model not in self.known:
+            return
+        where = ", ".join(sorted(self.pinnable)) or "no model of this server"
+        raise FrontError(
+            f"model {shown(model)} cannot pin a version ({field}); pinning works on: {where}",
+            400,
+        )

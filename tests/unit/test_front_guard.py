@@ -1,0 +1,137 @@
+"""runtime.front_guard: defensive header parsing, bounded echoes, the throttled error log,
+stream admission and the version-pin policy (issue #19 findings 2b, 6, 7)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tritonforge.errors import shown
+from tritonforge.runtime.errors import FrontError
+from tritonforge.runtime.front_guard import (
+    Admission,
+    PinPolicy,
+    ThrottledLog,
+    check_model_name,
+    parse_header_length,
+    parse_version,
+)
+
+HOSTILE = ["²", "1²", "٣", "-1", "1e3", " ", "0x10", "1" * 5000, "9" * 13]
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=lambda v: repr(v)[:12])
+def test_header_length_refuses_what_int_and_isdigit_disagree_on(value: str) -> None:
+    with pytest.raises(FrontError, match="Inference-Header-Content-Length") as err:
+        parse_header_length(value, 10**15, "Inference-Header-Content-Length")
+    assert err.value.status == 400
+    assert len(str(err.value)) < 200
+
+
+def test_header_length_must_lie_within_the_body() -> None:
+    assert parse_header_length(" 12 ", 12, "H") == 12
+    with pytest.raises(FrontError, match="within the body"):
+        parse_header_length("13", 12, "H")
+
+
+@pytest.mark.parametrize("value", [*HOSTILE, "0", "1234567890"], ids=lambda v: repr(v)[:12])
+def test_versions_are_small_positive_ascii_integers(value: str) -> None:
+    with pytest.raises(FrontError, match="X-Model-Version") as err:
+        parse_version(value, "X-Model-Version")
+    assert err.value.status == 400 and len(str(err.value)) < 200
+
+
+def test_a_good_version_parses() -> None:
+    assert parse_version("007", "v") == 7
+
+
+def test_shown_cuts_long_values_and_says_how_long() -> None:
+    assert shown("abc") == "'abc'"
+    text = shown("v" * 10_000)
+    assert "v" * 41 not in text and "10000 bytes" in text
+    assert len(shown("é" * 100).encode()) < 80  # cut on a character boundary, bytes counted
+
+
+def test_long_model_names_are_refused_without_echoing_them() -> None:
+    check_model_name("embed")
+    with pytest.raises(FrontError) as err:
+        check_model_name("m" * 10_000)
+    assert err.value.status == 400 and "m" * 64 not in str(err.value)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_throttled_log_writes_once_per_kind_per_interval_with_a_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    throttled = ThrottledLog(logging.getLogger("t"), interval_s=60, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="t"):
+        for _ in range(1000):
+            throttled.record("http 400", "bad header")
+        throttled.record("http 413", "too big")
+        assert len(caplog.records) == 2  # the first of each kind, at once
+        assert throttled.pending("http 400") == 999
+        clock.now = 61
+        throttled.record("http 400", "bad header")
+        assert len(caplog.records) == 3
+        assert "1000 more in the last 61 s" in caplog.records[-1].getMessage()
+        throttled.record("http 400", "bad header")
+        throttled.flush()
+    assert "1 more" in caplog.records[-1].getMessage()
+    assert not any(r.exc_info for r in caplog.records)
+
+
+def test_admission_bounds_streams_and_ends_them_on_drain() -> None:
+    admission = Admission(max_open_streams=2)
+    ended: list[str] = []
+    first = admission.open_stream(ended.append)
+    second = admission.open_stream(ended.append)
+    assert first is not None and second is not None
+    assert admission.open_stream(ended.append) is None
+    assert "max_open_streams=2" in admission.full_message()
+    admission.close_stream(first)
+    assert admission.open_streams == 1
+    admission.short = 1
+    admission.begin_drain("the server is shutting down")
+    assert ended == ["the server is shutting down"] and admission.draining
+    assert not admission.idle()
+    admission.short, _ = 0, admission.close_stream(second)
+    assert admission.idle()
+
+
+def _config(name: str, versions: str | None = None) -> dict[str, object]:
+    params = {"versions": {"string_value": versions}} if versions is not None else {}
+    return {"name": name, "parameters": params}
+
+
+def test_pins_are_honoured_where_declared_and_refused_elsewhere_naming_where() -> None:
+    policy = PinPolicy.from_configs(
+        [_config("classify"), _config("classify_bls", "1,2"), _config("embed_bls", "")]
+    )
+    policy.check("classify_bls", "X-Model-Version")
+    policy.check("not_served", "X-Model-Version")  # Triton answers an unknown model itself
+    for model in ("classify", "embed_bls"):
+        with pytest.raises(FrontError, match="pinning works on: classify_bls") as err:
+            policy.check(model, "X-Model-Version")
+        assert err.value.status == 400 and "X-Model-Version" in str(err.value)
+
+
+def test_front_helpers_find_the_model_the_pin_and_write_sse_like_triton() -> None:
+    from tritonforge.runtime.front import _json_has_version, _model_of, sse_event
+
+    assert _model_of("/v2/models/classify/versions/1/infer") == "classify"
+    assert _model_of("/v2/health/ready") is None
+    body = b'{"parameters": {"version": 2}, "inputs": []}'
+    assert _json_has_version(None, body)
+    assert _json_has_version(str(len(body)), body + b"\x00raw")
+    assert not _json_has_version(None, b'{"inputs": [{"name": "version"}]}')
+    assert not _json_has_version(None, b'{"parameters": {"version": 1' + b"9" * 5000 + b"}}")
+    assert sse_event({"error": "x"}) == b'data: {"error":"x"}\n\n'
