@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tritonforge.client.breaker import CircuitBreaker
 from tritonforge.client.errors import (
     ClientError,
     DeadlineExceededError,
@@ -35,7 +36,7 @@ from tritonforge.client.errors import (
     ServerError,
     ServerUnavailableError,
 )
-from tritonforge.client.retry import translate
+from tritonforge.client.retry import breaker_failure, translate
 from tritonforge.client.settings import ClientSettings
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 
@@ -106,8 +107,37 @@ def _sse_event(line: bytes, context: str) -> Chunk | None:
     return Chunk("".join(text) if isinstance(text, list) else str(text), reason)
 
 
+class _Verdict:
+    """Reports one stream to the breaker once: the first chunk (or a caller's error) says the
+    server answers; a transient failure before that counts against it."""
+
+    def __init__(self, breaker: CircuitBreaker) -> None:
+        self.breaker = breaker
+        self.probe = breaker.acquire()  # raises CircuitOpenError while the circuit is open
+        self.done = False
+
+    def answered(self) -> None:
+        if not self.done:
+            self.done = True
+            self.breaker.record(self.probe, ok=True)
+
+    def failed(self, err: ClientError) -> None:
+        if not self.done:
+            self.done = True
+            self.breaker.record(self.probe, ok=not breaker_failure(err))
+
+    def close(self) -> None:
+        if not self.done:
+            self.done = True
+            self.breaker.release(self.probe)
+
+
 class GenerateClient:
-    """Blocking client; :meth:`stream` yields :class:`Chunk`, :meth:`generate` text."""
+    """Blocking client; :meth:`stream` yields :class:`Chunk`, :meth:`generate` text.
+
+    Streams are not retried (a half-streamed answer cannot be replayed); the circuit breaker
+    (:mod:`client.breaker`) fails them fast while the server keeps failing.
+    """
 
     def __init__(
         self,
@@ -115,6 +145,7 @@ class GenerateClient:
         protocol: str | None = None,
         model: str = DEFAULT_MODEL,
         timeout_s: float | None = None,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         kwargs: dict[str, Any] = {"url": url}
         if protocol:
@@ -122,6 +153,7 @@ class GenerateClient:
         if timeout_s:
             kwargs["timeout_s"] = timeout_s
         self.settings = ClientSettings(**kwargs)
+        self.breaker = breaker or self.settings.circuit_breaker()
         self.model = model
         self.last_finish_reason: str | None = None
         self.context = f"{self.settings.protocol}://{self.settings.address} model {model!r}"
@@ -140,10 +172,17 @@ class GenerateClient:
 
     def stream(self, prompt: str, **sampling: Any) -> Iterator[Chunk]:
         params, stop = sampling_parameters(**sampling)
-        if self.settings.protocol == "grpc":
-            yield from self._grpc(prompt, params, stop)
-        else:
-            yield from self._http(prompt, params, stop)
+        source = self._grpc if self.settings.protocol == "grpc" else self._http
+        verdict = _Verdict(self.breaker)
+        try:
+            for chunk in source(prompt, params, stop):
+                verdict.answered()
+                yield chunk
+        except ClientError as e:
+            verdict.failed(e)
+            raise
+        finally:
+            verdict.close()
 
     def _finish(self, chunk: Chunk) -> Chunk:
         if chunk.finish_reason is not None:
@@ -250,9 +289,11 @@ class AsyncGenerateClient:
         protocol: str | None = None,
         model: str = DEFAULT_MODEL,
         timeout_s: float | None = None,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
-        self.sync = GenerateClient(url, protocol, model, timeout_s)
+        self.sync = GenerateClient(url, protocol, model, timeout_s, breaker)
         self.settings, self.model, self.context = self.sync.settings, model, self.sync.context
+        self.breaker = self.sync.breaker
         self.last_finish_reason: str | None = None
 
     async def __aenter__(self) -> AsyncGenerateClient:
@@ -268,12 +309,20 @@ class AsyncGenerateClient:
     async def stream(self, prompt: str, **sampling: Any) -> AsyncIterator[Chunk]:
         params, stop = sampling_parameters(**sampling)
         source = self._grpc if self.settings.protocol == "grpc" else self._http
-        async for chunk in source(prompt, params, stop):
-            if chunk.finish_reason is not None:
-                self.last_finish_reason = chunk.finish_reason
-            yield chunk
-            if chunk.finish_reason is not None:
-                return
+        verdict = _Verdict(self.breaker)
+        try:
+            async for chunk in source(prompt, params, stop):
+                verdict.answered()
+                if chunk.finish_reason is not None:
+                    self.last_finish_reason = chunk.finish_reason
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+        except ClientError as e:
+            verdict.failed(e)
+            raise
+        finally:
+            verdict.close()
 
     async def _grpc(
         self, prompt: str, params: dict[str, Any], stop: list[str]
