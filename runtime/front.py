@@ -46,6 +46,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from tritonforge.env import env_int
+from tritonforge.runtime import degrade_headers
 from tritonforge.runtime.errors import FrontError, ServerStartError
 
 log = logging.getLogger(__name__)
@@ -351,6 +352,20 @@ class HttpFront:
                 }
                 if length is not None:
                     headers["Inference-Header-Content-Length"] = length
+            asked = degrade_headers.header_parameters(
+                request.headers.get(degrade_headers.FALLBACK_HEADER),
+                request.headers.get(degrade_headers.PRIORITY_HEADER),
+            )
+            if asked and body and request.path.endswith("/infer"):
+                length = request.headers.get("Inference-Header-Content-Length")
+                body, length = degrade_headers.add_parameters(body, length, asked)
+                headers = {
+                    k: v
+                    for k, v in headers.items()
+                    if k.lower() not in ("inference-header-content-length", "content-length")
+                }
+                if length is not None:
+                    headers["Inference-Header-Content-Length"] = length
             return await self._forward(request, headers, body)
         except FrontError as e:
             return web.json_response({"error": str(e)}, status=e.status)
@@ -375,6 +390,12 @@ class HttpFront:
                 }
                 if upstream.content_length is not None:
                     data = await upstream.read()
+                    if upstream.status == 200 and request.path.endswith("/infer"):
+                        variant = degrade_headers.answered_variant(
+                            data, upstream.headers.get("Inference-Header-Content-Length")
+                        )
+                        if variant is not None:
+                            out_headers[degrade_headers.VARIANT_HEADER] = variant
                     return web.Response(status=upstream.status, headers=out_headers, body=data)
                 response = web.StreamResponse(status=upstream.status, headers=out_headers)
                 await response.prepare(request)
