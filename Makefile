@@ -13,7 +13,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup install-models lock lint typecheck classifier export serve run test test-unit test-integration bench loadtest loadtest-generate soak clean deploy-check gpu-check perf gate
+.PHONY: help setup install-models lock lint typecheck classifier export serve run test test-unit test-integration bench loadtest loadtest-generate soak ramp clean deploy-check gpu-check perf gate
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -90,6 +90,9 @@ loadtest-generate: export  ## bounded Locust run of streaming generation users (
 soak: export  ## bounded leak soak (RSS and /dev/shm curves)
 	$(TF) soak --model-repository $(REPO)
 	$(PY) -m tritonforge.loadtest.soak_generate --model-repository $(REPO)
+
+ramp: export  ## a peak 3x the saturation rate for 60 s, degradation off/on and through the client's breaker
+	$(PY) -m tritonforge.loadtest.ramp --model-repository $(REPO) --out build/ramp.json
 
 deploy-check: $(STAMP)  ## offline checks of docker-compose.yml, deploy/k8s, GPU configs and image pins
 	$(TF) deploy-check
