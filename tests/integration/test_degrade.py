@@ -217,3 +217,33 @@ def test_breaker_opens_on_a_stopped_server_and_one_probe_closes_it_on_restart(
         assert caplog.text.count("half-open") == len(clients)  # one probe each
     finally:
         server.stop()
+
+
+def test_a_top_priority_request_overtakes_queued_bulk_traffic(
+    pipeline_server: EmbeddedServer,
+) -> None:
+    """24 bulk requests queue up at the BLS, then one at priority 1: it finishes before most
+    of the bulk requests that were sent before it (ordering, not timing)."""
+    client = grpcclient.InferenceServerClient(pipeline_server.grpc_url)
+    order: list[str] = []
+    lock = threading.Lock()
+    done = threading.Semaphore(0)
+
+    def on_done(name: str) -> Any:
+        def record(result: Any, error: Any) -> None:
+            with lock:
+                order.append(name if error is None else f"{name}: {error}")
+            done.release()
+
+        return record
+
+    bulk = text_inputs([TEXT * 8] * 16)
+    for i in range(24):
+        client.async_infer(BLS, bulk, on_done(f"bulk{i}"), client_timeout=120)
+    client.async_infer(BLS, text_inputs([TEXT]), on_done("top"), priority=1, client_timeout=120)
+    for _ in range(25):
+        assert done.acquire(timeout=180), "a request never completed"
+    client.close()
+    assert all(":" not in name for name in order), order
+    # FIFO would put it in the last batch (at most 3 bulk answers after it)
+    assert len(order) - 1 - order.index("top") >= 8, order
