@@ -33,6 +33,7 @@ from tritonforge.classify import classify
 from tritonforge.errors import ServingError
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.pipelines import PIPELINE_KEY
 from tritonforge.text import TextTokenizer, decode_texts, split_tokens
 from tritonforge.triton import encode_response, error_response
 
@@ -51,7 +52,7 @@ class TritonPythonModel:
             pad_id=settings.pad_id,
         )
         self.monitor = LoadMonitor(self.plan.degrade)
-        pipeline = self.config.param("tritonforge.pipeline", self.config.name, str)
+        pipeline = self.config.param(PIPELINE_KEY, self.config.name, str)
         self.count_degraded = degraded_counter(pb_utils, pipeline, self.config.name)
 
     def _decode(self, request):
