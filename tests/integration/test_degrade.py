@@ -247,3 +247,47 @@ def test_a_top_priority_request_overtakes_queued_bulk_traffic(
     assert all(":" not in name for name in order), order
     # FIFO would put it in the last batch (at most 3 bulk answers after it)
     assert len(order) - 1 - order.index("top") >= 8, order
+
+
+def test_a_call_the_fp32_encoder_refuses_is_answered_by_int8_when_allowed(
+    tmp_path: Path,
+) -> None:
+    """One fp32 encoder instance whose queue times a request out at once: the second BLS
+    instance's call is refused by it. With ``fallback=int8`` that call is answered by int8
+    (the overload monitor's bounds are out of reach here); with ``none`` it fails as today."""
+    repo = linked_repository(
+        tmp_path / "repo",
+        ("tokenizer", "encoder_fp32", "encoder_int8", BLS),
+        ("encoder_fp32", BLS),
+    )
+    for model, edit in (
+        (
+            "encoder_fp32",
+            lambda c: (
+                c["instance_group"][0].update(count=1),
+                c["dynamic_batching"]["default_queue_policy"].update(
+                    default_timeout_microseconds="1"
+                ),
+            ),
+        ),
+        (
+            BLS,
+            lambda c: c["parameters"].update(
+                stage_timeout_ms={"string_value": "0"},
+                degrade_max_queued={"string_value": "1000"},
+                degrade_max_queue_delay_ms={"string_value": "1000000"},
+            ),
+        ),
+    ):
+        path = repo / model / "config.pbtxt"
+        config = pbtxt_to_dict(path.read_text())
+        edit(config)
+        path.write_text(render_pbtxt(config))
+    with EmbeddedServer(ServerSettings.ephemeral(repo)) as server:
+        refused = burst(server.grpc_url, 24, {"fallback": "none"})
+        errors = [e for _, e in refused if e]
+        assert errors and all("timeout" in e.lower() for e in errors), refused
+        degraded = burst(server.grpc_url, 24, {"fallback": "int8"})
+        assert not [e for _, e in degraded if e], degraded
+        assert "int8" in {v for v, _ in degraded}, degraded
+        assert degraded_count(server) == sum(1 for v, _ in degraded if v == "int8")
