@@ -57,10 +57,16 @@ class RampShape(LoadTestShape):
         return None if users is None else (users, max(1, users))
 
 
-def _record(environment: Environment, name: str, start: float, outcome: str) -> None:
+def _record(
+    environment: Environment, name: str, start: float, outcome: str, fire: bool = False
+) -> None:
+    """One sample for the per-second rows; ``fire`` also reports it to Locust's statistics
+    (the HTTP users' requests are reported by FastHttpUser itself)."""
     now = time.perf_counter()
     _start.setdefault("t0", start)
     _samples.append((now, (now - start) * 1000.0, outcome))
+    if not fire:
+        return
     failed = outcome not in ("fp32", "int8")
     environment.events.request.fire(
         request_type="ramp",
@@ -157,7 +163,7 @@ class RampClientUser(User):
             outcome = "refused"
         except ClientError:
             outcome = "failed"
-        _record(self.environment, "ramp client", start, outcome)
+        _record(self.environment, "ramp client", start, outcome, fire=True)
 
 
 @events.quitting.add_listener
