@@ -13,7 +13,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup install-models lock lint typecheck classifier export serve run test test-unit test-integration bench loadtest loadtest-generate soak chaos clean deploy-check gpu-check perf gate
+.PHONY: help setup install-models lock lint typecheck classifier export serve run test test-unit test-integration bench loadtest loadtest-generate soak chaos ramp clean deploy-check gpu-check perf gate
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -95,6 +95,8 @@ soak: export  ## bounded leak soak (RSS and /dev/shm curves)
 
 chaos: export  ## bounded chaos run (DURATION_S, default 600): traffic over every pipeline while stubs are SIGSEGVed, generate flooded, SSE opened and cancelled; gates on lost/hung requests, recovery and server restarts
 	$(TF) chaos --model-repository $(REPO) --duration-s $(or $(DURATION_S),600)
+ramp: export  ## a peak 3x the saturation rate for 60 s, degradation off/on and through the client's breaker
+	$(PY) -m tritonforge.loadtest.ramp --model-repository $(REPO) --out build/ramp.json
 
 deploy-check: $(STAMP)  ## offline checks of docker-compose.yml, deploy/k8s, GPU configs and image pins
 	$(TF) deploy-check

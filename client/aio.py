@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from tritonforge.client import classification
+from tritonforge.client.breaker import CircuitBreaker
 from tritonforge.client.classification import Classification
 from tritonforge.client.discovery import (
     admin_headers,
@@ -58,10 +59,12 @@ class AsyncEmbeddingClient:
         admin_key: str | None = None,
         repository: str | None = None,
         settings: ClientSettings | None = None,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         given = dict(locals())
         self.settings = settings_from(settings, {k: given[k] for k in SETTING_ARGS})
         self.policy = self.settings.retry_policy()
+        self.breaker = breaker or self.settings.circuit_breaker()
         self.last_traceparent: str | None = None
         self._pipelines: dict[str, Pipeline] | None = None
         self._module: ModuleType
@@ -106,7 +109,11 @@ class AsyncEmbeddingClient:
                 headers=headers, **extra, **self._grpc_timeout(remaining_s)
             )
 
-        names = index_names(await call_with_retry_async(index, self.policy, self._context()))
+        names = index_names(
+            await call_with_retry_async(
+                index, self.policy, breaker=self.breaker, context=self._context()
+            )
+        )
         configs = []
         for model in names:
 
@@ -116,7 +123,9 @@ class AsyncEmbeddingClient:
                 )
 
             try:
-                got = await call_with_retry_async(config, self.policy, self._context(model))
+                got = await call_with_retry_async(
+                    config, self.policy, breaker=self.breaker, context=self._context(model)
+                )
             except ModelNotFoundError:  # unloaded since the index was read
                 continue
             configs.append(grpc_config(got) if grpc else dict(got))
@@ -165,7 +174,9 @@ class AsyncEmbeddingClient:
             kwargs.update(extra or {}, headers=headers, **self._grpc_timeout(remaining_s))
             return await client.infer(model, inputs, outputs=outputs, **kwargs)
 
-        return await call_with_retry_async(attempt, self.policy, self._context(model))
+        return await call_with_retry_async(
+            attempt, self.policy, breaker=self.breaker, context=self._context(model)
+        )
 
     async def embed(
         self,
@@ -263,7 +274,11 @@ class AsyncEmbeddingClient:
                 )
             return await client.get_model_metadata(model)
 
-        return dict(await call_with_retry_async(attempt, self.policy, self._context(model)))
+        return dict(
+            await call_with_retry_async(
+                attempt, self.policy, breaker=self.breaker, context=self._context(model)
+            )
+        )
 
     async def close(self) -> None:
         if self._client is not None:

@@ -33,6 +33,23 @@ class ServerUnavailableError(ClientError):
     transient = True
 
 
+class CircuitOpenError(ServerUnavailableError):
+    """The client's circuit breaker for ``server`` is open: failing fast without calling it.
+
+    Not retried (``transient`` False): retrying is what the breaker prevents. ``retry_after_s``
+    says when the breaker lets the next probe through.
+    """
+
+    transient = False
+
+    def __init__(
+        self, message: str, *, server: str, retry_after_s: float, attempts: int = 1
+    ) -> None:
+        super().__init__(message, attempts=attempts)
+        self.server = server
+        self.retry_after_s = retry_after_s
+
+
 class ConnectionFailedError(ClientError):
     """No connection to the server (refused, reset, DNS): is it running at the URL?"""
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tritonforge.client.breaker import CircuitBreaker
 from tritonforge.client.errors import (
     ClientError,
     DeadlineExceededError,
@@ -35,7 +36,7 @@ from tritonforge.client.errors import (
     ServerError,
     ServerUnavailableError,
 )
-from tritonforge.client.retry import translate
+from tritonforge.client.retry import breaker_failure, translate
 from tritonforge.client.settings import ClientSettings
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT, VARIANT_PARAMETER
 
@@ -113,8 +114,37 @@ def _sse_event(line: bytes, context: str) -> Chunk | None:
     return Chunk("".join(text) if isinstance(text, list) else str(text), reason)
 
 
+class _Verdict:
+    """Reports one stream to the breaker once: the first chunk (or a caller's error) says the
+    server answers; a transient failure before that counts against it."""
+
+    def __init__(self, breaker: CircuitBreaker) -> None:
+        self.breaker = breaker
+        self.probe = breaker.acquire()  # raises CircuitOpenError while the circuit is open
+        self.done = False
+
+    def answered(self) -> None:
+        if not self.done:
+            self.done = True
+            self.breaker.record(self.probe, ok=True)
+
+    def failed(self, err: ClientError) -> None:
+        if not self.done:
+            self.done = True
+            self.breaker.record(self.probe, ok=not breaker_failure(err))
+
+    def close(self) -> None:
+        if not self.done:
+            self.done = True
+            self.breaker.release(self.probe)
+
+
 class GenerateClient:
-    """Blocking client; :meth:`stream` yields :class:`Chunk`, :meth:`generate` text."""
+    """Blocking client; :meth:`stream` yields :class:`Chunk`, :meth:`generate` text.
+
+    Streams are not retried (a half-streamed answer cannot be replayed); the circuit breaker
+    (:mod:`client.breaker`) fails them fast while the server keeps failing.
+    """
 
     def __init__(
         self,
@@ -123,6 +153,7 @@ class GenerateClient:
         model: str = DEFAULT_MODEL,
         timeout_s: float | None = None,
         variant: str | None = None,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         """``variant`` (fp32, int8, ...) pins the decoder: the model serving it in ``model``'s
         group is discovered (:func:`generator_model`) and every request carries the ``variant``
@@ -135,6 +166,7 @@ class GenerateClient:
         self.settings = ClientSettings(**kwargs)
         self.variant = variant
         self.model = generator_model(self.settings, model, variant) if variant else model
+        self.breaker = breaker or self.settings.circuit_breaker()
         self.last_finish_reason: str | None = None
         self.context = f"{self.settings.protocol}://{self.settings.address} model {self.model!r}"
 
@@ -152,10 +184,17 @@ class GenerateClient:
 
     def stream(self, prompt: str, **sampling: Any) -> Iterator[Chunk]:
         params, stop = sampling_parameters(**{VARIANT_PARAMETER: self.variant, **sampling})
-        if self.settings.protocol == "grpc":
-            yield from self._grpc(prompt, params, stop)
-        else:
-            yield from self._http(prompt, params, stop)
+        source = self._grpc if self.settings.protocol == "grpc" else self._http
+        verdict = _Verdict(self.breaker)
+        try:
+            for chunk in source(prompt, params, stop):
+                verdict.answered()
+                yield chunk
+        except ClientError as e:
+            verdict.failed(e)
+            raise
+        finally:
+            verdict.close()
 
     def _finish(self, chunk: Chunk) -> Chunk:
         if chunk.finish_reason is not None:
@@ -321,15 +360,17 @@ class AsyncGenerateClient:
         model: str = DEFAULT_MODEL,
         timeout_s: float | None = None,
         variant: str | None = None,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         """``variant``: as :class:`GenerateClient` (discovered once, here)."""
-        self.sync = GenerateClient(url, protocol, model, timeout_s, variant)
+        self.sync = GenerateClient(url, protocol, model, timeout_s, variant, breaker)
         self.settings, self.model, self.context = (
             self.sync.settings,
             self.sync.model,
             self.sync.context,
         )
         self.variant = variant
+        self.breaker = self.sync.breaker
         self.last_finish_reason: str | None = None
 
     async def __aenter__(self) -> AsyncGenerateClient:
@@ -345,12 +386,20 @@ class AsyncGenerateClient:
     async def stream(self, prompt: str, **sampling: Any) -> AsyncIterator[Chunk]:
         params, stop = sampling_parameters(**{VARIANT_PARAMETER: self.variant, **sampling})
         source = self._grpc if self.settings.protocol == "grpc" else self._http
-        async for chunk in source(prompt, params, stop):
-            if chunk.finish_reason is not None:
-                self.last_finish_reason = chunk.finish_reason
-            yield chunk
-            if chunk.finish_reason is not None:
-                return
+        verdict = _Verdict(self.breaker)
+        try:
+            async for chunk in source(prompt, params, stop):
+                verdict.answered()
+                if chunk.finish_reason is not None:
+                    self.last_finish_reason = chunk.finish_reason
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+        except ClientError as e:
+            verdict.failed(e)
+            raise
+        finally:
+            verdict.close()
 
     async def _grpc(
         self, prompt: str, params: dict[str, Any], stop: list[str]

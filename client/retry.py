@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from tritonclient.utils import InferenceServerException
 
+from tritonforge.client.breaker import OPEN, CircuitBreaker
 from tritonforge.client.errors import (
     ClientError,
     ConnectionFailedError,
@@ -191,6 +192,12 @@ def _give_up(err: ClientError, attempt: int, elapsed_s: float, why: str) -> Clie
     return err
 
 
+def breaker_failure(err: ClientError) -> bool:
+    """What counts against the breaker: transient failures and timeouts (the server did not
+    answer); anything else (a 4xx, a bad answer) proves it answers."""
+    return err.transient or isinstance(err, DeadlineExceededError)
+
+
 def _retry_delay(
     e: BaseException,
     attempt: int,
@@ -198,14 +205,23 @@ def _retry_delay(
     policy: RetryPolicy,
     context: str,
     rand: Callable[[], float],
+    breaker: CircuitBreaker | None = None,
+    probe: bool = False,
 ) -> float:
     """Seconds to wait before the next attempt after ``e``; re-raises when giving up (the
-    translated error, ``from e``) or when ``e`` is not ours to retry (e.g. KeyboardInterrupt)."""
+    translated error, ``from e``) or when ``e`` is not ours to retry (e.g. KeyboardInterrupt).
+    ``breaker`` (the call was allowed by it, as the probe or not) gets the verdict first."""
     if not _retryable_exception(e):
+        if breaker is not None:
+            breaker.release(probe)
         raise e
     err = translate(e, context)
+    if breaker is not None:
+        breaker.record(probe, ok=not breaker_failure(err))
     if not err.transient:
         raise _give_up(err, attempt, elapsed, "not transient") from e
+    if breaker is not None and breaker.state == OPEN:
+        raise _give_up(err, attempt, elapsed, f"circuit for {breaker.server} opened") from e
     if attempt >= policy.max_attempts:
         raise _give_up(err, attempt, elapsed, f"max_attempts {policy.max_attempts}") from e
     delay = policy.backoff_s(attempt, rand)
@@ -222,11 +238,22 @@ def _retry_delay(
     return delay
 
 
+def _acquire(breaker: CircuitBreaker | None, attempt: int) -> bool:
+    if breaker is None:
+        return False
+    try:
+        return breaker.acquire()
+    except ClientError as e:
+        e.attempts = attempt
+        raise
+
+
 def call_with_retry(
     fn: Callable[[float], T],
     policy: RetryPolicy,
     context: str,
     *,
+    breaker: CircuitBreaker | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     rand: Callable[[], float] = random.random,
@@ -234,16 +261,23 @@ def call_with_retry(
     """Call ``fn(remaining_s)`` until it succeeds, fails permanently or the policy is spent.
 
     ``remaining_s`` is the time left to the overall deadline (for per-attempt timeouts). Raises
-    the translated :class:`ClientError` of the last attempt, with ``attempts`` set.
+    the translated :class:`ClientError` of the last attempt, with ``attempts`` set; every attempt
+    asks ``breaker`` first (:class:`CircuitOpenError` when it is open) and reports to it.
     """
     start = clock()
     attempt = 0
     while True:
         attempt += 1
+        probe = _acquire(breaker, attempt)
         try:
-            return fn(max(0.0, policy.deadline_s - (clock() - start)))
+            result = fn(max(0.0, policy.deadline_s - (clock() - start)))
         except BaseException as e:
-            sleep(_retry_delay(e, attempt, clock() - start, policy, context, rand))
+            delay = _retry_delay(e, attempt, clock() - start, policy, context, rand, breaker, probe)
+            sleep(delay)
+            continue
+        if breaker is not None:
+            breaker.record(probe, ok=True)
+        return result
 
 
 async def call_with_retry_async(
@@ -251,6 +285,7 @@ async def call_with_retry_async(
     policy: RetryPolicy,
     context: str,
     *,
+    breaker: CircuitBreaker | None = None,
     clock: Callable[[], float] = time.monotonic,
     rand: Callable[[], float] = random.random,
 ) -> T:
@@ -259,7 +294,13 @@ async def call_with_retry_async(
     attempt = 0
     while True:
         attempt += 1
+        probe = _acquire(breaker, attempt)
         try:
-            return await fn(max(0.0, policy.deadline_s - (clock() - start)))
+            result = await fn(max(0.0, policy.deadline_s - (clock() - start)))
         except BaseException as e:
-            await asyncio.sleep(_retry_delay(e, attempt, clock() - start, policy, context, rand))
+            delay = _retry_delay(e, attempt, clock() - start, policy, context, rand, breaker, probe)
+            await asyncio.sleep(delay)
+            continue
+        if breaker is not None:
+            breaker.record(probe, ok=True)
+        return result

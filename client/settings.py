@@ -8,13 +8,17 @@ Environment variables: ``TRITONFORGE_URL`` (host:port, default ``localhost:8000`
 ``TRITONFORGE_MAX_ATTEMPTS``, ``TRITONFORGE_DEADLINE_S``, ``TRITONFORGE_VARIANT``,
 ``TRITONFORGE_PIPELINE`` (ensemble|bls), ``TRITONFORGE_PIPELINE_NAME`` (default: the discovered
 default pipeline of the task), ``TRITONFORGE_BATCH_SIZE``, ``TRITONFORGE_ADMIN_KEY`` (sent only to
-read the model configs), ``TRITONFORGE_MODEL_REPOSITORY`` (discover offline from this repository).
+read the model configs), ``TRITONFORGE_MODEL_REPOSITORY`` (discover offline from this repository),
+``TRITONFORGE_BREAKER_FAILURES`` (consecutive transient failures that open the circuit breaker; 0
+turns it off), ``TRITONFORGE_BREAKER_WINDOW_S``, ``TRITONFORGE_BREAKER_COOLDOWN_S``
+(:mod:`client.breaker`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tritonforge.client.breaker import BreakerPolicy, CircuitBreaker
 from tritonforge.client.discovery import (
     ADMIN_KEY_ENV,
     NAME_ENV,
@@ -91,6 +95,15 @@ class ClientSettings:
     name: str | None = field(default_factory=lambda: _env(NAME_ENV))
     admin_key: str | None = field(default_factory=lambda: _env(ADMIN_KEY_ENV), repr=False)
     repository: str | None = field(default_factory=lambda: _env(REPOSITORY_ENV))
+    breaker_failures: int = field(
+        default_factory=lambda: _env_int("TRITONFORGE_BREAKER_FAILURES", 5)
+    )
+    breaker_window_s: float = field(
+        default_factory=lambda: _env_float("TRITONFORGE_BREAKER_WINDOW_S", 10.0)
+    )
+    breaker_cooldown_s: float = field(
+        default_factory=lambda: _env_float("TRITONFORGE_BREAKER_COOLDOWN_S", 5.0)
+    )
 
     def __post_init__(self) -> None:
         self.protocol = self.protocol.lower()
@@ -108,11 +121,26 @@ class ClientSettings:
         check_orchestration(self.pipeline)
         if not self.variant:
             raise InvalidRequestError("variant must be a non-empty variant name")
+        try:
+            self.breaker_policy()
+        except ValueError as e:
+            raise InvalidRequestError(f"circuit breaker settings: {e}") from e
 
     @property
     def address(self) -> str:
         assert self.url is not None
         return self.url
+
+    def breaker_policy(self) -> BreakerPolicy:
+        return BreakerPolicy(
+            failure_threshold=self.breaker_failures,
+            window_s=self.breaker_window_s,
+            cooldown_s=self.breaker_cooldown_s,
+        )
+
+    def circuit_breaker(self) -> CircuitBreaker:
+        """A breaker for this server (``protocol://address``), one per client."""
+        return CircuitBreaker(f"{self.protocol}://{self.address}", self.breaker_policy())
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(

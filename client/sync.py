@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tritonforge.client import classification
+from tritonforge.client.breaker import CircuitBreaker
 from tritonforge.client.classification import Classification
 from tritonforge.client.discovery import (
     admin_headers,
@@ -95,10 +96,12 @@ class EmbeddingClient:
         admin_key: str | None = None,
         repository: str | None = None,
         settings: ClientSettings | None = None,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         given = dict(locals())
         self.settings = settings_from(settings, {k: given[k] for k in SETTING_ARGS})
         self.policy = self.settings.retry_policy()
+        self.breaker = breaker or self.settings.circuit_breaker()
         self.last_traceparent: str | None = None
         self._pipelines: dict[str, Pipeline] | None = None
         self._owner = threading.get_ident()
@@ -150,7 +153,9 @@ class EmbeddingClient:
             )
 
         configs = []
-        for model in index_names(call_with_retry(index, self.policy, self._context())):
+        for model in index_names(
+            call_with_retry(index, self.policy, breaker=self.breaker, context=self._context())
+        ):
 
             def config(remaining_s: float, model: str = model) -> Any:
                 return self._client.get_model_config(
@@ -158,7 +163,9 @@ class EmbeddingClient:
                 )
 
             try:
-                got = call_with_retry(config, self.policy, self._context(model))
+                got = call_with_retry(
+                    config, self.policy, breaker=self.breaker, context=self._context(model)
+                )
             except ModelNotFoundError:  # unloaded since the index was read
                 continue
             configs.append(grpc_config(got) if grpc else dict(got))
@@ -205,7 +212,7 @@ class EmbeddingClient:
             kwargs.update(extra or {}, headers=headers, **self._grpc_kw(remaining_s))
             return self._client.infer(model, inputs, outputs=outputs, **kwargs)
 
-        return call_with_retry(attempt, self.policy, context)
+        return call_with_retry(attempt, self.policy, breaker=self.breaker, context=context)
 
     # -- API --------------------------------------------------------------------------------------
     def embed(
@@ -315,7 +322,11 @@ class EmbeddingClient:
                 )
             return self._client.get_model_metadata(model)
 
-        return dict(call_with_retry(attempt, self.policy, self._context(model)))
+        return dict(
+            call_with_retry(
+                attempt, self.policy, breaker=self.breaker, context=self._context(model)
+            )
+        )
 
     def close(self) -> None:
         self._client.close()

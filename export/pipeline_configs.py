@@ -23,7 +23,7 @@ from typing import Any
 from tritonforge.errors import ModelConfigError
 from tritonforge.export.errors import ExportError
 from tritonforge.export.pipeline_spec import PipelineSpec
-from tritonforge.export.tritonconfig import LABEL_FILE, render_pbtxt
+from tritonforge.export.tritonconfig import LABEL_FILE, priorities, render_pbtxt
 from tritonforge.integrity import sha256_file, write_sidecar
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import (
@@ -55,8 +55,12 @@ def _params(values: Mapping[str, object]) -> dict[str, dict[str, str]]:
     return {k: {"string_value": str(v)} for k, v in values.items()}
 
 
-def _queue(max_queue_delay_us: int, max_queue_size: int, timeout_us: int) -> dict[str, Any]:
+def _queue(
+    max_queue_delay_us: int, max_queue_size: int, timeout_us: int, priority_levels: int = 0
+) -> dict[str, Any]:
     batching: dict[str, Any] = {"max_queue_delay_microseconds": max_queue_delay_us}
+    if priority_levels > 0:
+        batching.update(priorities(priority_levels))
     if max_queue_size > 0:
         batching["default_queue_policy"] = {
             "max_queue_size": max_queue_size,
@@ -105,7 +109,9 @@ def tokenizer_config(spec: PipelineSpec, encoder: ModelConfig) -> dict[str, Any]
         "output": [
             {"name": i.name, "data_type": i.data_type, "dims": [-1]} for i in encoder.inputs
         ],
-        "dynamic_batching": _queue(t.max_queue_delay_us, t.max_queue_size, t.queue_timeout_us),
+        "dynamic_batching": _queue(
+            t.max_queue_delay_us, t.max_queue_size, t.queue_timeout_us, spec.priority_levels
+        ),
         "instance_group": [{"count": t.instance_count, "kind": "KIND_CPU"}],
         "parameters": _params(
             {
@@ -139,7 +145,7 @@ def postprocess_config(spec: PipelineSpec, encoder: ModelConfig) -> dict[str, An
         "max_batch_size": spec.encoder.max_batch,
         "input": [{"name": "logits", "data_type": logits.data_type, "dims": [classes]}],
         "output": _classification_outputs(classes, label_file=True),
-        "dynamic_batching": {"max_queue_delay_microseconds": 0},
+        "dynamic_batching": _queue(0, 0, 0, spec.priority_levels),
         "instance_group": [{"count": spec.classification.instance_count, "kind": "KIND_CPU"}],
         "parameters": _params({**_marks(spec, "postprocess"), "top_k": spec.classification.top_k}),
     }
@@ -221,6 +227,11 @@ def bls_config(
         "encoder_models": ",".join(f"{v}={names.encoder(v)}" for v in variants),
         "default_variant": b.default_variant,
         "stage_timeout_ms": b.stage_timeout_ms,
+        # degradation (docs/reliability.md): on for every request, or only for those asking
+        "degrade_enabled": str(b.degrade.enabled).lower(),
+        "degrade_to": b.degrade.to,
+        "degrade_max_queued": b.degrade.max_queued,
+        "degrade_max_queue_delay_ms": b.degrade.max_queue_delay_ms,
     }
     if spec.classification is not None:
         params["postprocess_model"] = names.postprocess()
@@ -231,13 +242,17 @@ def bls_config(
             params["version_weights"] = ",".join(f"{v}={p}" for v, p in spec.canary.weights)
         # which version answered, per text (the request's choice or the canary split)
         outputs.append({"name": "model_version", "data_type": "TYPE_INT32", "dims": [1]})
+    # which variant answered, per text (the request's, or the degraded one)
+    outputs.append({"name": "variant", "data_type": "TYPE_STRING", "dims": [1]})
     return {
         "name": names.bls(),
         "backend": "python",
         "max_batch_size": spec.encoder.max_batch,
         "input": [{"name": spec.input_name, "data_type": "TYPE_STRING", "dims": [1]}],
         "output": outputs,
-        "dynamic_batching": _queue(b.max_queue_delay_us, b.max_queue_size, b.queue_timeout_us),
+        "dynamic_batching": _queue(
+            b.max_queue_delay_us, b.max_queue_size, b.queue_timeout_us, spec.priority_levels
+        ),
         "instance_group": [{"count": b.instance_count, "kind": "KIND_CPU"}],
         "parameters": _params(params),
     }

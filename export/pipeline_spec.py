@@ -31,6 +31,23 @@ class TokenizerStage:
 
 
 @dataclass(frozen=True)
+class Degrade:
+    """Answer from a cheaper variant instead of refusing when the default one is overloaded.
+
+    A BLS instance counts itself overloaded when it picks up more than ``max_queued`` waiting
+    requests at once, or when the oldest of them waited an estimated ``max_queue_delay_ms`` or
+    more (docs/reliability.md); the fp32 encoder refusing a call (queue full or queue timeout)
+    also degrades. ``enabled=False`` (the default) degrades only requests that ask for it (request
+    parameter ``fallback`` / header ``X-Fallback``); a request can always forbid it.
+    """
+
+    enabled: bool = False
+    to: str = "int8"
+    max_queued: int = 4
+    max_queue_delay_ms: int = 250
+
+
+@dataclass(frozen=True)
 class BlsStage:
     """The BLS orchestrator (Python backend): tokenizes itself, one encoder call per shape."""
 
@@ -40,6 +57,7 @@ class BlsStage:
     queue_timeout_us: int = 10_000_000
     stage_timeout_ms: int = 30_000
     default_variant: str = "fp32"
+    degrade: Degrade = field(default_factory=Degrade)
 
 
 @dataclass(frozen=True)
@@ -105,6 +123,9 @@ class PipelineSpec:
     # their cache key holds the ensemble's version, not the encoder's, so a new encoder version
     # would be answered from the old one's entries.
     response_cache: bool = False
+    # Triton priority levels on the queues (tokenizer, encoders, postprocess, BLS): level 1 is
+    # served first, requests without a priority get the last level (bulk). 0 = no priorities.
+    priority_levels: int = 2
 
     def __post_init__(self) -> None:
         problems = []
@@ -119,6 +140,19 @@ class PipelineSpec:
             problems.append("a classifier needs at least two labels")
         if self.bls is not None and self.bls.default_variant not in self.variants:
             problems.append(f"bls.default_variant {self.bls.default_variant!r} is not a variant")
+        if self.bls is not None:
+            degrade = self.bls.degrade
+            if degrade.to == self.bls.default_variant or (
+                degrade.enabled and degrade.to not in self.variants
+            ):
+                problems.append(
+                    f"bls.degrade.to {degrade.to!r} must be a variant of {list(self.variants)} "
+                    f"other than the default {self.bls.default_variant!r}"
+                )
+            if degrade.max_queued < 1 or degrade.max_queue_delay_ms < 1:
+                problems.append("bls.degrade.max_queued and max_queue_delay_ms must be >= 1")
+        if self.priority_levels < 0:
+            problems.append(f"priority_levels {self.priority_levels} must be >= 0")
         if self.limits.max_items > self.encoder.max_batch:
             problems.append(
                 f"limits.max_items {self.limits.max_items} > the encoder's max_batch "
@@ -168,6 +202,7 @@ class PipelineSpec:
             ),
             versions=tuple(sorted(versions)),
             response_cache=self.response_cache,
+            priority_levels=self.priority_levels,
         )
         return dataclasses.replace(encoder, serving=serving)
 

@@ -116,6 +116,7 @@ class Serving:
     task: str = ""
     versions: tuple[int, ...] = (1,)  # served side by side (version_policy specific)
     response_cache: bool = False  # Triton's response cache (keyed by model version and inputs)
+    priority_levels: int = 0  # filled in by the PipelineSpec (Triton priority levels)
     # CPU: no batching delay and no preferred sizes. Batching pays little on a CPU (cost grows
     # with the rows), so a lone request must not wait for a batch that is not coming; requests
     # already queued when the instance frees up are still merged (docs/performance.md).

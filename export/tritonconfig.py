@@ -171,6 +171,8 @@ def build_config(
             if gpu
             else serving.max_queue_delay_us,
         }
+        if serving.priority_levels > 0:
+            config["dynamic_batching"].update(priorities(serving.priority_levels))
         if any(b <= spec.max_batch for b in preferred):
             config["dynamic_batching"]["preferred_batch_size"] = [
                 b for b in preferred if b <= spec.max_batch
@@ -216,6 +218,11 @@ def build_config(
             }
         ]
     return config
+
+
+def priorities(levels: int) -> dict[str, int]:
+    """Triton's priority levels: level 1 is served first; unmarked requests get the last."""
+    return {"priority_levels": levels, "default_priority_level": levels}
 
 
 def render_pbtxt(config: Mapping[str, Any]) -> str:

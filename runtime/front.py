@@ -47,6 +47,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from tritonforge.env import env_int
+from tritonforge.runtime import degrade_headers
 from tritonforge.runtime.errors import FrontError, ServerStartError
 from tritonforge.runtime.front_guard import (
     VERSION_PARAMETER,
@@ -491,6 +492,22 @@ class HttpFront:
             }
             if length is not None:
                 headers[LENGTH_HEADER] = length
+        asked = degrade_headers.header_parameters(
+            request.headers.get(degrade_headers.FALLBACK_HEADER),
+            request.headers.get(degrade_headers.PRIORITY_HEADER),
+        )
+        if asked and body and request.path.endswith("/infer"):
+            length = next(
+                (v for k, v in headers.items() if k.lower() == LENGTH_HEADER.lower()), None
+            )
+            body, length = degrade_headers.add_parameters(body, length, asked)
+            headers = {
+                k: v
+                for k, v in headers.items()
+                if k.lower() not in (LENGTH_HEADER.lower(), "content-length")
+            }
+            if length is not None:
+                headers[LENGTH_HEADER] = length
         if request.path.endswith(STREAM_PATH_SUFFIX):
             return await self._forward_stream(request, headers, body)
         self.admission.short += 1
@@ -530,6 +547,12 @@ class HttpFront:
                     k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP
                 }
                 data = await upstream.read()
+                if upstream.status == 200 and request.path.endswith("/infer"):
+                    variant = degrade_headers.answered_variant(
+                        data, upstream.headers.get(LENGTH_HEADER)
+                    )
+                    if variant is not None:
+                        out_headers[degrade_headers.VARIANT_HEADER] = variant
                 if (
                     self.admission.draining is not None
                     and upstream.status >= 400

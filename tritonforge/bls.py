@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,19 @@ from tritonforge.text import TextLimits
 VARIANT_PARAMETER = "variant"
 VERSION_PARAMETER = "version"
 VERSION_OUTPUT = "model_version"
+VARIANT_OUTPUT = "variant"
+FALLBACK_PARAMETER = "fallback"
+NO_FALLBACK = "none"
+DEGRADED_METRIC = "tritonforge_degraded_answers_total"
+# Triton's words when a model's queue refuses a request (full, or waited past its timeout).
+_REFUSED_HINTS = ("exceeds maximum queue size", "request timeout expired")
+# Two executes of one instance closer than this ran back to back: the queue was not empty.
+# Measured under load (2 shared cores): the stub's gap between back-to-back executes exceeded
+# 5 ms, so 5 ms never saw a queue; 50 ms does, and an idle instance rarely restarts that soon.
+BUSY_GAP_S = 0.05
+
+
+_MARK_OUTPUTS = (VERSION_OUTPUT, VARIANT_OUTPUT)  # say who answered; not the model's own
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,42 @@ class Postprocess:
 
 
 @dataclass(frozen=True)
+class DegradePolicy:
+    """When to answer from ``to`` instead of the default variant (``parameters.degrade_*``).
+
+    ``enabled``: for every request that does not forbid it; else only for those asking for it.
+    """
+
+    enabled: bool = False
+    to: str = "int8"
+    max_queued: int = 4
+    max_queue_delay_ms: int = 250
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> DegradePolicy:
+        enabled = config.param("degrade_enabled", "false", str).strip().lower()
+        if enabled not in ("true", "false"):
+            raise ModelConfigError(
+                f"{config.name!r}: parameters.degrade_enabled must be true or false, got "
+                f"{enabled!r}"
+            )
+        policy = cls(
+            enabled=enabled == "true",
+            to=config.param("degrade_to", cls.to, str),
+            max_queued=config.param("degrade_max_queued", cls.max_queued, int),
+            max_queue_delay_ms=config.param(
+                "degrade_max_queue_delay_ms", cls.max_queue_delay_ms, int
+            ),
+        )
+        if policy.max_queued < 1 or policy.max_queue_delay_ms < 1:
+            raise ModelConfigError(
+                f"{config.name!r}: parameters.degrade_max_queued / degrade_max_queue_delay_ms "
+                "must be >= 1"
+            )
+        return policy
+
+
+@dataclass(frozen=True)
 class BlsPlan:
     """Everything the BLS needs per request, resolved at load."""
 
@@ -81,6 +131,46 @@ class BlsPlan:
     versions: tuple[int, ...] = ()  # the encoders' served versions (several: A/B)
     weights: Mapping[int, int] = field(default_factory=dict)  # canary split, percent per version
     version_output: str | None = None  # the output that says which version answered
+    variant_output: str | None = None  # the output that says which variant answered
+    degrade: DegradePolicy = field(default_factory=DegradePolicy)
+
+
+class LoadMonitor:
+    """One BLS instance's view of its own queue, from the executes it runs (no server calls).
+
+    Each ``execute`` receives every request that waited while the instance was busy, so the
+    number of requests is the backlog it found; when it starts right after the previous one
+    ended (within :data:`BUSY_GAP_S`) the oldest of them waited at most since the previous
+    one started, the delay estimate. ``clock`` is injectable for tests.
+    """
+
+    def __init__(self, policy: DegradePolicy, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self.clock = clock
+        self._last_start: float | None = None
+        self._last_end: float | None = None
+
+    def start(self, n_requests: int) -> bool:
+        """Record an execute's start; True when the instance is overloaded (degrade)."""
+        now = self.clock()
+        waited_s = 0.0
+        last_start, last_end = self._last_start, self._last_end
+        if last_start is not None and last_end is not None and now - last_end <= BUSY_GAP_S:
+            waited_s = now - last_start
+        self._last_start = now
+        return (
+            n_requests > self.policy.max_queued
+            or waited_s * 1000.0 >= self.policy.max_queue_delay_ms
+        )
+
+    def end(self) -> None:
+        self._last_end = self.clock()
+
+
+def refused(error: BaseException) -> bool:
+    """True when a stage call failed because the stage's queue refused it (full or timed out)."""
+    message = str(error).lower()
+    return isinstance(error, StageUnavailableError) and any(h in message for h in _REFUSED_HINTS)
 
 
 def _latest_version(model_dir: Path) -> Path:
@@ -123,7 +213,7 @@ def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
     else:
         output = single_output(
             dataclasses.replace(
-                config, outputs=tuple(o for o in config.outputs if o.name != VERSION_OUTPUT)
+                config, outputs=tuple(o for o in config.outputs if o.name not in _MARK_OUTPUTS)
             )
         )
     tokenizer = load_model_config(repository, config.param("tokenizer_model", kind=str))
@@ -164,6 +254,13 @@ def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
             + (f" ({missing[default]})" if default in missing else "")
         )
     versions, weights = _versions(config)
+    degrade = DegradePolicy.from_config(config)
+    if degrade.enabled and degrade.to not in routes:
+        raise ModelConfigError(
+            f"{config.name!r}: degrade_to {degrade.to!r} is not one of {sorted(routes)}"
+            + (f" ({missing[degrade.to]})" if degrade.to in missing else "")
+        )
+    outputs = {o.name for o in config.outputs}
     return BlsPlan(
         text_input=text.name,
         output=output.name,
@@ -179,9 +276,9 @@ def build_plan(config: ModelConfig, repository: Path) -> BlsPlan:
         postprocess=post,
         versions=versions,
         weights=weights,
-        version_output=VERSION_OUTPUT
-        if any(o.name == VERSION_OUTPUT for o in config.outputs)
-        else None,
+        version_output=VERSION_OUTPUT if VERSION_OUTPUT in outputs else None,
+        variant_output=VARIANT_OUTPUT if VARIANT_OUTPUT in outputs else None,
+        degrade=degrade,
     )
 
 
@@ -248,7 +345,7 @@ def postprocess_settings(config: ModelConfig, repository: Path) -> Postprocess:
         raise ModelConfigError(f"{post.name!r}: output 'probabilities' has no label_filename")
     labels = read_labels(Path(repository) / post.name / label_file)
     theirs = {(t.name, t.data_type) for t in post.outputs}
-    ours = {(t.name, t.data_type) for t in config.outputs if t.name != VERSION_OUTPUT}
+    ours = {(t.name, t.data_type) for t in config.outputs if t.name not in _MARK_OUTPUTS}
     if theirs != ours:
         raise ModelConfigError(
             f"{config.name!r} outputs {sorted(ours)} differ from {post.name!r}'s {sorted(theirs)}"
@@ -289,6 +386,59 @@ def request_variant(parameters_json: str | Mapping[str, Any] | None, plan: BlsPl
             f"use one of {sorted([*plan.routes, *plan.missing])}"
         )
     return value
+
+
+def request_fallback(
+    parameters_json: str | Mapping[str, Any] | None, variant: str, plan: BlsPlan
+) -> str | None:
+    """The variant this request may be answered from when ``variant`` is overloaded, or None.
+
+    Request parameter ``fallback``: a variant name (opt in, whatever the pipeline's setting) or
+    ``"none"`` (forbid). Without it, the pipeline's ``degrade`` setting decides, and only for
+    requests that did not pin a ``variant``.
+    """
+    params = _parameters(parameters_json)
+    value = params.get(FALLBACK_PARAMETER)
+    if value is None:
+        pinned = VARIANT_PARAMETER in params
+        chosen = plan.degrade.to if plan.degrade.enabled and not pinned else None
+    elif isinstance(value, str) and value.strip().lower() == NO_FALLBACK:
+        return None
+    elif isinstance(value, str) and value in plan.routes:
+        chosen = value
+    elif isinstance(value, str) and value in plan.missing:
+        raise StageUnavailableError(
+            f"{FALLBACK_PARAMETER} variant {value!r}: {plan.missing[value]}"
+        )
+    else:
+        shown = repr(value) if len(repr(value)) <= 40 else f"<{len(repr(value))} characters>"
+        raise InvalidInputError(
+            f"request parameter {FALLBACK_PARAMETER!r}={shown} is unknown; use "
+            f"{NO_FALLBACK!r} or one of {sorted(plan.routes)}"
+        )
+    return None if chosen == variant else chosen
+
+
+def degraded_counter(pb_utils: Any, pipeline: str, model: str) -> Callable[[str, int], None]:
+    """``count(to_variant, n)``: Triton's custom metric :data:`DEGRADED_METRIC` (``/metrics``),
+    labelled by pipeline, model and variant; a no-op where the stub has no metrics API."""
+    family_cls = getattr(pb_utils, "MetricFamily", None)
+    if family_cls is None:
+        return lambda _to, _n: None
+    family = family_cls(
+        name=DEGRADED_METRIC,
+        description="answers served by a degraded (cheaper) variant because the default one "
+        "was overloaded",
+        kind=family_cls.COUNTER,
+    )
+    metrics: dict[str, Any] = {}
+
+    def count(to: str, n: int) -> None:
+        if to not in metrics:
+            metrics[to] = family.Metric(labels={"pipeline": pipeline, "model": model, "to": to})
+        metrics[to].increment(n)
+
+    return count
 
 
 def plan_encoder_calls(

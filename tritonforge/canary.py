@@ -23,7 +23,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from tritonforge.pipelines import Pipeline, from_repository
+from tritonforge.pipelines import PRIORITY_PARAMETER, TOP_PRIORITY, Pipeline, from_repository
 
 CANARY_TEXT = "tritonforge liveness canary"
 
@@ -41,8 +41,10 @@ def canary_models(pipelines: dict[str, Pipeline]) -> list[tuple[Pipeline, str]]:
 
 
 def request_body(pipeline: Pipeline) -> bytes:
-    """One text into the pipeline's input, its first output back as JSON."""
+    """One text into the pipeline's input, its first output back as JSON, at the top priority
+    level (a probe must not queue behind bulk traffic at a peak and be taken for a dead pod)."""
     body = {
+        "parameters": {PRIORITY_PARAMETER: TOP_PRIORITY},
         "inputs": [
             {"name": pipeline.input, "shape": [1, 1], "datatype": "BYTES", "data": [CANARY_TEXT]}
         ],

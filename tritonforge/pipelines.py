@@ -20,6 +20,10 @@ VARIANTS = ("fp32", "int8", "torchscript")
 
 PIPELINE_KEY = "tritonforge.pipeline"
 TASK_KEY = "tritonforge.task"
+# Triton's request priority (a reserved request parameter): 1 is served first; requests without
+# one get the last of the pipeline's levels (PipelineSpec.priority_levels), bulk traffic.
+PRIORITY_PARAMETER = "priority"
+TOP_PRIORITY = 1
 ROLE_KEY = "tritonforge.role"  # tokenizer | encoder | postprocess | ensemble | bls
 VARIANT_KEY = "tritonforge.variant"  # encoders and ensembles
 LABELS_KEY = "tritonforge.labels"  # classification: JSON list, index order

@@ -72,7 +72,8 @@ def test_health_and_metadata(pipeline_server: EmbeddedServer) -> None:
             meta = c.metadata(pipeline="bls")
             assert meta["name"] == "embed_bls"
             assert [i["name"] for i in meta["inputs"]] == ["text"]
-            assert [o["name"] for o in meta["outputs"]] == ["embedding"]
+            # the BLS also says which variant answered (docs/reliability.md, degradation)
+            assert [o["name"] for o in meta["outputs"]] == ["embedding", "variant"]
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -92,14 +93,24 @@ def test_invalid_request_fails_at_once_without_retries(
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_connection_refused_is_retried_until_the_deadline(protocol: str) -> None:
+    from tritonforge.client.breaker import BreakerPolicy, CircuitBreaker
+
     url = f"127.0.0.1:{free_port()}"  # nothing listens there
+    off = CircuitBreaker(url, BreakerPolicy(0))  # the deadline alone (the breaker: below)
     with (
-        EmbeddingClient(url, protocol, max_attempts=1000, deadline_s=1.0) as c,
+        EmbeddingClient(url, protocol, max_attempts=1000, deadline_s=1.0, breaker=off) as c,
         pytest.raises(ConnectionFailedError) as info,
     ):
         c.embed(["hello"])
     assert info.value.attempts > 1
     assert "deadline 1 s" in str(info.value)
+    # with the default breaker the retries stop when it opens (no retry storm), before that
+    with (
+        EmbeddingClient(url, protocol, max_attempts=1000, deadline_s=30.0) as c,
+        pytest.raises(ConnectionFailedError, match=r"circuit for .* opened") as info,
+    ):
+        c.embed(["hello"])
+    assert info.value.attempts == c.breaker.policy.failure_threshold
 
 
 def test_async_connection_refused_is_retried_until_the_deadline() -> None:

@@ -3,6 +3,7 @@ the liveness canary discovers what to call (config-only repositories, no server)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.fake_repository import write_model, write_pipeline
@@ -67,6 +68,7 @@ def test_the_canary_calls_each_pipelines_fp32_ensemble_and_bls(tmp_path: Path) -
     ]
     body = request_body(found["classify"]).decode()
     assert '"name": "text"' in body and '"name": "probabilities"' in body
+    assert json.loads(body)["parameters"] == {"priority": 1}  # canaries jump the bulk queue
 
 
 def test_gpu_check_defaults_to_the_discovered_onnx_encoders(tmp_path: Path) -> None:

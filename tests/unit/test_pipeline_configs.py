@@ -69,7 +69,20 @@ def test_classification_pipeline_with_two_versions(tmp_path: Path, checkpoint: P
     assert bls.parameters["encoder_models"] == "fp32=ab_encoder_fp32"
     assert bls.parameters["versions"] == "1,2"
     assert bls.parameters["version_weights"] == "1=90,2=10"
-    assert [o.name for o in bls.outputs][-1] == "model_version"
+    assert [o.name for o in bls.outputs][-2:] == ["model_version", "variant"]
+    # degradation: declared off (requests may still opt in), thresholds from the spec
+    assert spec.bls is not None
+    degrade = spec.bls.degrade
+    assert bls.parameters["degrade_enabled"] == "false"
+    assert bls.parameters["degrade_to"] == degrade.to
+    assert bls.parameters["degrade_max_queued"] == str(degrade.max_queued)
+    assert bls.parameters["degrade_max_queue_delay_ms"] == str(degrade.max_queue_delay_ms)
+    # priority levels on every queue the pipeline owns, unmarked requests at the last (bulk)
+    for model in ("ab_bls", "ab_tokenizer", "ab_postprocess"):
+        config = ModelConfig.from_pbtxt((repo / model / "config.pbtxt").read_text())
+        batching = config.raw["dynamic_batching"]
+        assert int(batching["priority_levels"]) == spec.priority_levels == 2, model
+        assert int(batching["default_priority_level"]) == spec.priority_levels, model
     pipeline = from_repository(repo)["ab"]
     assert pipeline.labels == tiny_checkpoints.LABELS and pipeline.dim == 3
     assert pipeline.ensembles == {"fp32": "ab"} and pipeline.bls == "ab_bls"

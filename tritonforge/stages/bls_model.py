@@ -5,7 +5,9 @@ alone), tokenize every text in one batch, run one encoder call per variant and s
 Embeddings are returned as the encoder computes them; a classifier's logits are turned into
 labels, probabilities and the (per-request ``top_k``) best classes here. With several model
 versions, a request pins one (parameter ``version``) or the canary split picks one by request id;
-``model_version`` in the response says which answered.
+``model_version`` in the response says which answered. When the instance is overloaded (or the
+default encoder refuses a call), requests that allow it are answered by their ``fallback``
+variant (docs/reliability.md); ``variant`` in the response says which answered.
 """
 
 import triton_python_backend_utils as pb_utils
@@ -15,9 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from tritonforge.bls import (
+    LoadMonitor,
     build_plan,
     call_encoder,
+    degraded_counter,
     plan_encoder_calls,
+    refused,
+    request_fallback,
     request_top_k,
     request_variant,
     request_version,
@@ -27,6 +33,7 @@ from tritonforge.classify import classify
 from tritonforge.errors import ServingError
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.pipelines import PIPELINE_KEY
 from tritonforge.text import TextTokenizer, decode_texts, split_tokens
 from tritonforge.triton import encode_response, error_response
 
@@ -44,6 +51,9 @@ class TritonPythonModel:
             outputs=settings.outputs,
             pad_id=settings.pad_id,
         )
+        self.monitor = LoadMonitor(self.plan.degrade)
+        pipeline = self.config.param(PIPELINE_KEY, self.config.name, str)
+        self.count_degraded = degraded_counter(pb_utils, pipeline, self.config.name)
 
     def _decode(self, request):
         params = request.parameters()
@@ -52,16 +62,33 @@ class TritonPythonModel:
         values = pb_utils.get_input_tensor_by_name(request, self.plan.text_input).as_numpy()
         texts = decode_texts(values, self.plan.text_input, self.plan.limits)
         version = request_version(params, request.request_id() or "\n".join(texts), self.plan)
-        return (variant, version), top_k, texts
+        fallback = request_fallback(params, variant, self.plan)
+        return (variant, version, fallback), top_k, texts
 
-    def _outputs(self, rows, top_k, version):
+    def _outputs(self, rows, top_k, version, variant):
         post = self.plan.postprocess
         out = {self.plan.output: rows} if post is None else classify(rows, post.labels, top_k)
         if self.plan.version_output:
             out[self.plan.version_output] = np.full((len(rows), 1), version, dtype=np.int32)
+        if self.plan.variant_output:
+            out[self.plan.variant_output] = np.full((len(rows), 1), variant.encode(), np.object_)
         return out
 
     def execute(self, requests):
+        overloaded = self.monitor.start(len(requests))
+        try:
+            return self._execute(requests, overloaded)
+        finally:
+            self.monitor.end()
+
+    def _run(self, route, batch, version, requests):
+        # One call serves several requests: its trace spans go under the first one's.
+        trace = requests[batch.members[0].request_index].trace()
+        return call_encoder(
+            pb_utils, route, batch.inputs, self.plan.stage_timeout_ms, trace, version
+        )
+
+    def _execute(self, requests, overloaded):
         responses = [None] * len(requests)
         by_route = {}
         top_ks = {}
@@ -72,7 +99,10 @@ class TritonPythonModel:
                 responses[i] = error_response(pb_utils, e, self.config.name)
                 continue
             by_route.setdefault(key, []).append((i, texts))
-        for (variant, version), members in by_route.items():
+        for (requested, version, fallback), members in by_route.items():
+            variant = requested
+            if fallback is not None and overloaded:
+                variant, fallback = fallback, None
             route = self.plan.routes[variant]
             texts = [t for _, ts in members for t in ts]
             parts = split_tokens(
@@ -82,14 +112,21 @@ class TritonPythonModel:
             )
             indexed = [(i, part) for (i, _), part in zip(members, parts, strict=True)]
             for batch in plan_encoder_calls(indexed, route):
-                # One call serves several requests: its trace spans go under the first one's.
-                trace = requests[batch.members[0].request_index].trace()
+                answered, used = route, variant
                 try:
-                    out = call_encoder(
-                        pb_utils, route, batch.inputs, self.plan.stage_timeout_ms, trace, version
-                    )
-                    for i, rows in split_encoder_output(out, batch, route):
-                        outputs = self._outputs(rows, top_ks[i], version)
+                    try:
+                        out = self._run(route, batch, version, requests)
+                    except Exception as e:
+                        spare = self.plan.routes.get(fallback or "")
+                        if spare is None or spare.inputs != route.inputs or not refused(e):
+                            raise
+                        # the default encoder refused (queue full / timed out): degrade
+                        answered, used = spare, fallback
+                        out = self._run(answered, batch, version, requests)
+                    if used != requested:
+                        self.count_degraded(used, len(batch.members))
+                    for i, rows in split_encoder_output(out, batch, answered):
+                        outputs = self._outputs(rows, top_ks[i], version, used)
                         responses[i] = encode_response(pb_utils, outputs, self.config)
                 except Exception as e:
                     for m in batch.members:

@@ -1,0 +1,75 @@
+"""A short real ramp (Locust) past a tiny BLS queue: per-second rows, degradation off and on,
+and the same ramp through the client with its breaker. The 60 s 3x peak is ``make ramp``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_degrade import degrading_repository
+from tritonforge.loadtest.ramp import OUTCOMES, RampPlan, locust_ramp
+from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PLAN = RampPlan(base_users=2, peak_users=16, ramp_s=2.0, peak_s=5.0)
+# 16 texts a request, 16 requests a second: several times what fp32 answers here
+EXTRA = ("--texts-per-request", "16", "--request-timeout-s", "30")
+
+
+@pytest.fixture(scope="module")
+def tiny_queue_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    """The BLS with a 2-request queue; degradation declared off, any back-to-back execute
+    counts as overloaded (so a request that opts in is degraded as soon as a queue forms)."""
+    repo = degrading_repository(
+        tmp_path_factory.mktemp("ramp") / "repo", degrade_max_queue_delay_ms="1"
+    )
+    config = (repo / "embed_bls" / "config.pbtxt").read_text()
+    assert "max_queue_size: 32" in config
+    (repo / "embed_bls" / "config.pbtxt").write_text(
+        config.replace("max_queue_size: 32", "max_queue_size: 2")
+    )
+    with EmbeddedServer(ServerSettings.ephemeral(repo)) as server:
+        yield server
+
+
+def ramp(server: EmbeddedServer, tmp_path: Path, user: str, fallback: str) -> dict[str, object]:
+    return locust_ramp(
+        f"http://{server.http_url}",
+        user,
+        PLAN,
+        tmp_path / f"{user}-{fallback}.json",
+        fallback=fallback,
+        slo_p99_ms=60_000.0,
+        extra=EXTRA,
+    )
+
+
+def test_ramp_reports_per_second_and_only_opted_in_requests_degrade(
+    tiny_queue_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    off = ramp(tiny_queue_server, tmp_path, "RampHttpUser", "none")
+    on = ramp(tiny_queue_server, tmp_path, "RampHttpUser", "int8")
+    for result in (off, on):
+        seconds = result["seconds"]
+        assert isinstance(seconds, list) and len(seconds) >= PLAN.duration_s - 2, seconds
+        assert all(set(OUTCOMES) | {"second", "p99_ms"} == set(row) for row in seconds)
+        summary = result["report"]
+        assert isinstance(summary, dict) and summary["failed"] == 0, summary
+        assert summary["answered_fp32"] + summary["answered_int8"] > 0, summary
+    off_report, on_report = off["report"], on["report"]
+    assert isinstance(off_report, dict) and isinstance(on_report, dict)
+    assert off_report["refused"] > 0, off_report  # the tiny queue does overflow
+    assert off_report["answered_int8"] == 0, off_report  # off: today's behaviour
+    assert on_report["answered_int8"] > 0, on_report
+
+
+def test_ramp_through_the_client_with_its_breaker(
+    tiny_queue_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    result = ramp(tiny_queue_server, tmp_path, "RampClientUser", "none")
+    summary = result["report"]
+    assert isinstance(summary, dict) and summary["requests"] > 0, summary
+    assert summary["answered_fp32"] > 0 and summary["failed"] == 0, summary

@@ -1,0 +1,49 @@
+"""loadtest.ramp's plain functions: the ramp plan, the per-second rows and the report."""
+
+from __future__ import annotations
+
+import pytest
+
+from tritonforge.loadtest.ramp import RampPlan, per_second, report
+
+
+def test_plan_ramps_linearly_then_holds_the_peak_then_stops() -> None:
+    plan = RampPlan(base_users=2, peak_users=12, ramp_s=10.0, peak_s=5.0)
+    assert [plan.users_at(t) for t in (0.0, 5.0, 9.9, 10.0, 14.9)] == [2, 7, 12, 12, 12]
+    assert plan.users_at(15.0) is None and plan.duration_s == 15.0
+    assert RampPlan(3, 3, 0.0, 1.0).users_at(0.0) == 3  # no ramp: straight to the peak
+    with pytest.raises(ValueError, match="base_users"):
+        RampPlan(5, 4, 1.0, 1.0)
+    with pytest.raises(ValueError, match="peak_s"):
+        RampPlan(1, 4, 1.0, 0.0)
+
+
+SAMPLES = [
+    (100.2, 10.0, "fp32"),
+    (100.7, 30.0, "int8"),
+    (100.9, 1.0, "refused"),
+    (101.1, 50.0, "fp32"),
+    (101.5, 2.0, "breaker_open"),
+    (101.6, 5.0, "something else"),
+]
+
+
+def test_per_second_rows_count_each_outcome_and_the_answered_p99() -> None:
+    rows = per_second(SAMPLES, start_s=100.0)
+    assert [r["second"] for r in rows] == [0, 1]
+    first, second = rows
+    assert (first["fp32"], first["int8"], first["refused"]) == (1, 1, 1)
+    assert first["p99_ms"] == 30.0  # refusals are fast: they do not flatter the p99
+    assert (second["fp32"], second["breaker_open"], second["failed"]) == (1, 1, 1)
+    assert second["p99_ms"] == 50.0
+
+
+def test_report_shares_and_the_p99_gate() -> None:
+    r = report(SAMPLES, slo_p99_ms=40.0)
+    assert (r.requests, r.answered_fp32, r.answered_int8, r.refused) == (6, 2, 1, 1)
+    assert (r.breaker_open, r.failed) == (1, 1)
+    assert r.refused_share == round(1 / 6, 4)
+    assert r.degraded_share == round(1 / 3, 4)  # of the answered
+    assert r.p99_ms == 50.0 and not r.p99_ok
+    assert report(SAMPLES, slo_p99_ms=50.0).p99_ok
+    assert not report([(1.0, 1.0, "refused")], 100.0).p99_ok  # nothing answered is no pass
