@@ -39,6 +39,7 @@ from tritonforge.runtime.logparse import ServerLog, load_failures, port_hint
 from tritonforge.runtime.process import TritonProcess, namespace_prefix
 from tritonforge.runtime.repository_api import RepositoryAPI
 from tritonforge.runtime.settings import ADMIN_KEY_ENV, ServerSettings, free_port
+from tritonforge.runtime.tracing import tracing_enabled
 
 # Re-exported: callers import these from here.
 __all__ = [
@@ -214,6 +215,7 @@ class EmbeddedServer:
             grpc_admin_headers=(GRPC_ADMIN_HEADER, ADMIN_HEADER),
             limits=s.front_limits,
             openai=openai_settings(s.model_repository, s.openai_api_key) if s.openai else None,
+            traced=tracing_enabled(s.extra_args),
         )
 
     def is_ready(self, timeout_s: float = 2.0) -> bool:

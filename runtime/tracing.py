@@ -10,6 +10,7 @@ client span parents the server's ``InferRequest`` span. Tracing costs a little p
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tritonforge.runtime.errors import ServerError
@@ -74,6 +75,11 @@ class TraceSettings:
             f"--trace-config=level={self.level}",
             "--trace-config=count=-1",
         ]
+
+
+def tracing_enabled(triton_args: Sequence[str]) -> bool:
+    """Whether these tritonserver arguments export OpenTelemetry spans."""
+    return "--trace-config=mode=opentelemetry" in triton_args
 
 
 def trace_args(endpoint: str | None, rate: int | None = None) -> list[str]:

@@ -12,7 +12,13 @@ from opentelemetry import trace
 from tritonforge.client.errors import InvalidRequestError
 from tritonforge.client.wire import TRACEPARENT, trace_headers
 from tritonforge.runtime import cli
-from tritonforge.runtime.tracing import TRACE_ENV, TraceConfigError, TraceSettings, trace_args
+from tritonforge.runtime.tracing import (
+    TRACE_ENV,
+    TraceConfigError,
+    TraceSettings,
+    trace_args,
+    tracing_enabled,
+)
 
 
 def serve_args(*argv: str) -> argparse.Namespace:
@@ -88,3 +94,8 @@ def test_trace_headers_fresh_explicit_and_from_the_active_span() -> None:
 def test_malformed_traceparent_is_an_invalid_request(bad: str) -> None:
     with pytest.raises(InvalidRequestError, match="traceparent"):
         trace_headers(bad)
+
+
+def test_tracing_enabled_reads_the_triton_arguments() -> None:
+    assert tracing_enabled(TraceSettings("localhost:4318").triton_args())
+    assert not tracing_enabled(["--log-verbose=0"])
