@@ -45,9 +45,9 @@ def inflight(server: EmbeddedServer) -> tuple[int, int]:
     with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
         text = r.read().decode()
     values = {}
-    for what in ("running", "queued"):
-        m = re.search(rf"^tritonforge_generate_{what}_sequences\{{[^}}]*\}} (\S+)", text, re.M)
-        values[what] = int(float(m.group(1))) if m else -1
+    for what in ("running", "queued"):  # summed over the decoder variants (one model each)
+        found = re.findall(rf"^tritonforge_generate_{what}_sequences\{{[^}}]*\}} (\S+)", text, re.M)
+        values[what] = int(sum(float(v) for v in found)) if found else -1
     return values["running"], values["queued"]
 
 

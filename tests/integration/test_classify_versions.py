@@ -184,7 +184,7 @@ def test_x_model_version_header_pins_the_version_over_http(server: EmbeddedServe
     for n in (1, 2):
         result = infer(server, "http", "ab_bls", headers={"X-Model-Version": str(n)})
         assert result.as_numpy("model_version").reshape(-1).tolist() == [n] * len(TEXTS)
-    with pytest.raises(InferenceServerException, match="X-Model-Version must be a positive"):
+    with pytest.raises(InferenceServerException, match="X-Model-Version must be"):
         infer(server, "http", "ab_bls", headers={"X-Model-Version": "latest"})
 
 

@@ -130,10 +130,13 @@ def test_limits_give_clear_errors_on_both_protocols(pipeline_server: EmbeddedSer
             c.generate("hi", stream=False, temperature=-1)
 
 
-def _gauge(server: EmbeddedServer, what: str) -> float:
+def _gauge(server: EmbeddedServer, what: str, model: str = "generate") -> float:
+    """``model``'s gauge (each decoder variant is its own model with its own gauge)."""
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read()
     m = re.search(
-        rf"^tritonforge_generate_{what}_sequences\{{[^}}]*\}} (\S+)$", text.decode(), re.M
+        rf'^tritonforge_generate_{what}_sequences\{{[^}}]*model="{model}"[^}}]*\}} (\S+)$',
+        text.decode(),
+        re.M,
     )
     assert m, f"gauge tritonforge_generate_{what}_sequences missing from /metrics"
     return float(m.group(1))
