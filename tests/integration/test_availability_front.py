@@ -208,7 +208,7 @@ def classify_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedd
         if p.is_dir() and (p.name.startswith("classify") or p.name in MINIMAL)
     ]
     if "classify_bls" not in models:
-        pytest.skip("the classify pipeline is not exported (make export)")
+        pytest.skip(reason="the classify pipeline is not exported (make export)")
     repo = linked_repository(tmp_path_factory.mktemp("cls") / "repo", tuple(models))
     with EmbeddedServer(ServerSettings.ephemeral(repo)) as server:
         yield server

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 def test_chaos_run_keeps_every_gate(tmp_path: Path) -> None:
     if not from_repository(PIPELINE_REPOSITORY):
-        pytest.skip("no pipeline exported: run `make export`")
+        pytest.skip(reason="no pipeline exported: run `make export`")
     repo = linked_repository(tmp_path / "repo", tuple(model_names(PIPELINE_REPOSITORY)))
     # One round of every fault, 2 s apart (a stub kill first), then 28 s without faults: each
     # kill's recovery is measured. `make chaos` gates recovery at 10 s; on 2 shared, busy cores

@@ -31,7 +31,9 @@ def _group() -> Generator | None:
 def group() -> Generator:
     found = _group()
     if found is None:
-        pytest.skip(f"no {GROUP!r} generation models in {PIPELINE_REPOSITORY} (run `make export`)")
+        pytest.skip(
+            reason=f"no {GROUP!r} generation models in {PIPELINE_REPOSITORY} (run `make export`)"
+        )
     return found
 
 
