@@ -260,6 +260,67 @@ def infer_rows(
     return out
 
 
+def batch_extents(
+    inputs: Mapping[str, np.ndarray],
+    pad_values: Mapping[str, float | int],
+    axis_names: AxisNames,
+) -> dict[str, int]:
+    """Axis name -> the batch's length without the padding every row shares at its end: the last
+    position where some row of some padded input differs from its pad value, plus one (at least
+    1). :func:`row_extents` for all rows at once."""
+    extents: dict[str, int] = {}
+    for name, arr in inputs.items():
+        if name not in pad_values:
+            continue
+        for axis, axis_name in enumerate(axis_names.get(name, ())):
+            if axis == 0 or not axis_name or axis >= arr.ndim:
+                continue
+            part = np.moveaxis(arr, axis, 0).reshape(arr.shape[axis], -1)
+            used = np.flatnonzero((part != pad_values[name]).any(axis=1))
+            extents[axis_name] = max(
+                extents.get(axis_name, 1), int(used[-1]) + 1 if used.size else 1
+            )
+    return extents
+
+
+def _pad_back(arr: np.ndarray, names: Sequence[str | None], full: Mapping[str, int]) -> np.ndarray:
+    widths = [(0, 0)]
+    for a in range(1, arr.ndim):
+        axis_name = names[a] if a < len(names) else None
+        widths.append((0, full[axis_name] - arr.shape[a] if axis_name and axis_name in full else 0))
+    return np.pad(arr, widths) if any(w for _, w in widths) else arr
+
+
+def infer_trimmed(
+    inputs: Mapping[str, np.ndarray],
+    infer: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
+    pad_values: Mapping[str, float | int],
+    axis_names: AxisNames,
+) -> dict[str, np.ndarray]:
+    """Run a batch cut to :func:`batch_extents` (named outputs padded back with zeros to the
+    inputs' extent, so :func:`split_outputs` still applies).
+
+    The tokenizer pads every text to a multiple of 16 tokens (so that same-bucket requests can
+    batch on a GPU); on a CPU the trailing padding is computed like real tokens, ~15-25% of an
+    encoder call on the corpus (docs/performance.md). A lone request then runs at its own length,
+    exactly like the in-process limit. Only positions where *every* padded input holds its pad
+    value in *every* row are cut, i.e. positions the model masks out anyway."""
+    extents = batch_extents(inputs, pad_values, axis_names)
+    full = _sizes(inputs, axis_names)
+    if all(full.get(n) == e for n, e in extents.items()):
+        return dict(infer(dict(inputs)))
+    cut: dict[str, np.ndarray] = {}
+    for n, a in inputs.items():
+        names = axis_names.get(n, ())
+        index = [slice(None)] * a.ndim
+        for axis in range(1, a.ndim):
+            name = names[axis] if axis < len(names) else None
+            if name and name in extents:
+                index[axis] = slice(0, extents[name])
+        cut[n] = np.ascontiguousarray(a[tuple(index)])
+    return {n: _pad_back(v, axis_names.get(n, ()), full) for n, v in infer(cut).items()}
+
+
 # Ops whose output scale spans the whole input tensor (every row and the padding of a batch).
 PER_TENSOR_DYNAMIC_OPS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul"})
 BATCH_ROWS = ("auto", "together", "alone")

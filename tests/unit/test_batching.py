@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from tritonforge.batching import (
+    batch_extents,
     infer_rows,
+    infer_trimmed,
     plan_batches,
     row_extents,
     rows_alone,
@@ -172,6 +174,45 @@ def test_row_extents_trim_only_trailing_padding() -> None:
     feed["mask"][1, :] = 0  # an all-padding row still runs with one position
     feed["x"][1, :] = 0
     assert row_extents(feed, 1, PADS, ROW_AXES) == {"sequence": 1}
+
+
+def _padded(feed: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
+    """``feed`` with trailing padding up to ``width`` (what the tokenizer's 16-token bucket adds)."""
+    return {n: np.pad(a, [(0, 0), (0, width - a.shape[1])]) for n, a in feed.items()}
+
+
+def test_infer_trimmed_runs_the_batch_at_its_longest_row() -> None:
+    seen: list[tuple[int, ...]] = []
+
+    def model(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen.append(feed["x"].shape)
+        return _per_tensor_scaled(feed)
+
+    feed = _padded(_rows([0.3, 0.71, 0.2], [9.0, 0.0, 3.0, 7.5, 2.0]), 16)
+    out = infer_trimmed(feed, model, PADS, ROW_AXES)
+    assert seen == [(2, 5)]  # the 11 columns of shared padding are not computed
+    assert batch_extents(feed, PADS, ROW_AXES) == {"sequence": 5}
+    # The answer is the unpadded batch's, and named outputs come back at the input's width.
+    unpadded = _per_tensor_scaled(_rows([0.3, 0.71, 0.2], [9.0, 0.0, 3.0, 7.5, 2.0]))
+    assert out["pooled"].tolist() == unpadded["pooled"].tolist()
+    assert out["tokens"].shape == (2, 16)
+    assert out["tokens"][:, :5].tolist() == unpadded["tokens"].tolist()
+    assert not out["tokens"][:, 5:].any()
+
+
+def test_infer_trimmed_keeps_what_is_not_shared_padding() -> None:
+    feed = _padded(_rows([1.0, 0.0, 0.0]), 4)
+    feed["mask"][0, :3] = 1  # zeros inside the mask's span are real tokens
+    calls: list[tuple[int, ...]] = []
+    infer_trimmed(feed, lambda f: calls.append(f["x"].shape) or {"y": f["x"]}, PADS, ROW_AXES)
+    assert calls == [(1, 3)]
+    unpadded = _rows([1.0, 2.0])  # no padding at all: the batch runs as it is, not copied
+    same: list[bool] = []
+    infer_trimmed(unpadded, lambda f: same.append(f["x"] is unpadded["x"]) or {}, PADS, ROW_AXES)
+    assert same == [True]
+    # An input without a pad value is never cut.
+    extents = batch_extents(_padded(_rows([1.0]), 4), {"mask": 0}, {"x": ROW_AXES["x"]})
+    assert extents == {}
 
 
 def test_rows_alone_is_decided_from_the_graph(tmp_path: Path) -> None:

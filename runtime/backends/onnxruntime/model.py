@@ -10,7 +10,9 @@ tensor names/dtypes, ``max_batch_size``, ``parameters.intra_op_thread_count`` /
 row of a merged batch by itself, cut to its unpadded length (:func:`tritonforge.batching.infer_rows`),
 so that a request's answer does not depend on who shares its batch. ``auto`` does that when the
 graph quantizes activations with one scale per tensor at run time (``DynamicQuantizeLinear``:
-dynamic int8), where batching and padding would change every row's scale.
+dynamic int8), where batching and padding would change every row's scale. Otherwise the merged
+batch runs cut to its longest row (:func:`tritonforge.batching.infer_trimmed`): the padding every
+row shares is not computed.
 """
 
 import triton_python_backend_utils as pb_utils
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from tritonforge.batching import infer_rows, rows_alone
+from tritonforge.batching import infer_rows, infer_trimmed, rows_alone
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.triton import execute_batched, pad_values_from
@@ -62,7 +64,7 @@ class TritonPythonModel:
         feed = {k: v for k, v in inputs.items() if k in self.graph_inputs}
         if self.rows_alone:
             return infer_rows(feed, self._run, self.pad_values, self.axis_names)
-        return self._run(feed)
+        return infer_trimmed(feed, self._run, self.pad_values, self.axis_names)
 
     def execute(self, requests):
         return execute_batched(
