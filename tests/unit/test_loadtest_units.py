@@ -138,6 +138,42 @@ def test_bench_aggregates_a_failed_round_without_losing_the_cell() -> None:
     assert rows[0]["server_cpu_ms_per_request"] == 12.5
 
 
+def test_bench_reports_the_in_process_limit_targets_for_every_text_pipeline() -> None:
+    """Issue 20 item 2: p50 at 1 client <= in-process + 2 ms, 16 clients >= 0.9x the in-process
+    batch-1 limit, for the embedding *and* the classification ensembles, each with its ratio."""
+
+    def row(task: str, name: str, conc: int, p50: float, thr: float) -> Cell:
+        target = Target("triton", "grpc", "ensemble", "fp32", "perf_analyzer", name, task=task)
+        summary = {"requests": 100, "failures": 0, "sentences_per_s": thr, "p50_ms": p50,
+                   "p95_ms": p50, "p99_ms": p50, "window_s": 5.0}  # fmt: skip
+        return Cell(target, conc, summary, 0, "ok", 0.1, {}, 12.5)
+
+    cells = [
+        row("embedding", "embed", 1, 6.5, 150.0),  # +2.5 ms: missed
+        row("embedding", "embed", 16, 6.5, 95.0),  # 0.95x: met, moonshot missed
+        row("classification", "classify", 1, 5.9, 150.0),  # +1.9 ms: met
+        row("classification", "classify", 16, 5.9, 210.0),  # 1.05x: met, moonshot met
+    ]
+    inproc = [
+        {"task": task, "name": name, "variant": "fp32", "batch": 1, "sentences_per_s": 100.0 * k,
+         "p50_ms": 4.0, "p95_ms": 5.0, "p99_ms": 6.0}
+        for task, name, k in (("embedding", "embed", 1), ("classification", "classify", 2))
+    ]  # fmt: skip
+    _, lines = analyse(cells, inproc)
+    wanted = [
+        "MISSED fp32 ensemble grpc/pa @1: p50 6.5 ms = in-process batch-1 p50 +2.5 ms "
+        "(target <= +2 ms; ratio 1.62x)",
+        "MET    fp32 ensemble grpc/pa @16: 0.95x the in-process batch-1 limit "
+        "(target >= 0.90x, moonshot missed: >= 1.0x)",
+        "MET    classify ensemble fp32 grpc/pa @1: p50 5.9 ms = in-process batch-1 p50 +1.9 ms "
+        "(target <= +2 ms; ratio 1.48x)",
+        "MET    classify ensemble fp32 grpc/pa @16: 1.05x the in-process batch-1 limit "
+        "(target >= 0.90x, moonshot met: >= 1.0x)",
+    ]
+    for line in wanted:
+        assert line in lines, f"{line!r} not in {lines}"
+
+
 def test_bench_reports_a_cell_that_never_answered_as_nan() -> None:
     ens = Target("triton", "grpc", "ensemble", "fp32", "perf_analyzer")
     merged, _ = aggregate([_cell(ens, dict(EMPTY_SUMMARY), "failed: x")], [])
