@@ -1,0 +1,41 @@
+"""``loadtest.hops``: the per-hop breakdown's repository trimming and report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tritonforge.loadtest.hops import Hop, report, trimmed_repository
+
+
+def test_trimmed_repository_holds_only_the_named_models(tmp_path: Path) -> None:
+    for name in ("embed", "tokenizer", "generate"):
+        (tmp_path / name / "1").mkdir(parents=True)
+    with trimmed_repository(tmp_path, ["embed", "tokenizer"]) as root:
+        assert sorted(p.name for p in root.iterdir()) == ["embed", "tokenizer"]
+        assert (root / "embed" / "1").is_dir()
+    assert not root.exists()
+
+
+def test_report_shows_each_hop_with_its_server_cpu_and_stage_statistics() -> None:
+    hop = Hop("ensemble", "front")
+    hop.latency_ms = [10.0, 12.0, 11.0]
+    hop.client_cpu_s = 0.003
+    stats = {"queue": 0.1, "compute_input": 0.05, "compute_infer": 9.0, "compute_output": 0.2}
+    result = {
+        "ensemble": "embed",
+        "load_average_at_start": (1.5, 0, 0),
+        "load_average_at_end": (2.5, 0, 0),
+        "hops": [hop.summary()],
+        "servers": {
+            "ensemble/front": {
+                "tritonserver_tree_cpu_ms": 14.0,
+                "stub_cpu_ms": {"encoder_fp32": 12.5},
+                "stats": {"encoder_fp32": stats},
+            }
+        },
+    }
+    text = report(result)
+    assert "load average 1.50 -> 2.50" in text
+    row = next(line for line in text.splitlines() if line.startswith("ensemble"))
+    assert row.split() == ["ensemble", "front", "11.00", "11.00", "1.00", "14.00"]
+    assert "infer   9.00" in text and "stub cpu  12.50" in text
