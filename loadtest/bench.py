@@ -77,6 +77,7 @@ class Target:
     model: str = ""
     parameters: tuple[tuple[str, str], ...] = ()
     task: str = "embedding"  # "classification": loadtest.classify_bench
+    input_name: str = "text"  # the pipeline's text input (discovered)
 
     @property
     def label(self) -> str:
@@ -283,6 +284,7 @@ def run_perf_analyzer_cell(
                 model=model, url=url, protocol=target.protocol, concurrency=concurrency,
                 texts=texts, window_ms=max(1000, int(duration_s * 1000 / 2)), workdir=workdir,
                 parameters=parameters, headers=headers, timeout_s=4 * duration_s + 60,
+                input_name=target.input_name,
             )  # fmt: skip
             status = "ok" if attempt == 1 else "ok (after a failed attempt)"
             break
@@ -749,11 +751,10 @@ def chart(rows: list[dict[str, Any]], inproc: list[dict[str, Any]], path: Path) 
 
 def targets_from(args: argparse.Namespace, pipeline: Pipeline) -> list[Target]:
     """Triton targets: each orchestration x variant of ``pipeline`` (those it serves), over each
-    generator's protocols (classifiers: Locust only, the FastAPI baseline's generator)."""
+    generator's protocols (Locust, the FastAPI baselines' generator, and perf_analyzer, for
+    embedding and classification alike: issue 20 item 2 measures both over gRPC)."""
     out = []
-    generators = [("locust", args.locust_protocols)]
-    if pipeline.task == "embedding":
-        generators.append(("perf_analyzer", args.pa_protocols))
+    generators = [("locust", args.locust_protocols), ("perf_analyzer", args.pa_protocols)]
     for generator, protocols in generators:
         for orchestration in args.pipelines:
             for variant in args.variants:
@@ -780,6 +781,7 @@ def targets_from(args: argparse.Namespace, pipeline: Pipeline) -> list[Target]:
                             model,
                             tuple(parameters.items()),
                             pipeline.task,
+                            pipeline.input,
                         )
                     )
     return out

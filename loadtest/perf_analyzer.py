@@ -85,6 +85,7 @@ def measure(
     parameters: dict[str, str] | None = None,
     headers: dict[str, str] | None = None,
     timeout_s: float | None = None,
+    input_name: str = "text",
 ) -> dict[str, Any]:
     """perf_analyzer's throughput (infer/s), p50/p95/p99 (ms) and server-side breakdown (queue,
     compute per composing model) at one concurrency. Stability checks are off (the machine is
@@ -99,7 +100,7 @@ def measure(
             "perf_analyzer is not installed: python -m tritonforge.loadtest.perf_analyzer install"
         )
     data = workdir / "pa_input.json"
-    data.write_text(json.dumps({"data": [{"text": [t]} for t in texts[:256]]}))
+    data.write_text(json.dumps({"data": [{input_name: [t]} for t in texts[:256]]}))
     out = workdir / f"pa_{model}_{protocol}_{concurrency}.csv"
     command = [
         str(exe), "-m", model, "-u", url, "-i", protocol, "-b", "1",

@@ -174,6 +174,25 @@ def test_bench_reports_the_in_process_limit_targets_for_every_text_pipeline() ->
         assert line in lines, f"{line!r} not in {lines}"
 
 
+def test_bench_loads_classifiers_with_perf_analyzer_too_on_their_discovered_input() -> None:
+    """Issue 20 item 2's targets are measured with perf_analyzer over gRPC for the classification
+    ensembles as well; each text goes in as the pipeline's own input."""
+    import argparse
+
+    from tritonforge.loadtest.bench import targets_from
+    from tritonforge.pipelines import Pipeline
+
+    pipeline = Pipeline("reviews", "classification", {"fp32": "reviews"}, None, (), "review", ())
+    args = argparse.Namespace(
+        locust_protocols=["http"], pa_protocols=["grpc"], pipelines=["ensemble"], variants=["fp32"]
+    )
+    targets = targets_from(args, pipeline)
+    pa = [t for t in targets if t.generator == "perf_analyzer"]
+    assert [(t.model, t.protocol, t.input_name, t.task) for t in pa] == [
+        ("reviews", "grpc", "review", "classification")
+    ]
+
+
 def test_bench_reports_a_cell_that_never_answered_as_nan() -> None:
     ens = Target("triton", "grpc", "ensemble", "fp32", "perf_analyzer")
     merged, _ = aggregate([_cell(ens, dict(EMPTY_SUMMARY), "failed: x")], [])
