@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from tritonforge.loadtest.ramp import RampPlan, per_second, report
+from tritonforge.loadtest import ramp as ramp_module
+from tritonforge.loadtest.ramp import RampPlan, gate, per_second, report
+from tritonforge.loadtest.slo import SloThresholds
 
 
 def test_plan_ramps_linearly_then_holds_the_peak_then_stops() -> None:
@@ -47,3 +51,49 @@ def test_report_shares_and_the_p99_gate() -> None:
     assert r.p99_ms == 50.0 and not r.p99_ok
     assert report(SAMPLES, slo_p99_ms=50.0).p99_ok
     assert not report([(1.0, 1.0, "refused")], 100.0).p99_ok  # nothing answered is no pass
+
+
+def _run(
+    requests: int, fp32: int, int8: int, refused: int, p99_ok: bool = True
+) -> dict[str, object]:
+    summary = report(
+        [(1.0, 10.0, "fp32")] * fp32
+        + [(1.0, 10.0, "int8")] * int8
+        + [(1.0, 1.0, "refused")] * refused
+        + [(1.0, 1.0, "failed")] * (requests - fp32 - int8 - refused),
+        slo_p99_ms=100.0 if p99_ok else 1.0,
+    )
+    return {"report": summary.as_dict(), "seconds": []}
+
+
+def test_the_gate_passes_when_degrading_refuses_less_within_the_slo() -> None:
+    results = {"degrade_off": _run(100, 40, 0, 60), "degrade_on": _run(100, 5, 70, 25)}
+    assert gate(results) == []
+
+
+def test_the_gate_names_each_breach() -> None:
+    not_fewer = gate({"degrade_off": _run(100, 40, 0, 30), "degrade_on": _run(100, 0, 70, 30)})
+    assert len(not_fewer) == 1 and "not fewer than off (30.0%)" in not_fewer[0]
+    slow = gate({"degrade_off": _run(10, 4, 0, 6), "degrade_on": _run(10, 0, 9, 1, False)})
+    assert len(slow) == 1 and "p99" in slow[0] and "SLO gate 1 ms" in slow[0]
+    # off must be today's behaviour, and a peak that refused nothing proves nothing
+    off_degraded = gate({"degrade_off": _run(10, 4, 1, 0), "degrade_on": _run(10, 0, 10, 0)})
+    assert any("off answered 1 requests from int8" in b for b in off_degraded)
+    assert any("never passed capacity" in b for b in off_degraded)
+    with pytest.raises(ValueError, match="degrade_on"):
+        gate({"degrade_off": _run(10, 4, 0, 6)})
+
+
+def test_the_ramp_gates_p99_on_the_load_tests_slo_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    captured: list[argparse.Namespace] = []
+
+    def fake_run(args: argparse.Namespace) -> int:
+        captured.append(args)
+        return 0
+
+    monkeypatch.setattr(ramp_module, "run", fake_run)
+    assert ramp_module.main(["--host", "http://x:1", "--", "--texts-per-request", "2"]) == 0
+    assert captured[0].slo_p99_ms == SloThresholds().p99_ms
+    assert captured[0].locust_args == ["--texts-per-request", "2"]
