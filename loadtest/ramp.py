@@ -166,6 +166,60 @@ def _report(results: Mapping[str, object], name: str) -> dict[str, float]:
     return summary
 
 
+# Triton's cumulative per-model counters (/metrics) that split a request's time.
+_TIME_METRICS = {
+    "nv_inference_request_success": "requests",
+    "nv_inference_exec_count": "executions",
+    "nv_inference_queue_duration_us": "queue_us",
+    "nv_inference_compute_infer_duration_us": "compute_us",
+}
+
+
+def parse_model_metrics(text: str) -> dict[str, dict[str, float]]:
+    """``/metrics`` text -> model -> {requests, executions, queue_us, compute_us} (summed over
+    versions)."""
+    out: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        key = _TIME_METRICS.get(name)
+        if key is None or 'model="' not in rest:
+            continue
+        model = rest.split('model="', 1)[1].split('"', 1)[0]
+        row = out.setdefault(model, dict.fromkeys(_TIME_METRICS.values(), 0.0))
+        row[key] += float(rest.rsplit(" ", 1)[1])
+    return out
+
+
+def where_time_went(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Per model that answered requests between the two scrapes: requests, mean requests per
+    execution, mean queue and compute ms per request (Triton's own view, not the client's)."""
+    out = {}
+    for model, now in after.items():
+        was = before.get(model, dict.fromkeys(now, 0.0))
+        d = {k: now[k] - was.get(k, 0.0) for k in now}
+        if d["requests"] <= 0:
+            continue
+        out[model] = {
+            "requests": d["requests"],
+            "requests_per_execution": round(d["requests"] / max(1.0, d["executions"]), 1),
+            "queue_ms": round(d["queue_us"] / d["requests"] / 1000.0, 1),
+            "compute_ms": round(d["compute_us"] / d["requests"] / 1000.0, 1),
+        }
+    return out
+
+
+def _scrape(url: str) -> dict[str, dict[str, float]]:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return parse_model_metrics(response.read().decode())
+    except OSError:
+        return {}
+
+
 def locust_ramp(
     host: str,
     user: str,
@@ -234,6 +288,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("build/ramp.json"))
     parser.add_argument(
+        "--metrics-url",
+        default="",
+        help="Triton's /metrics, to split each run's time per model into queue and compute "
+        "(default: the embedded server's; none with --host)",
+    )
+    parser.add_argument(
         "locust_args",
         nargs="*",
         help="after --: passed to every Locust run (e.g. --texts-per-request 4)",
@@ -246,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with serving(args.model_repository) as server:
         args.host = f"http://{server.wait_ready().http_url}"
         args.extra = ("--model-repository", str(args.model_repository))  # discovery from files
+        args.metrics_url = args.metrics_url or server.metrics_url
         return run(args)
 
 
@@ -276,6 +337,7 @@ def run(args: argparse.Namespace) -> int:
             ("degrade_on", "RampHttpUser", "int8"),
             ("client_breaker", "RampClientUser", "none"),
         ):
+            before = _scrape(args.metrics_url) if args.metrics_url else {}
             results[name] = locust_ramp(
                 args.host,
                 user,
@@ -285,6 +347,10 @@ def run(args: argparse.Namespace) -> int:
                 slo_p99_ms=args.slo_p99_ms,
                 extra=extra,
             )
+            if args.metrics_url:
+                triton = where_time_went(before, _scrape(args.metrics_url))
+                results[name]["triton"] = triton  # type: ignore[index]
+                print(f"{name} (Triton's view): {json.dumps(triton)}")
             summary = results[name]["report"]  # type: ignore[index]
             print(f"{name}: {json.dumps(summary)}")
     breaches = gate(results)

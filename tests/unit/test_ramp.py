@@ -7,7 +7,14 @@ import argparse
 import pytest
 
 from tritonforge.loadtest import ramp as ramp_module
-from tritonforge.loadtest.ramp import RampPlan, gate, per_second, report
+from tritonforge.loadtest.ramp import (
+    RampPlan,
+    gate,
+    parse_model_metrics,
+    per_second,
+    report,
+    where_time_went,
+)
 from tritonforge.loadtest.slo import SloThresholds
 
 
@@ -97,3 +104,37 @@ def test_the_ramp_gates_p99_on_the_load_tests_slo_by_default(
     assert ramp_module.main(["--host", "http://x:1", "--", "--texts-per-request", "2"]) == 0
     assert captured[0].slo_p99_ms == SloThresholds().p99_ms
     assert captured[0].locust_args == ["--texts-per-request", "2"]
+
+
+METRICS = """# HELP nv_inference_request_success Number of successful inference requests
+nv_inference_request_success{model="embed_bls",version="1"} 10
+nv_inference_exec_count{model="embed_bls",version="1"} 2
+nv_inference_queue_duration_us{model="embed_bls",version="1"} 30000
+nv_inference_compute_infer_duration_us{model="embed_bls",version="1"} 50000
+nv_inference_request_success{model="encoder_int8",version="1"} 4
+nv_inference_request_failure{model="embed_bls",reason="REJECTED",version="1"} 99
+"""
+
+
+def test_where_time_went_splits_each_models_time_per_request() -> None:
+    before = parse_model_metrics(METRICS)
+    assert before["embed_bls"] == {
+        "requests": 10,
+        "executions": 2,
+        "queue_us": 30000,
+        "compute_us": 50000,
+    }
+    after = parse_model_metrics(
+        METRICS.replace("} 10\n", "} 30\n")
+        .replace("} 2\n", "} 4\n")
+        .replace("} 30000\n", "} 1030000\n")
+        .replace("} 50000\n", "} 250000\n")
+    )
+    assert where_time_went(before, after) == {
+        "embed_bls": {
+            "requests": 20,
+            "requests_per_execution": 10.0,
+            "queue_ms": 50.0,
+            "compute_ms": 10.0,
+        }
+    }  # encoder_int8 answered nothing in between: left out
