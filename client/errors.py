@@ -33,6 +33,16 @@ class ServerUnavailableError(ClientError):
     transient = True
 
 
+class OverloadedError(ServerUnavailableError):
+    """The server refused the call for overload (a full queue, a request that waited past its
+    queue timeout, generation's admission bound): HTTP 503 / gRPC ``UNAVAILABLE`` saying so.
+
+    Transient and retried like any :class:`ServerUnavailableError`; a caller that can degrade
+    catches this one (e.g. asks again with ``fallback="int8"``, serves a cached answer or sheds
+    the work) where a plain ``UNAVAILABLE`` may also mean a restart (docs/reliability.md).
+    """
+
+
 class CircuitOpenError(ServerUnavailableError):
     """The client's circuit breaker for ``server`` is open: failing fast without calling it.
 

@@ -32,6 +32,7 @@ from tritonforge.client.errors import (
     ClientError,
     DeadlineExceededError,
     InvalidRequestError,
+    OverloadedError,
     ResponseError,
     ServerError,
     ServerUnavailableError,
@@ -73,6 +74,8 @@ def classify(message: str, context: str) -> ClientError:
     the generate model's messages name overload/shutdown and the offending field."""
     lowered = message.lower()
     text = f"{context}: {message}"
+    if "overloaded" in lowered:
+        return OverloadedError(f"{text} (retry later or degrade)")
     if any(h in lowered for h in _UNAVAILABLE_HINTS):
         return ServerUnavailableError(f"{text} (retry later)")
     if any(h in lowered for h in _INVALID_HINTS):

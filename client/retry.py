@@ -25,6 +25,7 @@ from tritonforge.client.errors import (
     DeadlineExceededError,
     InvalidRequestError,
     ModelNotFoundError,
+    OverloadedError,
     ServerError,
     ServerUnavailableError,
 )
@@ -50,6 +51,8 @@ _RESTART_HINTS = (
     "stub process",
     "tritonserver not reachable",
 )
+# What a model's queue (Triton) or generation's admission answers when it refuses for overload.
+_OVERLOAD_HINTS = ("exceeds maximum queue size", "request timeout expired", "overloaded")
 _INVALID_GRPC = {
     "INVALID_ARGUMENT",
     "FAILED_PRECONDITION",
@@ -108,6 +111,12 @@ def _aiohttp_error() -> type[BaseException] | None:
     return aiohttp.ClientError
 
 
+def _unavailable(text: str, message: str) -> ServerUnavailableError:
+    if any(hint in message.lower() for hint in _OVERLOAD_HINTS):
+        return OverloadedError(f"{text} (overloaded; retry later or degrade)")
+    return ServerUnavailableError(f"{text} (server or model not ready; retry later)")
+
+
 def _from_status(status: str, message: str, context: str) -> ClientError:
     text = f"{context}: {message}"
     if any(hint in message.lower() for hint in _RESTART_HINTS):
@@ -117,7 +126,7 @@ def _from_status(status: str, message: str, context: str) -> ClientError:
         if code == 404:
             return ModelNotFoundError(f"{text} (is the model name right and the model loaded?)")
         if code == 503:
-            return ServerUnavailableError(f"{text} (server or model not ready; retry later)")
+            return _unavailable(text, message)
         if code in (408, 504):
             return DeadlineExceededError(text)
         if 400 <= code < 500:
@@ -132,7 +141,7 @@ def _from_status(status: str, message: str, context: str) -> ClientError:
             )
         if any(hint in lowered for hint in _CONNECTION_HINTS):
             return ConnectionFailedError(f"{text} (is the server running at that address?)")
-        return ServerUnavailableError(f"{text} (server or model not ready; retry later)")
+        return _unavailable(text, message)
     if name == "NOT_FOUND":
         return ModelNotFoundError(f"{text} (is the model name right and the model loaded?)")
     if name in _INVALID_GRPC:

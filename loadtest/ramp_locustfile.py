@@ -4,10 +4,13 @@ Users (one request per second each, so the user count is the offered rate; the s
 :class:`RampShape` ramps them per ``--ramp-*``):
 
 * ``RampHttpUser``: KServe-v2 JSON to the BLS with ``fallback`` = ``--ramp-fallback``; an answer
-  is counted by the ``variant`` output that produced it, a 503 as refused.
+  is counted by the ``variant`` output that produced it, a 503 as refused. Open loop: each
+  request runs in its own greenlet, so a user offers one request a second however slow the
+  answers are (a closed loop would offer less as latency grows, and a "3x" peak would not be).
 * ``RampClientUser``: the same through :class:`client.sync.EmbeddingClient` (``pipeline="bls"``)
   with its retries and circuit breaker; a :class:`CircuitOpenError` is counted as
-  ``breaker_open`` (failed fast, the server saw nothing).
+  ``breaker_open`` (failed fast, the server saw nothing). Closed loop (a call blocks its user,
+  as in an application), so it offers less than the HTTP ramp once answers take over a second.
 * ``RampSaturationUser``: closed loop (no wait), to measure the saturation rate.
 
 At quit ``--ramp-out`` gets ``{"seconds": [...], "report": {...}}`` (:func:`loadtest.ramp.report`)
@@ -18,10 +21,12 @@ measurement here, not a failure of the run.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
+from gevent.pool import Group
 from locust import FastHttpUser, LoadTestShape, User, constant, constant_throughput, events, task
 from locust.env import Environment
 
@@ -29,7 +34,10 @@ from tritonforge.loadtest import locust_common
 from tritonforge.loadtest.locust_common import bounded_network_timeout, discovered, next_texts
 from tritonforge.loadtest.ramp import RampPlan, per_second, report
 
+log = logging.getLogger("tritonforge.loadtest.ramp")
 _samples: list[tuple[float, float, str]] = []
+_said: set[str] = set()
+_in_flight = Group()  # the open-loop requests, awaited when the run stops
 _start: dict[str, float] = {}
 
 
@@ -78,7 +86,17 @@ def _record(
     )
 
 
-def _variant(payload: dict[str, Any]) -> str:
+def _say_once(what: str, message: str) -> None:
+    """Log each distinct refusal message once (what refused: Triton's queue, the front...)."""
+    key = message[:120]
+    if key not in _said:
+        _said.add(key)
+        log.info("%s: %s", what, key)
+
+
+def _variant(body: bytes, header_length: str | None) -> str:
+    """The ``variant`` output of a KServe-v2 answer whose other outputs may be binary."""
+    payload = json.loads(body[: int(header_length)] if header_length else body)
     for output in payload.get("outputs", []):
         if output.get("name") == "variant" and output.get("data"):
             return str(output["data"][0])
@@ -87,6 +105,10 @@ def _variant(payload: dict[str, Any]) -> str:
 
 class RampHttpUser(FastHttpUser):
     wait_time = constant_throughput(1)
+    open_loop = True
+    # connections per user: an open-loop user has several requests in flight when answers are
+    # slow, and waiting for one of Locust's own connections would count as server latency
+    concurrency = 64
 
     def __init__(self, environment: Any) -> None:
         bounded_network_timeout(self, environment)
@@ -104,20 +126,33 @@ class RampHttpUser(FastHttpUser):
 
     @task
     def embed(self) -> None:
+        if self.open_loop:
+            _in_flight.spawn(self._embed)
+        else:
+            self._embed()
+
+    def _embed(self) -> None:
         texts = next_texts(self.n)
         body = {
             "inputs": [
                 {"name": self.input, "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}
             ],
-            "outputs": [{"name": n, "parameters": {"binary_data": False}} for n in self.outputs],
+            # the embedding as binary, as tritonclient asks for it (JSON floats would cost the
+            # server and this load generator CPU that a real client does not spend)
+            "outputs": [
+                {"name": n, "parameters": {"binary_data": n != "variant"}} for n in self.outputs
+            ],
             "parameters": self.params,
         }
         start = time.perf_counter()
         response = self.client.post(self.path, data=json.dumps(body), name="ramp bls")
         if response.status_code == 200:
-            outcome = _variant(response.json())
+            headers: Any = response.headers or {}
+            length = headers.get("Inference-Header-Content-Length")
+            outcome = _variant(response.content or b"{}", str(length) if length else None)
         elif response.status_code == 503:
             outcome = "refused"
+            _say_once("refused (503)", response.text or "")
         else:
             outcome = "failed"
         _record(self.environment, "ramp bls", start, outcome)
@@ -125,6 +160,7 @@ class RampHttpUser(FastHttpUser):
 
 class RampSaturationUser(RampHttpUser):
     wait_time = constant(0)
+    open_loop = False
 
 
 class RampClientUser(User):
@@ -164,6 +200,14 @@ class RampClientUser(User):
         except ClientError:
             outcome = "failed"
         _record(self.environment, "ramp client", start, outcome, fire=True)
+
+
+@events.test_stop.add_listener
+def _await_in_flight(environment: Environment, **kwargs: Any) -> None:
+    """Let the open-loop requests still in flight finish (each is bounded by the request
+    timeout), so the slowest answers of the peak are counted, not dropped."""
+    options: Any = environment.parsed_options
+    _in_flight.join(timeout=(options.request_timeout_s if options else 10.0) + 5.0)
 
 
 @events.quitting.add_listener

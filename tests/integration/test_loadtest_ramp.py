@@ -1,15 +1,18 @@
 """A short real ramp (Locust) past a tiny BLS queue: per-second rows, degradation off and on,
-and the same ramp through the client with its breaker. The 60 s 3x peak is ``make ramp``."""
+the same ramp through the client with its breaker, and the ramp's gate as its exit code. The
+60 s 3x peak is ``make ramp``; no assertion here depends on how fast the machine is."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.integration.test_degrade import degrading_repository
-from tritonforge.loadtest.ramp import OUTCOMES, RampPlan, locust_ramp
+from tritonforge.loadtest.ramp import OUTCOMES, RampPlan, gate, locust_ramp
+from tritonforge.loadtest.ramp import main as ramp_main
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -73,3 +76,29 @@ def test_ramp_through_the_client_with_its_breaker(
     summary = result["report"]
     assert isinstance(summary, dict) and summary["requests"] > 0, summary
     assert summary["answered_fp32"] > 0 and summary["failed"] == 0, summary
+
+
+def test_the_ramp_runs_both_ways_and_exits_non_zero_when_its_gate_is_breached(
+    tiny_queue_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """``python -m tritonforge.loadtest.ramp`` end to end with a tiny plan (the saturation rate
+    given, so no measuring run): off, on and the client ramp are reported, the gate's verdict is
+    in the JSON, and an SLO no answer can meet breaches it (exit code 1, the p99 named)."""
+    out = tmp_path / "ramp.json"
+    rate = PLAN.peak_users / 4
+    argv = [
+        "--host", f"http://{tiny_queue_server.http_url}",
+        "--saturation-rps", str(rate), "--peak-factor", "4",
+        "--ramp-s", str(PLAN.ramp_s), "--peak-s", str(PLAN.peak_s),
+        "--slo-p99-ms", "0.001", "--out", str(out), "--", *EXTRA,
+    ]  # fmt: skip
+    assert ramp_main(argv) == 1
+    results = json.loads(out.read_text())
+    assert results["plan"]["peak_users"] == PLAN.peak_users
+    for name in ("degrade_off", "degrade_on", "client_breaker"):
+        assert results[name]["seconds"] and results[name]["report"]["requests"] > 0, name
+    assert results["degrade_on"]["report"]["answered_int8"] > 0
+    verdict = results["gate"]
+    assert verdict == {"passed": False, "breaches": gate(results)}
+    assert any("p99" in b and "SLO gate 0.001 ms" in b for b in verdict["breaches"]), verdict
+    assert not any("off answered" in b for b in verdict["breaches"]), verdict  # off: today's

@@ -15,6 +15,7 @@ from tritonforge.client.errors import (
     DeadlineExceededError,
     InvalidRequestError,
     ModelNotFoundError,
+    OverloadedError,
     ServerError,
     ServerUnavailableError,
 )
@@ -81,6 +82,13 @@ def ise(status: str | None, msg: str = "boom") -> InferenceServerException:
         (
             ise("StatusCode.UNAVAILABLE", "failed to connect to all addresses; Connection refused"),
             ConnectionFailedError,
+            True,
+        ),
+        # a refusal for overload is typed, so a caller can degrade (#24); still transient
+        (ise("503", "[request id: 7] Exceeds maximum queue size"), OverloadedError, True),
+        (
+            ise("StatusCode.UNAVAILABLE", "[request id: <id_unknown>] Request timeout expired"),
+            OverloadedError,
             True,
         ),
         (ise("StatusCode.DEADLINE_EXCEEDED", "Deadline Exceeded"), DeadlineExceededError, False),

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.client.errors import InvalidRequestError, ServerError, ServerUnavailableError
+from tritonforge.client.errors import (
+    InvalidRequestError,
+    OverloadedError,
+    ServerError,
+    ServerUnavailableError,
+)
 from tritonforge.client.generate import Chunk, _sse_event, classify, http_body, sampling_parameters
 
 
@@ -15,7 +20,7 @@ def test_sse_events_become_chunks_and_errors_are_typed() -> None:
     final = _sse_event(b'data: {"text_output": "", "finish_reason": "length"}', "ctx")
     assert final == Chunk("", "length")
     assert _sse_event(b"", "ctx") is None and _sse_event(b": keep-alive", "ctx") is None
-    with pytest.raises(ServerUnavailableError, match="overloaded"):
+    with pytest.raises(OverloadedError, match="overloaded"):
         _sse_event(b'data: {"error": "generate: overloaded (16 running)"}', "ctx")
 
 
