@@ -57,6 +57,8 @@ class Options:
     version: int = 1
     force: bool = False
     # Deployment targets whose int8 graph is built (when their method differs from the CPU's).
+    # Not fingerprinted: the spec and code decide every artifact's content, the targets only
+    # which artifacts must exist, so a CPU export after a GPU one skips and keeps the QDQ graph.
     targets: tuple[str, ...] = (CPU_TARGET,)
 
     def __post_init__(self) -> None:
@@ -71,7 +73,6 @@ class Options:
             "formats": sorted(self.formats),
             "quantize": self.quantize,
             "version": self.version,
-            "targets": sorted(self.targets),
         }
 
 

@@ -270,6 +270,14 @@ def test_gpu_target_export_serves_the_qdq_graph_to_tensorrt_int8(tmp_path: Path)
         int8_spec(), Options(repo=repo, formats=("onnx",), quantize="int8", targets=("cpu", "gpu"))
     )
     assert planned["tiny8_int8 (gpu)"] == "tiny8_int8/1/model.static_qdq.onnx"
+    # a CPU-only export afterwards is up to date: it skips and the GPU graph stays served
+    outcome = run_export(
+        int8_spec(),
+        Options(repo=repo, formats=("onnx",), quantize="int8"),
+        progress=lambda _: None,
+    )
+    assert outcome.skipped and (version / "model.static_qdq.onnx").is_file()
+    assert gpu_config_findings(repo / "tiny8_int8") == []
 
     # the regression: the GPU config pointed at the dynamic graph again
     (repo / "tiny8_int8" / GPU).write_text(
@@ -283,6 +291,11 @@ def test_cpu_only_export_keeps_dynamic_int8_off_tensorrt(tmp_path: Path) -> None
     repo = tmp_path / "repo"
     _export(repo, (CPU_TARGET,))
     assert not (repo / "tiny8_int8" / "1" / "model.static_qdq.onnx").exists()
+    assert "optimization" not in pbtxt_to_dict((repo / "tiny8_int8" / GPU).read_text())
+    _export(repo, (CPU_TARGET, GPU_TARGET))  # asking for the GPU target later builds it
+    assert (repo / "tiny8_int8" / "1" / "model.static_qdq.onnx").is_file()
+    repo = tmp_path / "cpu_only"
+    _export(repo, (CPU_TARGET,))
     config = pbtxt_to_dict((repo / "tiny8_int8" / GPU).read_text())
     assert "optimization" not in config
     assert {g["kind"] for g in config["instance_group"]} == {"KIND_CPU"}
