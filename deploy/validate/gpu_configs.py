@@ -404,11 +404,19 @@ def gpu_config_notes(model_dir: Path) -> list[str]:
         return [f"{model_dir.name}: {served_name} on the CUDA execution provider"]
     precision = (tensorrt.get("parameters") or {}).get("precision_mode", "FP32")
     detail = ""
-    if precision == "INT8" and served is not None and served.is_file():
+    if served is not None and served.is_file():
         import onnx
 
-        q, total = quantized_matmuls(onnx.load(str(served)))
-        detail = f", {q} of {total} weight MatMuls int8 (Q/DQ), the rest fp32"
+        model = onnx.load(str(served))
+        if precision == "INT8":
+            q, total = quantized_matmuls(model)
+            detail = f", {q} of {total} weight MatMuls int8 (Q/DQ), the rest fp32"
+        contrib = sorted({n.op_type for n in model.graph.node if n.domain not in ("", "ai.onnx")})
+        if contrib:
+            detail += (
+                f"; ONNX Runtime's own operators ({', '.join(contrib)}) are not TensorRT's: "
+                "those nodes run on the CUDA provider (unverified without a GPU)"
+            )
     return [f"{model_dir.name}: TensorRT {precision} on {served_name}{detail}"]
 
 

@@ -348,3 +348,16 @@ def test_gpu_check_follows_each_gpu_config(tmp_path: Path) -> None:
     cpu_only = tmp_path / "cpu_only"
     _export(cpu_only, (CPU_TARGET,))
     assert gpu_check.gpu_plan(cpu_only / "tiny8_int8").on_cpu
+
+
+def test_notes_name_the_nodes_tensorrt_leaves_to_cuda(tmp_path: Path) -> None:
+    """ONNX Runtime's fused operators (the optimised fp32 graphs) are named in the output."""
+    repo = tmp_path / "repo"
+    _export(repo, (CPU_TARGET,))
+    path = repo / "tiny8_fp32" / "1" / "model.onnx"
+    assert "own operators" not in gpu_config_notes(repo / "tiny8_fp32")[0]
+    model = onnx.load(str(path))
+    model.graph.node[0].domain = "com.microsoft"
+    onnx.save(model, str(path))
+    note = gpu_config_notes(repo / "tiny8_fp32")[0]
+    assert f"ONNX Runtime's own operators ({model.graph.node[0].op_type})" in note, note
