@@ -262,22 +262,23 @@ def tensorrt_int8_findings(name: str, model: Any, params: Mapping[str, str]) -> 
     return out
 
 
-def quantized_matmuls(model: Any) -> tuple[int, int]:
-    """(MatMuls fed by Q/DQ, MatMuls with a weight) of a graph, for the notes."""
+def quantized_matmuls(model: Any) -> dict[str, tuple[int, int]]:
+    """``{"weight": (int8, all), "activation": (int8, all)}``: MatMuls with a constant weight and
+    MatMuls of two activations (attention scores/context), and how many of each take Q/DQ inputs."""
     graph = model.graph
     constants = {i.name for i in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
-    total = quantized = 0
+    counts = {"weight": [0, 0], "activation": [0, 0]}
     for node in graph.node:
         if node.op_type != "MatMul":
             continue
         source = producer.get(node.input[1])
-        if source is not None and source.op_type == "DequantizeLinear":
-            quantized += 1
-            total += 1
-        elif node.input[1] in constants:
-            total += 1
-    return quantized, total
+        dq = source is not None and source.op_type == "DequantizeLinear"
+        weight_input = source.input[0] if dq and source is not None else node.input[1]
+        kind = "weight" if weight_input in constants else "activation"
+        counts[kind][1] += 1
+        counts[kind][0] += dq
+    return {k: (v[0], v[1]) for k, v in counts.items()}
 
 
 def _served_file(model_dir: Path, config: Mapping[str, Any]) -> Path | None:
@@ -409,8 +410,10 @@ def gpu_config_notes(model_dir: Path) -> list[str]:
 
         model = onnx.load(str(served))
         if precision == "INT8":
-            q, total = quantized_matmuls(model)
-            detail = f", {q} of {total} weight MatMuls int8 (Q/DQ), the rest fp32"
+            counts = quantized_matmuls(model)
+            detail = ", int8 (Q/DQ): " + ", ".join(
+                f"{q} of {total} {kind} MatMuls" for kind, (q, total) in counts.items() if total
+            )
         contrib = sorted({n.op_type for n in model.graph.node if n.domain not in ("", "ai.onnx")})
         if contrib:
             detail += (
