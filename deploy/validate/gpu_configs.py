@@ -242,7 +242,8 @@ def tensorrt_int8_findings(name: str, model: Any, params: Mapping[str, str]) -> 
         if not all(from_dq):
             out.append(
                 f"{name}: {node.op_type} {node.name} has one input from a DequantizeLinear and "
-                "one in float (TensorRT runs it in float: quantize both or neither)"
+                "one in float, not a Q/DQ pair on every input (the explicit-quantization "
+                "pattern TensorRT fuses into an INT8 layer)"
             )
             continue
         for dq in feeds:
