@@ -46,6 +46,8 @@ from tritonforge.integrity import sha256_file
 from tritonforge.modelconfig import pbtxt_to_dict
 
 FORMATS = ("onnx", "torchscript")
+# int8 calibration batches, held-out batches and fp32's outputs on them (computed once per export)
+Corpora = tuple[list[Inputs], list[Inputs], list[np.ndarray]]
 Progress = Callable[[str], None]
 
 
@@ -300,7 +302,7 @@ def _build(
         staged[serving.fp32_name] = (target, onnx_io(target), "onnxruntime")
 
         if options.quantize == "int8":
-            audit_problems = _int8(
+            audit_problems, corpora = _int8(
                 spec, options, staging, steps, report, raw, deployed, bench, cases
             )
             failures += audit_problems + report["graph_checks"].get("int8", [])
@@ -312,7 +314,7 @@ def _build(
             staged[str(serving.int8_name)] = (target8, onnx_io(target8), "onnxruntime")
             for host in int8_targets(spec, options):
                 host_file, host_problems = _int8_target(
-                    spec, options, staging, steps, report, raw, host
+                    spec, options, staging, steps, report, raw, host, corpora
                 )
                 audit_problems += host_problems
                 failures += host_problems + report["graph_checks"].get(f"int8_{host}", [])
@@ -398,8 +400,9 @@ def _int8(
     fp32_deployed: Path,
     bench: Inputs,
     cases: list[parity.Case],
-) -> list[str]:
-    """Quantize (with the sensitivity search), audit, gate; returns the audit problems."""
+) -> tuple[list[str], Corpora]:
+    """Quantize (with the sensitivity search), audit, gate; returns the audit problems
+    and the corpora with fp32's reference outputs (reused by the other targets)."""
     import onnx
 
     from tritonforge.export.quantize import audit_int8, cosines, search_exclusions
@@ -460,7 +463,7 @@ def _int8(
         "speedup_vs_optimized": t_opt / t8,
         "grid_min_cosine_vs_pytorch": min(grid_cos),
     }
-    return problems
+    return problems, (calibration, evaluation, ref)
 
 
 def _int8_target(
@@ -471,9 +474,10 @@ def _int8_target(
     report: dict[str, Any],
     raw: Path,
     target: str,
+    corpora: Corpora,
 ) -> tuple[Path, list[str]]:
-    """``target``'s own int8 graph beside the CPU's (same corpora, search, audit and gate, on
-    CPU with onnxruntime); returns its path and the audit problems."""
+    """``target``'s own int8 graph beside the CPU's (the CPU's corpora and fp32 reference, its
+    own search, audit and gate, on CPU with onnxruntime); returns its path and audit problems."""
     import onnx
 
     from tritonforge.export.quantize import audit_int8, search_exclusions
@@ -483,9 +487,7 @@ def _int8_target(
     method = q.method(target)
     path = staging.version_dir(str(serving.int8_name), options.version) / q.artifact_name(target)
     with steps(f"int8 for {target} hosts: {method} quantization + quality gate (on CPU)"):
-        calibration, evaluation = spec.calibration(), spec.evaluation()
-        fp32 = parity.ort_runner(raw)
-        ref = [fp32(b)[gate.output] for b in evaluation]
+        calibration, evaluation, ref = corpora
         result = search_exclusions(
             spec,
             raw,
