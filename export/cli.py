@@ -73,6 +73,8 @@ def options_for(pipeline: PipelineSpec, args: argparse.Namespace) -> Options:
     """Formats and int8 from the flags, else from the spec's variants."""
     if args.version < 1:
         raise ExportError("--version must be >= 1")
+    if args.target not in (*TARGETS, "all"):  # argparse does not check a default from the env
+        raise ExportError(f"{TARGET_ENV}={args.target!r}: use one of {[*TARGETS, 'all']}")
     if args.format is None:
         formats = ("onnx", *(("torchscript",) if "torchscript" in pipeline.variants else ()))
     else:

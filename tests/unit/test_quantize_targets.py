@@ -20,7 +20,7 @@ from tritonforge.deploy.validate import (
     tensorrt_int8_findings,
     tensorrt_parameter_findings,
 )
-from tritonforge.export.errors import SpecError
+from tritonforge.export.errors import ExportError, SpecError
 from tritonforge.export.pipeline import Options, planned_artifacts, run_export
 from tritonforge.export.quantize import quantize_int8
 from tritonforge.export.spec import (
@@ -361,3 +361,17 @@ def test_notes_name_the_nodes_tensorrt_leaves_to_cuda(tmp_path: Path) -> None:
     onnx.save(model, str(path))
     note = gpu_config_notes(repo / "tiny8_fp32")[0]
     assert f"ONNX Runtime's own operators ({model.graph.node[0].op_type})" in note, note
+
+
+def test_export_cli_target_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tritonforge.export import cli
+
+    pipeline = get_pipeline("minilm")
+    gpu = cli.options_for(pipeline, cli.parse_args(["minilm", "--target", "gpu"]))
+    assert gpu.targets == (CPU_TARGET, GPU_TARGET) and gpu.quantize == "int8"
+    assert cli.options_for(pipeline, cli.parse_args(["minilm"])).targets == (CPU_TARGET,)
+    monkeypatch.setenv(cli.TARGET_ENV, "gpu")
+    assert cli.options_for(pipeline, cli.parse_args(["minilm"])).targets == (CPU_TARGET, GPU_TARGET)
+    monkeypatch.setenv(cli.TARGET_ENV, "tpu")
+    with pytest.raises(ExportError, match="TRITONFORGE_EXPORT_TARGET='tpu'"):
+        cli.options_for(pipeline, cli.parse_args(["minilm"]))
