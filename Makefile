@@ -13,7 +13,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup install-models lock lint typecheck classifier export serve run test test-unit test-integration bench loadtest loadtest-generate soak chaos ramp clean deploy-check gpu-check perf gate
+.PHONY: help setup install-models lock lint typecheck classifier export export-gpu serve run test test-unit test-integration bench loadtest loadtest-generate soak chaos ramp clean deploy-check gpu-check perf gate
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -51,6 +51,9 @@ classifier: $(STAMP)  ## train the default sentiment classifier: HF checkpoints 
 
 export: $(STAMP)  ## export every default pipeline (embed: MiniLM fp32/int8/TorchScript; classify: the sentiment classifier v1+v2 fp32/int8, trained first when needed; generate: SmolLM2) into the model repository
 	$(TF) export --model-repository $(REPO)
+
+export-gpu: $(STAMP)  ## export for GPU hosts too: every default pipeline plus the TensorRT INT8 (static QDQ) encoders beside the CPU's dynamic int8, each audited and gated on CPU (docs/deploy.md)
+	$(TF) export --model-repository $(REPO) --target gpu
 
 # serve and run do not depend on export: they serve what is exported at once and run the default
 # exports in the background, serving each pipeline as soon as its export is done (docs/operations.md).

@@ -1,11 +1,13 @@
 """GPU host check: run the exported ONNX encoders with onnxruntime-gpu, compare with the CPU.
 
 For each model (by default every ONNX encoder of every pipeline the repository declares, found by
-its ``tritonforge.role``; ``--models`` names others) and each GPU execution
-provider present (TensorRT with fp16, as ``configs/gpu.pbtxt`` asks, then CUDA), it runs the same
-random but valid batch as the CPU provider, prints max |diff| and min cosine against the CPU
-embeddings, and p50/p95 latency. Exit codes: 0 all parity checks pass, 1 a parity check failed,
-2 no GPU execution provider (message says what to install).
+its ``tritonforge.role``; ``--models`` names others) it runs the graph its ``configs/gpu.pbtxt``
+serves (``default_model_filename``: the int8 encoders' static QDQ graph when exported with
+``--target gpu``) with each GPU execution provider present (TensorRT at the config's
+``precision_mode``, then CUDA) on the same random but valid batch as the CPU provider, and prints
+max |diff| and min cosine against the CPU result of that graph, and p50/p95 latency. A model whose
+GPU config keeps it on the CPU is skipped with a line saying so. Exit codes: 0 all parity checks
+pass, 1 a parity check failed, 2 no GPU execution provider (message says what to install).
 
     pip install onnxruntime-gpu==1.32.0 numpy==1.26.4   # on the GPU host, instead of onnxruntime
     python -m tritonforge.deploy.gpu_check --model-repository model_repository
@@ -32,6 +34,9 @@ TENSORRT = "TensorrtExecutionProvider"
 GPU_PROVIDERS = (TENSORRT, CUDA)
 # fp16 TensorRT engines move embeddings by ~1e-3; cosine to the CPU result is the contract.
 DEFAULT_MIN_COSINE = 0.999
+# TensorRT INT8 against ONNX Runtime's CPU run of the same Q/DQ graph (different kernels and
+# fusions, same scales); not measured here: no GPU was lent to this project.
+DEFAULT_MIN_COSINE_INT8 = 0.99
 EXIT_OK, EXIT_PARITY, EXIT_NO_GPU = 0, 1, 2
 
 
@@ -60,15 +65,45 @@ def gpu_providers(available: Sequence[str]) -> list[str]:
     return found
 
 
-def provider_options(provider: str, cache_dir: Path) -> dict[str, Any]:
-    """Session options per provider; TensorRT mirrors configs/gpu.pbtxt (fp16, engine cache)."""
+def provider_options(provider: str, cache_dir: Path, precision: str = "FP16") -> dict[str, Any]:
+    """Session options per provider; TensorRT mirrors configs/gpu.pbtxt (its precision_mode,
+    engine cache)."""
     if provider == TENSORRT:
         return {
-            "trt_fp16_enable": True,
+            "trt_fp16_enable": precision == "FP16",
+            "trt_int8_enable": precision == "INT8",
             "trt_engine_cache_enable": True,
             "trt_engine_cache_path": str(cache_dir),
         }
     return {}
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """What ``configs/gpu.pbtxt`` of a model asks for: the file, TensorRT's precision, or none
+    (``on_cpu``: the config keeps the model on the host CPU)."""
+
+    file: Path
+    precision: str
+    on_cpu: bool = False
+
+
+def gpu_plan(model_dir: Path) -> GpuPlan:
+    """The GPU config's served file and precision (``config.pbtxt``'s file, FP16, without one)."""
+    from tritonforge.modelconfig import pbtxt_to_dict
+
+    config_path = model_dir / "configs" / "gpu.pbtxt"
+    if not config_path.is_file():
+        return GpuPlan(model_dir / "1" / "model.onnx", "FP16")
+    config = pbtxt_to_dict(config_path.read_text())
+    file = model_dir / "1" / str(config.get("default_model_filename") or "model.onnx")
+    accelerators = ((config.get("optimization") or {}).get("execution_accelerators") or {}).get(
+        "gpu_execution_accelerator"
+    ) or []
+    trt = next((a for a in accelerators if a.get("name") == "tensorrt"), None)
+    kinds = {g.get("kind") for g in config.get("instance_group") or []}
+    precision = str(((trt or {}).get("parameters") or {}).get("precision_mode", "FP32"))
+    return GpuPlan(file, precision, on_cpu=kinds == {"KIND_CPU"} and not accelerators)
 
 
 def make_feeds(
@@ -171,8 +206,10 @@ def check_model(
     seq_len: int,
     iterations: int,
     cache_dir: Path,
+    precision: str = "FP16",
 ) -> list[ProviderResult]:
-    """CPU reference, then each provider of ``providers`` on the same batch."""
+    """CPU reference, then each provider of ``providers`` on the same batch (TensorRT at
+    ``precision``)."""
     import onnxruntime as ort
 
     if not model.exists():
@@ -184,7 +221,7 @@ def check_model(
     for provider in [CPU, *providers]:
         session = ort.InferenceSession(
             str(model),
-            providers=[(provider, provider_options(provider, cache_dir))]
+            providers=[(provider, provider_options(provider, cache_dir, precision))]
             + ([] if provider == CPU else [CPU]),
         )
         if provider != CPU and session.get_providers()[0] != provider:
@@ -223,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--min-cosine", type=float, default=DEFAULT_MIN_COSINE)
+    parser.add_argument("--min-cosine-int8", type=float, default=DEFAULT_MIN_COSINE_INT8)
     args = parser.parse_args(argv)
     try:
         import onnxruntime as ort
@@ -241,18 +279,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_PARITY
     with tempfile.TemporaryDirectory(prefix="trt-cache-") as cache:
         for model in models:
-            path = args.model_repository / model / "1" / "model.onnx"
+            plan = gpu_plan(args.model_repository / model)
+            if plan.on_cpu:
+                print(f"{model:<16} skipped: configs/gpu.pbtxt keeps {plan.file.name} on the CPU")
+                continue
+            bound = args.min_cosine_int8 if plan.precision == "INT8" else args.min_cosine
             try:
                 results = check_model(
-                    path, providers, args.batch, args.seq_len, args.iterations, Path(cache)
+                    plan.file,
+                    providers,
+                    args.batch,
+                    args.seq_len,
+                    args.iterations,
+                    Path(cache),
+                    plan.precision,
                 )
             except GpuCheckError as e:
                 log.error("gpu_check: %s: %s", model, e)
                 failed = True
                 continue
+            print(f"{model}: {plan.file.name}, TensorRT {plan.precision}")
             for result in results:
-                print(result.row(args.min_cosine))
-                failed |= result.parity is not None and not result.parity.ok(args.min_cosine)
+                print(result.row(bound))
+                failed |= result.parity is not None and not result.parity.ok(bound)
     return EXIT_PARITY if failed else EXIT_OK
 
 

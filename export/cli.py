@@ -1,6 +1,7 @@
 """Export a pipeline into the model repository:
 
     python -m tritonforge.export minilm [--format onnx|torchscript|all] [--quantize int8]
+                                        [--target cpu|gpu]
     python -m tritonforge.export --from-pretrained DIR --task embedding|classification [--name N]
     python -m tritonforge.export clean
 
@@ -24,9 +25,11 @@ from tritonforge.export.pipeline import FORMATS, Options, export_pipeline
 from tritonforge.export.pipeline_configs import stage_files, write_files
 from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.repository import clean
+from tritonforge.export.spec import CPU_TARGET, GPU_TARGET, TARGETS
 from tritonforge.export.specs import DECODERS, REGISTRY, get_pipeline
 from tritonforge.pipelines import TASKS, pipeline_models
 
+TARGET_ENV = "TRITONFORGE_EXPORT_TARGET"
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--format", choices=[*FORMATS, "all"], default=None)
     p.add_argument("--quantize", choices=["int8", "none"], default=None)
     p.add_argument("--version", type=int, default=1)
+    p.add_argument(
+        "--target",
+        choices=[*TARGETS, "all"],
+        default=os.environ.get(TARGET_ENV) or CPU_TARGET,
+        help="deployment target of the int8 graphs: cpu (default), gpu or all also builds the "
+        f"TensorRT hosts' int8 graph when the spec's method differs (env {TARGET_ENV})",
+    )
     p.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     p.add_argument("--force", action="store_true", help="export even if the inputs are unchanged")
     args = p.parse_args(argv)
@@ -63,6 +73,8 @@ def options_for(pipeline: PipelineSpec, args: argparse.Namespace) -> Options:
     """Formats and int8 from the flags, else from the spec's variants."""
     if args.version < 1:
         raise ExportError("--version must be >= 1")
+    if args.target not in (*TARGETS, "all"):  # argparse does not check a default from the env
+        raise ExportError(f"{TARGET_ENV}={args.target!r}: use one of {[*TARGETS, 'all']}")
     if args.format is None:
         formats = ("onnx", *(("torchscript",) if "torchscript" in pipeline.variants else ()))
     else:
@@ -77,6 +89,7 @@ def options_for(pipeline: PipelineSpec, args: argparse.Namespace) -> Options:
         quantize=quantize,
         version=args.version,
         force=args.force,
+        targets=TARGETS if args.target in ("all", GPU_TARGET) else (CPU_TARGET,),
     )
 
 

@@ -30,7 +30,7 @@ from tritonforge.export.repository import (
     library_versions,
     up_to_date,
 )
-from tritonforge.export.spec import ExportSpec, Inputs
+from tritonforge.export.spec import CPU_TARGET, GPU_TARGET, TARGETS, ExportSpec, Inputs
 from tritonforge.export.tritonconfig import (
     GPU_CONFIG,
     ArtifactIO,
@@ -46,6 +46,8 @@ from tritonforge.integrity import sha256_file
 from tritonforge.modelconfig import pbtxt_to_dict
 
 FORMATS = ("onnx", "torchscript")
+# int8 calibration batches, held-out batches and fp32's outputs on them (computed once per export)
+Corpora = tuple[list[Inputs], list[Inputs], list[np.ndarray]]
 Progress = Callable[[str], None]
 
 
@@ -56,6 +58,17 @@ class Options:
     quantize: str | None = None
     version: int = 1
     force: bool = False
+    # Deployment targets whose int8 graph is built (when their method differs from the CPU's).
+    # Not fingerprinted: the spec and code decide every artifact's content, the targets only
+    # which artifacts must exist, so a CPU export after a GPU one skips and keeps the QDQ graph.
+    targets: tuple[str, ...] = (CPU_TARGET,)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.targets) - set(TARGETS))
+        if unknown or CPU_TARGET not in self.targets:
+            raise SpecError(
+                f"export targets {list(self.targets)}: choose from {TARGETS}, cpu included"
+            )
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +76,13 @@ class Options:
             "quantize": self.quantize,
             "version": self.version,
         }
+
+
+def int8_targets(spec: ExportSpec, options: Options) -> tuple[str, ...]:
+    """The non-CPU targets of ``options`` that get an int8 graph of their own."""
+    if options.quantize != "int8" or "onnx" not in options.formats:
+        return ()
+    return tuple(t for t in spec.quantization.own_targets() if t in options.targets)
 
 
 @dataclass
@@ -108,6 +128,9 @@ def planned_artifacts(spec: ExportSpec, options: Options) -> dict[str, str]:
             if not s.int8_name or spec.quality_gate is None or spec.calibration is None:
                 raise SpecError(f"spec {spec.name} does not support int8 (names, gate, corpus)")
             out[s.int8_name] = f"{s.int8_name}/{v}/model.onnx"
+            for target in int8_targets(spec, options):
+                name = spec.quantization.artifact_name(target)
+                out[f"{s.int8_name} ({target})"] = f"{s.int8_name}/{v}/{name}"
     if "torchscript" in options.formats:
         if not s.torchscript_name:
             raise SpecError(f"spec {spec.name} has no torchscript model name")
@@ -210,6 +233,7 @@ def _build(
         module = spec.build_module().eval()
         reference = parity.torch_runner(module, spec)
     staged: dict[str, tuple[Path, ArtifactIO, str]] = {}  # model -> (file, io, backend)
+    gpu_int8: Path | None = None  # the GPU target's own int8 graph, when exported
 
     def grid(label: str, runner: parity.Runner) -> None:
         result = parity.check_grid(spec, label, runner, cases)
@@ -278,7 +302,7 @@ def _build(
         staged[serving.fp32_name] = (target, onnx_io(target), "onnxruntime")
 
         if options.quantize == "int8":
-            audit_problems = _int8(
+            audit_problems, corpora = _int8(
                 spec, options, staging, steps, report, raw, deployed, bench, cases
             )
             failures += audit_problems + report["graph_checks"].get("int8", [])
@@ -288,6 +312,14 @@ def _build(
                     report["task_metrics"]["int8"] = spec.task_metrics(parity.ort_runner(target8))
                     steps.note(f"int8: {report['task_metrics']['int8']}")
             staged[str(serving.int8_name)] = (target8, onnx_io(target8), "onnxruntime")
+            for host in int8_targets(spec, options):
+                host_file, host_problems = _int8_target(
+                    spec, options, staging, steps, report, raw, host, corpora
+                )
+                audit_problems += host_problems
+                failures += host_problems + report["graph_checks"].get(f"int8_{host}", [])
+                if host == GPU_TARGET:
+                    gpu_int8 = host_file
 
     if "torchscript" in options.formats:
         from tritonforge.export.torchscript import export_torchscript, torchscript_runner
@@ -308,18 +340,25 @@ def _build(
                 else {t.name: t.name for t in spec.inputs}
             )
             for rel, gpu in (("config.pbtxt", False), (str(GPU_CONFIG), True)):
+                artifact, artifact_io = path, io
+                quantized = model == serving.int8_name
+                if gpu and quantized and gpu_int8 is not None:
+                    artifact, artifact_io = gpu_int8, onnx_io(gpu_int8)
                 config = build_config(
                     model,
                     backend,
-                    path.name,
-                    io,
+                    artifact.name,
+                    artifact_io,
                     spec,
                     warmup,
                     gpu=gpu,
-                    quantized=model == serving.int8_name,
+                    quantized=quantized,
+                    int8_method=spec.quantization.method(
+                        GPU_TARGET if artifact == gpu_int8 else CPU_TARGET
+                    ),
                 )
                 text = render_pbtxt(config)
-                problems = cross_check(pbtxt_to_dict(text), io, f"{model}/{rel}")
+                problems = cross_check(pbtxt_to_dict(text), artifact_io, f"{model}/{rel}")
                 failures += problems
                 staging.path(f"{model}/{rel}").write_text(text)
                 report["configs"][f"{model}/{rel}"] = problems
@@ -335,7 +374,10 @@ def _build(
 
     with steps("sha256 sidecars + reports"):
         staging.seal()
-        for model, (path, _, _) in staged.items():
+        files = {model: path for model, (path, _, _) in staged.items()}
+        if gpu_int8 is not None:
+            files[f"{serving.int8_name} ({GPU_TARGET})"] = gpu_int8
+        for model, path in files.items():
             report["artifacts"][model] = {
                 "file": str(path.relative_to(staging.root)),
                 "bytes": path.stat().st_size,
@@ -358,8 +400,9 @@ def _int8(
     fp32_deployed: Path,
     bench: Inputs,
     cases: list[parity.Case],
-) -> list[str]:
-    """Quantize (with the sensitivity search), audit, gate; returns the audit problems."""
+) -> tuple[list[str], Corpora]:
+    """Quantize (with the sensitivity search), audit, gate; returns the audit problems
+    and the corpora with fp32's reference outputs (reused by the other targets)."""
     import onnx
 
     from tritonforge.export.quantize import audit_int8, cosines, search_exclusions
@@ -372,7 +415,7 @@ def _int8(
         evaluation = spec.evaluation()
         fp32 = parity.ort_runner(raw)
         ref = [fp32(b)[gate.output] for b in evaluation]
-    method = spec.quantization.method
+    method = spec.quantization.method(CPU_TARGET)
     with steps(f"int8 {method} quantization + quality gate (greedy sensitivity search)"):
         result = search_exclusions(
             spec, raw, target, staging.root / ".work", calibration, evaluation, ref, steps.note
@@ -420,4 +463,69 @@ def _int8(
         "speedup_vs_optimized": t_opt / t8,
         "grid_min_cosine_vs_pytorch": min(grid_cos),
     }
-    return problems
+    return problems, (calibration, evaluation, ref)
+
+
+def _int8_target(
+    spec: ExportSpec,
+    options: Options,
+    staging: Staging,
+    steps: _Steps,
+    report: dict[str, Any],
+    raw: Path,
+    target: str,
+    corpora: Corpora,
+) -> tuple[Path, list[str]]:
+    """``target``'s own int8 graph beside the CPU's (the CPU's corpora and fp32 reference, its
+    own search, audit and gate, on CPU with onnxruntime); returns its path and audit problems."""
+    import onnx
+
+    from tritonforge.export.quantize import audit_int8, search_exclusions
+
+    serving, gate, q = spec.serving, spec.quality_gate, spec.quantization
+    assert serving is not None and gate is not None and spec.calibration and spec.evaluation
+    method = q.method(target)
+    path = staging.version_dir(str(serving.int8_name), options.version) / q.artifact_name(target)
+    with steps(f"int8 for {target} hosts: {method} quantization + quality gate (on CPU)"):
+        calibration, evaluation, ref = corpora
+        result = search_exclusions(
+            spec,
+            raw,
+            path,
+            staging.root / ".work",
+            calibration,
+            evaluation,
+            ref,
+            steps.note,
+            target=target,
+        )
+    with steps(f"int8 for {target} hosts: audit + graph checks"):
+        problems, counts = audit_int8(onnx.load(str(path)))
+        report["graph_checks"][f"int8_{target}"] = onnx_checks.check_graph(path, spec)
+        steps.note(f"{counts}, {len(problems)} problem(s)")
+    if spec.task_metrics is not None:
+        with steps(f"task metrics of int8 for {target} hosts (on CPU, held-out set)"):
+            figures = spec.task_metrics(parity.ort_runner(path))
+            report.setdefault("task_metrics", {})[f"int8_{target}"] = figures
+            steps.note(f"int8 ({target}): {figures}")
+    report.setdefault("quantization_targets", {})[target] = {
+        "file": path.name,
+        "method": method,
+        "calibration_source": spec.calibration_source,
+        "calibration_batches": len(calibration),
+        "evaluation_source": spec.evaluation_source,
+        "settings": {
+            "per_channel": q.per_channel,
+            "activation_type": q.activation_type,
+            "weight_type": q.weight_type,
+            "symmetric": q.symmetric,
+            "calibrate_method": q.calibrate_method,
+            "op_types": list(q.op_types),
+            "weights_only": q.weights_only,
+        },
+        "gate": {"metric": gate.metric, **gate.thresholds()},
+        "quality": result.chosen.figures,
+        "search": result.as_dict(),
+        "audit": {"counts": counts, "problems": problems},
+    }
+    return path, problems

@@ -20,7 +20,14 @@ from onnx import numpy_helper
 
 from tritonforge.export.errors import QualityGateError
 from tritonforge.export.parity import Runner, ort_runner
-from tritonforge.export.spec import ExportSpec, Inputs, QualityGate, Quantization
+from tritonforge.export.spec import (
+    CPU_TARGET,
+    INT8_METHODS,
+    ExportSpec,
+    Inputs,
+    QualityGate,
+    Quantization,
+)
 
 MIN_SCALE = 1e-8
 
@@ -60,9 +67,10 @@ def quantize_int8(
     calibration: Sequence[Inputs],
     cache: Path,
     exclude: Sequence[str] = (),
+    target: str = CPU_TARGET,
 ) -> None:
-    """int8 quantization of ``src`` by ``settings.method``; for static QDQ the calibration
-    ranges are computed once into ``cache`` (dynamic quantization needs no calibration)."""
+    """int8 quantization of ``src`` by ``settings.method(target)``; for static QDQ the
+    calibration ranges are computed once into ``cache`` (dynamic quantization needs none)."""
     from onnxruntime.quantization import (
         CalibrationMethod,
         QuantFormat,
@@ -73,9 +81,10 @@ def quantize_int8(
 
     names = {i.name for i in onnx.load(str(src), load_external_data=False).graph.input}
     logging.getLogger().setLevel(logging.ERROR)
-    if settings.method not in ("dynamic", "static_qdq"):
-        raise ValueError(f"quantization method {settings.method!r}: use dynamic or static_qdq")
-    if settings.method == "dynamic":
+    method = settings.method(target)
+    if method not in INT8_METHODS:
+        raise ValueError(f"quantization method {method!r}: use one of {INT8_METHODS}")
+    if method == "dynamic":
         with contextlib.redirect_stdout(io.StringIO()):
             quantize_dynamic(
                 str(src),
@@ -103,7 +112,11 @@ def quantize_int8(
             weight_type=QuantType[settings.weight_type],
             nodes_to_exclude=list(exclude),
             calibrate_method=CalibrationMethod[settings.calibrate_method],
-            extra_options={"MatMulConstBOnly": settings.weights_only},
+            extra_options={
+                "MatMulConstBOnly": settings.weights_only,
+                "ActivationSymmetric": settings.symmetric,
+                "WeightSymmetric": settings.symmetric,
+            },
             calibration_cache_path=str(cache),
         )
 
@@ -430,13 +443,16 @@ def search_exclusions(
     evaluation: Sequence[Inputs],
     reference: Sequence[np.ndarray],
     progress: Callable[[str], None] = print,
+    target: str = CPU_TARGET,
 ) -> SearchResult:
-    """Quantize everything; while the gate fails, greedily exclude (keep fp32) the group whose
-    exclusion helps most (a passing candidate with the fewest excluded weights wins). Writes the
-    chosen model to ``dst``; raises :class:`QualityGateError` with the best figures otherwise."""
+    """Quantize everything by ``target``'s method; while the gate fails, greedily exclude (keep
+    fp32) the group whose exclusion helps most (a passing candidate with the fewest excluded
+    weights wins). Writes the chosen model to ``dst``; raises :class:`QualityGateError` with the
+    best figures otherwise."""
     settings, gate = spec.quantization, spec.quality_gate
     assert gate is not None
-    cache = work / "calibration_cache.json"
+    method = settings.method(target)
+    cache = work / f"calibration_cache_{target}.json"
     nodes = weight_matmuls(src, settings.op_types)
     groups = {g: sorted(n for n in nodes if re.search(g, n)) for g in settings.sensitivity_groups}
     groups = {g: members for g, members in groups.items() if members}
@@ -444,7 +460,7 @@ def search_exclusions(
 
     def trial(excluded_groups: list[str], out: Path) -> Trial:
         excl = sorted({n for g in excluded_groups for n in groups[g]})
-        quantize_int8(src, out, settings, calibration, cache, excl)
+        quantize_int8(src, out, settings, calibration, cache, excl, target)
         fig = gate_figures(ort_runner(out), evaluation, reference, gate)
         t = Trial(
             excluded_groups=excluded_groups,
@@ -456,19 +472,19 @@ def search_exclusions(
         )
         trials.append(t)
         progress(
-            f"int8 excluding {excluded_groups or 'nothing'}: {describe(fig, gate)} -> "
+            f"int8 {method} excluding {excluded_groups or 'nothing'}: {describe(fig, gate)} -> "
             f"{'pass' if t.passed else 'fail'}"
         )
         return t
 
-    best = trial([g for g in settings.keep_fp32 if g in groups], dst)
+    best = trial([g for g in settings.kept_fp32(target) if g in groups], dst)
     best_path = dst
     rounds = 0
     while not best.passed and rounds < settings.max_search_rounds:
         rounds += 1
         options = []
         for i, g in enumerate(g for g in groups if g not in best.excluded_groups):
-            out = work / f"trial_r{rounds}_{i}.onnx"
+            out = work / f"trial_{target}_r{rounds}_{i}.onnx"
             options.append((trial([*best.excluded_groups, g], out), out))
         if not options:
             break
@@ -483,7 +499,7 @@ def search_exclusions(
     if not best.passed:
         raise QualityGateError(
             [
-                f"best int8 setting (excluding {best.excluded_groups or 'nothing'}): "
+                f"best int8 {method} setting (excluding {best.excluded_groups or 'nothing'}): "
                 f"{describe(best.figures, gate)} after {len(trials)} trials",
                 "relax the spec's quality_gate, add sensitivity_groups, or skip --quantize",
             ]

@@ -61,7 +61,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         chosen = q["search"]["chosen"]
         lines += [
             "",
-            f"## int8 ({q['settings'].get('method', 'static_qdq')})",
+            f"## int8 ({q['settings'].get('method', 'static_qdq')}, CPU)",
             "",
             f"- audit: {q['audit']['counts']}, problems: {len(q['audit']['problems'])}",
             f"- quality (held-out {q['quality']['sentences']} sentences): "
@@ -78,6 +78,20 @@ def render_markdown(report: dict[str, Any]) -> str:
         for t in q["search"]["trials"]:
             figures = ", ".join(f"{k} {v:.4f}" for k, v in t["figures"].items() if k != "sentences")
             lines.append(f"| {t['excluded_groups'] or '-'} | {figures} | {t['passed']} |")
+    for target, t in (report.get("quantization_targets") or {}).items():
+        chosen = t["search"]["chosen"]
+        lines += [
+            "",
+            f"## int8 for {target} hosts ({t['method']}, {t['file']})",
+            "",
+            f"- settings: {t['settings']}",
+            f"- audit: {t['audit']['counts']}, problems: {len(t['audit']['problems'])}",
+            f"- quality on CPU (onnxruntime, held-out {t['quality']['sentences']} sentences): "
+            + ", ".join(f"{k} {v:.4f}" for k, v in chosen["figures"].items() if k != "sentences")
+            + f" (gate {t['gate']})",
+            f"- kept in fp32: {chosen['excluded_groups'] or 'nothing'} "
+            f"({len(chosen['excluded_nodes'])} of {t['search']['candidate_nodes']} weight nodes)",
+        ]
     tasks = report.get("task_metrics")
     if tasks:
         lines += ["", "## Task metrics (held-out set)", ""]

@@ -72,21 +72,34 @@ class QualityGate:
         }
 
 
+INT8_METHODS = ("dynamic", "static_qdq")
+# Methods whose graph TensorRT builds as INT8 (explicit quantization: Q/DQ pairs, zero point 0).
+TENSORRT_INT8_METHODS = ("static_qdq",)
+CPU_TARGET, GPU_TARGET = "cpu", "gpu"
+TARGETS = (CPU_TARGET, GPU_TARGET)
+
+
 @dataclass(frozen=True)
 class Quantization:
-    """int8 settings (onnxruntime.quantization).
+    """int8 settings (onnxruntime.quantization), with how int8 is made per deployment target.
 
-    ``method``: ``"dynamic"`` quantizes the weights per channel offline and the activations per
-    tensor at run time (MatMulInteger: ONNX Runtime's VNNI/AMX int8 kernels on x86), or
-    ``"static_qdq"``, calibrated QuantizeLinear/DequantizeLinear pairs (what TensorRT consumes).
+    ``methods``: ``(target, method)`` pairs. ``"dynamic"`` quantizes the weights per channel
+    offline and the activations per tensor at run time (MatMulInteger + DynamicQuantizeLinear:
+    ONNX Runtime's VNNI/AMX int8 kernels on x86; TensorRT does not take these ops).
+    ``"static_qdq"``: QuantizeLinear/DequantizeLinear pairs with activation ranges calibrated on
+    the spec's calibration corpus (``quantize_static``, ``QuantFormat.QDQ``); with ``symmetric``
+    every zero point is 0 (TensorRT's explicit-quantization INT8 requires it). The CPU target's
+    graph is ``model.onnx``; another target's, when its method differs, sits beside it
+    (:meth:`artifact_name`) and that target's config serves it.
     """
 
-    method: str = "static_qdq"
+    methods: tuple[tuple[str, str], ...] = ((CPU_TARGET, "dynamic"), (GPU_TARGET, "static_qdq"))
     op_types: tuple[str, ...] = ("MatMul",)
     weights_only: bool = True  # MatMulConstBOnly: quantize MatMuls with a constant weight only
     per_channel: bool = True
-    activation_type: str = "QUInt8"
+    activation_type: str = "QInt8"  # static only (dynamic activations are always uint8)
     weight_type: str = "QInt8"
+    symmetric: bool = True  # static only: ActivationSymmetric + WeightSymmetric (zero point 0)
     calibrate_method: str = "MinMax"
     # Sensitivity search: regexes grouping quantizable node names; greedy, at most this many rounds.
     sensitivity_groups: tuple[str, ...] = ()
@@ -94,6 +107,36 @@ class Quantization:
     # Groups kept in fp32 from the first trial on (a setting measured earlier; the search still
     # runs when the gate fails with them), so a re-export runs one trial instead of the search.
     keep_fp32: tuple[str, ...] = ()
+    # Per target, groups kept in fp32 instead of ``keep_fp32`` (a method has its own sensitivity).
+    keep_fp32_by_target: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        targets = [t for t, _ in self.methods]
+        if CPU_TARGET not in targets or len(set(targets)) != len(targets):
+            raise ValueError(f"quantization methods {self.methods}: one per target, cpu included")
+        for target, method in self.methods:
+            if target not in TARGETS or method not in INT8_METHODS:
+                raise ValueError(
+                    f"quantization method {target}={method}: targets {TARGETS}, "
+                    f"methods {INT8_METHODS}"
+                )
+
+    def method(self, target: str = CPU_TARGET) -> str:
+        """How int8 is made for ``target`` (the CPU's method where the target declares none)."""
+        return dict(self.methods).get(target) or dict(self.methods)[CPU_TARGET]
+
+    def own_targets(self) -> tuple[str, ...]:
+        """Targets that need a graph of their own (a method other than the CPU's), spec order."""
+        return tuple(t for t, m in self.methods if t != CPU_TARGET and m != self.method())
+
+    def artifact_name(self, target: str) -> str:
+        """File name of ``target``'s int8 graph in the version directory."""
+        if target == CPU_TARGET or target not in self.own_targets():
+            return "model.onnx"
+        return f"model.{self.method(target)}.onnx"
+
+    def kept_fp32(self, target: str = CPU_TARGET) -> tuple[str, ...]:
+        return dict(self.keep_fp32_by_target).get(target, self.keep_fp32)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,13 @@ import numpy as np
 
 from tritonforge.errors import ModelConfigError
 from tritonforge.export.onnx_checks import Dim, graph_io
-from tritonforge.export.spec import BATCH_AXIS, ExportSpec, Inputs, Serving
+from tritonforge.export.spec import (
+    BATCH_AXIS,
+    TENSORRT_INT8_METHODS,
+    ExportSpec,
+    Inputs,
+    Serving,
+)
 from tritonforge.modelconfig import TRITON_TO_NUMPY, pbtxt_to_dict, triton_dtype_of
 from tritonforge.pipelines import PIPELINE_KEY, ROLE_KEY, TASK_KEY, VARIANT_KEY
 
@@ -85,8 +91,16 @@ def build_config(
     warmup: Inputs | None,
     gpu: bool = False,
     quantized: bool = False,
+    int8_method: str = "",
 ) -> dict[str, Any]:
-    """Triton's JSON form of the config for one artifact (CPU, or GPU with ``gpu=True``)."""
+    """Triton's JSON form of the config for one artifact (CPU, or GPU with ``gpu=True``).
+
+    A quantized graph TensorRT cannot build as INT8 (``int8_method`` not in
+    :data:`TENSORRT_INT8_METHODS`, e.g. dynamic MatMulInteger) gets a GPU config equal to its CPU
+    one: on a GPU host that variant stays on the host's CPU rather than being handed to TensorRT.
+    """
+    if gpu and quantized and int8_method not in TENSORRT_INT8_METHODS:
+        gpu = False
     serving = spec.serving or Serving(fp32_name=name)
     batched = spec.max_batch > 0
     pad_names = {t.name: t.pad_value for t in spec.inputs if t.pad_value is not None}

@@ -18,7 +18,12 @@ from tritonforge.deploy.validate.container_code import (
     container_code_findings,
     loadtest_code,
 )
-from tritonforge.deploy.validate.gpu_configs import gpu_config_dirs, gpu_config_findings
+from tritonforge.deploy.validate.gpu_configs import (
+    UNCHECKED_WITHOUT_GPU,
+    gpu_config_dirs,
+    gpu_config_findings,
+    gpu_config_notes,
+)
 from tritonforge.deploy.validate.images import CONTAINER_PINS, pin_findings
 from tritonforge.deploy.validate.k8s import k8s_findings, kustomize_documents, validate_k8s
 from tritonforge.deploy.validate.kserve import kserve_findings
@@ -80,4 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         failed += bool(findings)
     exported = gpu_config_dirs()
     print(f"gpu configs checked: {[p.name for p in exported] or 'none (run `make export`)'}")
+    for note in (n for d in exported for n in gpu_config_notes(d)):
+        print(f"     {note}")
+    print("not checked without a GPU (none here; `make gpu-check` on a GPU host):")
+    for item in UNCHECKED_WITHOUT_GPU:
+        print(f"     - {item}")
     return 1 if failed else 0

@@ -148,6 +148,7 @@ def pipeline_from_pretrained(
     top_k: int = 3,
     extra_sources: Sequence[Path] = (),
     keep_fp32: tuple[str, ...] = (),
+    keep_fp32_by_target: tuple[tuple[str, tuple[str, ...]], ...] = (),
     **pipeline: Any,
 ) -> PipelineSpec:
     """A complete pipeline spec for a Hugging Face checkpoint ``directory``.
@@ -208,13 +209,14 @@ def pipeline_from_pretrained(
         evaluation=partial(_corpus, evaluation, tokenizer, 8),
         evaluation_source=sources[1],
         quality_gate=gate,
+        # int8 per target (Quantization.methods' default): dynamic on CPU (ONNX Runtime's
+        # MatMulInteger kernels, docs/performance.md), calibrated static QDQ for TensorRT hosts.
         quantization=Quantization(
-            # Dynamic int8 runs ONNX Runtime's VNNI/AMX MatMulInteger kernels (docs/performance.md).
-            method="dynamic",
             op_types=("MatMul",),
             sensitivity_groups=SENSITIVITY_GROUPS,
             max_search_rounds=3,
             keep_fp32=keep_fp32,
+            keep_fp32_by_target=keep_fp32_by_target,
         ),
         optimization=(
             GraphOptimization(optimizer, info.num_heads, info.hidden_size) if optimizer else None

@@ -182,7 +182,7 @@ def quantized(tmp_path: Path) -> onnx.ModelProto:
     _matmul_graph(src)
     rng = np.random.default_rng(1)
     calib = [{"x": rng.standard_normal((4, 8)).astype(np.float32)} for _ in range(4)]
-    quantize_int8(src, dst, Quantization(), calib, tmp_path / "cache.json")
+    quantize_int8(src, dst, Quantization(), calib, tmp_path / "cache.json", target="gpu")
     return onnx.load(str(dst))
 
 
@@ -235,7 +235,7 @@ def test_audit_flags_tiny_scale_and_bad_axis(quantized: onnx.ModelProto) -> None
 def dynamic(tmp_path: Path) -> onnx.ModelProto:
     src, dst = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
     _matmul_graph(src)
-    quantize_int8(src, dst, Quantization(method="dynamic"), [], tmp_path / "cache.json")
+    quantize_int8(src, dst, Quantization(), [], tmp_path / "cache.json")
     return onnx.load(str(dst))
 
 
