@@ -582,7 +582,7 @@ class HttpFront:
             for upstream in current:
                 _close_upstream(upstream)
 
-        token = self.admission.open_stream(end)
+        token = self.admission.open_stream(end, _model_of(request.path))
         if token is None:
             return _unavailable(self.admission.full_message())
         response: web.StreamResponse | None = None
@@ -744,11 +744,13 @@ class GrpcFront(grpc.GenericRpcHandler):
                 f"{self.admission.draining}; retry on another replica",
             )
 
-    async def _checked_message(self, message: bytes) -> None:
+    async def _checked_message(self, message: bytes) -> str:
+        """The model a request message goes to, once it passed the checks."""
         request = check_infer_message(message)
         check_model_name(request.model_name, "model_name")
         if VERSION_PARAMETER in request.parameters and self.pins is not None:
             await self.pins(request.model_name, f"request parameter {VERSION_PARAMETER!r}")
+        return str(request.model_name)
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method
@@ -793,7 +795,8 @@ class GrpcFront(grpc.GenericRpcHandler):
         async def checked() -> AsyncIterator[bytes]:
             async for message in requests:
                 try:
-                    await self._checked_message(message)
+                    model = await self._checked_message(message)
+                    self.admission.stream_model(token, model)
                 except FrontError as e:
                     bad.append(e)
                     for call in calls:
@@ -1008,6 +1011,23 @@ class Front:
 
     async def _begin_drain(self, reason: str) -> None:
         self.admission.begin_drain(reason)
+
+    def end_streams(
+        self, models: Iterable[str], reason: str, opened_before_s: float | None = None
+    ) -> int:
+        """End the open streams to ``models`` (opened before ``opened_before_s``, monotonic,
+        when given) with a last message saying ``reason`` (:meth:`Admission.end_streams`); how
+        many. The supervisor calls it when a stub died: its decoupled requests never end."""
+        if not self._thread.is_alive():
+            return 0
+        wanted = list(models)
+
+        async def end() -> int:
+            return self.admission.end_streams(wanted, reason, opened_before_s)
+
+        with contextlib.suppress(Exception):
+            return asyncio.run_coroutine_threadsafe(end(), self._loop).result(timeout=5)
+        return 0
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight through the front (short requests finished,

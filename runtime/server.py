@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import NoReturn
@@ -307,6 +307,15 @@ class EmbeddedServer:
             return self.drain(timeout_s)
         self._front.begin_drain()
         return self._front.wait_idle(timeout_s)
+
+    def end_streams(
+        self, models: Iterable[str], reason: str, opened_before_s: float | None = None
+    ) -> int:
+        """End the front's open streams to ``models`` with a last message saying ``reason``
+        (:meth:`Front.end_streams`); how many (0 without a front)."""
+        if self._front is None:
+            return 0
+        return self._front.end_streams(models, reason, opened_before_s)
 
     def restart(self, stop_timeout_s: float = 5.0) -> EmbeddedServer:
         """Stop (bounded: in-flight requests of a dead stub never finish) and start again on the

@@ -574,6 +574,10 @@ class Supervisor:
             reloaded: list[str] = []
             error = ""
             started = time.monotonic()
+            orphaned = {*models, *affected}
+            ended = f"{', '.join(sorted(models))} crashed and is reloading; retry"
+            if dead:  # a dead stub never ends the streams it held: end them now, with a reason
+                self._end_streams(orphaned, ended)
             try:
                 for model in first:
                     self._load(model)
@@ -588,6 +592,8 @@ class Supervisor:
             except (ServerError, OSError) as e:
                 error = f"; reload failed: {e}"[:500]
                 log.error("supervisor: %s%s", reason, error)
+            if dead:  # Triton kept routing to the dead instance until the new one was in
+                self._end_streams(orphaned, ended, opened_before_s=time.monotonic())
             self._snapshot_stubs(reloaded or first)
             self._pending_reloads()  # asked before this reload: stale now
             with self._lock:
@@ -598,6 +604,13 @@ class Supervisor:
                     f"{time.monotonic() - started:.1f} s{error}"
                 )
             self._record(self.canary())
+
+    def _end_streams(
+        self, models: Iterable[str], reason: str, opened_before_s: float | None = None
+    ) -> None:
+        count = self.server.end_streams(models, reason, opened_before_s)
+        if count:
+            log.warning("supervisor: ended %d open streams (%s)", count, reason)
 
     def _load(self, model: str) -> None:
         """Reload ``model`` (a fresh instance); a load that Triton superseded with its own (it

@@ -9,6 +9,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,8 @@ class FakeServer:
         self.loaded: list[str] = []
         self.restarts = 0
         self.stub_table = {"tok_0_0": (1, "tok"), "enc_0_0": (2, "enc"), "gen_0_0": (3, "gen")}
+        self.events: list[str] = []  # loads and stream endings, in order
+        self.end_reasons: list[str] = []
 
     def stubs(self) -> dict[str, tuple[int, str]]:
         return dict(self.stub_table)
@@ -253,6 +256,14 @@ class FakeServer:
 
     def load_model(self, model: str, force: bool = False) -> None:
         self.loaded.append(model)
+        self.events.append(f"load {model}")
+
+    def end_streams(
+        self, models: Iterable[str], reason: str, opened_before_s: float | None = None
+    ) -> int:
+        self.events.append(f"end {','.join(sorted(models))} {opened_before_s is not None}")
+        self.end_reasons.append(reason)
+        return 1
 
     def restart(self) -> None:
         self.restarts += 1
@@ -309,6 +320,37 @@ def test_a_dead_stub_reloads_its_model_and_its_callers_never_the_server(tmp_path
     health = supervisor.health()
     assert health.model_reloads == 1 and health.server_restarts == 0
     assert "tok_0_0" in health.last_restart_reason
+
+
+def test_a_dead_stub_ends_the_open_streams_to_it_and_its_callers(tmp_path: Path) -> None:
+    """Chaos finding: streams in flight on a decoupled model whose stub died never got their
+    final response (hung 60 s, measured). The supervisor ends the front's streams to the dead
+    model and to every public model calling it: at once, and again after the reload for those
+    that reached the dead instance meanwhile (Triton routes to it until the new one is in)."""
+    server = FakeServer(_repo(tmp_path))
+    supervisor = Scripted(server, [])
+    supervisor._snapshot_stubs()
+    server.stub_table["gen_0_0"] = (13, "gen")
+    supervisor._watch_once()
+    assert server.events == ["end gen False", "load gen", "end gen True"]
+    assert all("gen crashed" in r and "retry" in r for r in server.end_reasons)
+    server.events.clear()
+    server.stub_table["tok_0_0"] = (11, "tok")
+    supervisor._watch_once()
+    assert server.events == ["end ens,tok False", "load tok", "end ens,tok True"]
+
+
+def test_a_reload_asked_by_failing_canaries_ends_no_stream(tmp_path: Path) -> None:
+    """A model whose stub is alive may still be answering its streams: only a dead stub's
+    streams are ended."""
+    server = FakeServer(_repo(tmp_path))
+    broken = {"ens": "ok", "gen": "failed: StatusCode.INTERNAL something broke"}
+    supervisor = Scripted(server, [broken, broken])
+    supervisor._snapshot_stubs()
+    for _ in range(2):
+        supervisor._probe_once()
+    supervisor._watch_once()
+    assert server.events == ["load gen"]
 
 
 def test_a_caller_still_broken_after_the_reload_is_reloaded_too(tmp_path: Path) -> None:
