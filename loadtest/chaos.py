@@ -35,7 +35,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.supervisor import Supervisor, callees, classify_failure
+from tritonforge.runtime.supervisor import OVERLOADED, Supervisor, callees, classify_failure
 
 log = logging.getLogger(__name__)
 
@@ -120,20 +120,31 @@ class ChaosReport:
 
 
 def outcome_kind(error: str, timed_out: bool = False) -> str:
-    """How a failed request ended: hung (no answer in time), lost (the connection or stream
-    broke without an answer) or a clean error (the server answered with a status)."""
+    """How a failed request ended: hung (the client gave up: no answer in time), lost (the
+    connection or stream broke without an answer) or a clean error (the server answered with a
+    status, a server-side timeout included: Triton's "Request timeout expired", generate's
+    "queued longer than queue_timeout_s", the front's "no answer from tritonserver")."""
     lowered = error.lower()
-    timeout = timed_out or any(w in lowered for w in ("deadline", "timed out", "timeout"))
-    if timeout and "no answer from tritonserver" not in lowered:  # the front's own is clean
+    client_gave_up = ("deadline exceeded", "deadline_exceeded", "timed out", "no final response")
+    gave_up = timed_out or any(w in lowered for w in client_gave_up)
+    if gave_up and "no answer from tritonserver" not in lowered:  # the front's own is clean
         return HUNG
     if any(w in lowered for w in _LOST_WORDS):
         return LOST
     return CLEAN
 
 
+def is_down(o: Outcome) -> bool:
+    """Whether ``o`` says its model was down: lost, hung, or a clean error that is not an
+    overload refusal (a full queue or a queue deadline says the model is up and busy)."""
+    if o.kind in (LOST, HUNG):
+        return True
+    return o.kind == CLEAN and classify_failure(o.error) != OVERLOADED
+
+
 def longest_gap_s(outcomes: Sequence[Outcome]) -> float:
-    """Longest time without an OK answer: from the first failed request after an OK one to the
-    next OK answer (or the last failure)."""
+    """Longest time without an OK answer: from the first request that found the model down
+    (:func:`is_down`) after an OK one to the next OK answer (or the last failure)."""
     longest = 0.0
     down_since: float | None = None
     for o in sorted(outcomes, key=lambda o: o.started_s):
@@ -141,7 +152,7 @@ def longest_gap_s(outcomes: Sequence[Outcome]) -> float:
             if down_since is not None:
                 longest = max(longest, o.ended_s - down_since)
                 down_since = None
-        elif o.kind != SHED and down_since is None:
+        elif is_down(o) and down_since is None:
             down_since = o.started_s
     if down_since is not None:
         last = max(o.ended_s for o in outcomes)
@@ -151,12 +162,13 @@ def longest_gap_s(outcomes: Sequence[Outcome]) -> float:
 
 def back_after_s(kill: Kill, outcomes: Sequence[Outcome], until_s: float) -> float | None:
     """Seconds from ``kill`` until every public model that calls the killed one answered OK
-    again after its last failure in [kill, until_s); 0 when none failed, None when one never
-    came back."""
+    again after its last request in [kill, until_s) that found it down (:func:`is_down`: an
+    overload refusal, e.g. under a flood that came later, is not down); 0 when none failed,
+    None when one never came back."""
     worst = 0.0
     for model in kill.public_models:
         window = [o for o in outcomes if o.model == model and kill.at_s <= o.started_s < until_s]
-        failed = [o.started_s for o in window if o.kind not in (OK, SHED)]
+        failed = [o.started_s for o in window if is_down(o)]
         if not failed:
             continue
         oks = [o.ended_s for o in window if o.kind == OK and o.started_s > max(failed)]
@@ -358,8 +370,9 @@ class Chaos:
         self.outcomes: list[Outcome] = []
         self.kills: list[Kill] = []
         self.fault_counts: dict[str, dict[str, int]] = {}
-        self.flooding: set[str] = set()
         self.flooded: set[str] = set()  # every pipeline flooded at some point (no ratio gate)
+        # pipeline -> [start, end] of each flood (end: inf while it lasts)
+        self.floods: dict[str, list[list[float]]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=48)
@@ -414,8 +427,8 @@ class Chaos:
                     del self._local.grpc
         if (
             kind == CLEAN
-            and target.pipeline in self.flooding
-            and classify_failure(error) == "overloaded"
+            and classify_failure(error) == OVERLOADED
+            and self.flooded_during(target.pipeline, started, self.now())
         ):
             kind = SHED
         with self._lock:
@@ -433,6 +446,24 @@ class Chaos:
             n += 1
             next_s += period_s
             self._stop.wait(max(0.0, next_s - time.monotonic()))
+
+    def flooded_during(self, pipeline: str, start_s: float, end_s: float) -> bool:
+        """Whether a flood of ``pipeline`` overlapped [start_s, end_s] (a request queued during
+        a flood and refused just after it is the flood's refusal)."""
+        with self._lock:
+            return any(s <= end_s and start_s <= e for s, e in self.floods.get(pipeline, []))
+
+    @contextlib.contextmanager
+    def _flooding(self, pipeline: str) -> Iterator[None]:
+        window = [self.now(), float("inf")]
+        with self._lock:
+            self.floods.setdefault(pipeline, []).append(window)
+            self.flooded.add(pipeline)
+        try:
+            yield
+        finally:
+            with self._lock:
+                window[1] = self.now()
 
     # -- faults --------------------------------------------------------------------------------
     def _count(self, fault: str, kind: str) -> None:
@@ -476,10 +507,7 @@ class Chaos:
             size += self.flood_extra
             log.info("chaos: flooding %s with %d streams", target.model, size)
             tensor = text_tensor(grpcclient, target.input, "flood: tell me a story", batched=False)
-            with self._lock:
-                self.flooding.add(target.pipeline)
-                self.flooded.add(target.pipeline)
-            try:
+            with self._flooding(target.pipeline):
                 self._run_all(
                     "flood",
                     [
@@ -494,19 +522,13 @@ class Chaos:
                     ]
                     * size,
                 )
-            finally:
-                with self._lock:
-                    self.flooding.discard(target.pipeline)
 
     def sse(self, cancel: bool = False) -> None:
         for target in self._decoupled():
             body = {target.input: "sse: say hello", "parameters": {"max_tokens": 4}}
             log.info("chaos: %d SSE streams to %s%s", self.sse_streams, target.model,
                      " (dropped after the first event)" if cancel else "")  # fmt: skip
-            with self._lock:
-                self.flooding.add(target.pipeline)
-                self.flooded.add(target.pipeline)
-            try:
+            with self._flooding(target.pipeline):
                 self._run_all(
                     "sse_cancel" if cancel else "sse",
                     [
@@ -521,9 +543,6 @@ class Chaos:
                     ]
                     * self.sse_streams,
                 )
-            finally:
-                with self._lock:
-                    self.flooding.discard(target.pipeline)
 
     def cancel(self) -> None:
         import tritonclient.grpc as grpcclient

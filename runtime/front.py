@@ -958,6 +958,7 @@ class Front:
         await self._runner.setup()
         try:
             await web.TCPSite(self._runner, self.host, self.http_port, reuse_address=True).start()
+            self.http_port = int(self._runner.addresses[0][1])  # the bound one (0: any free)
         except OSError as e:
             raise ServerStartError(
                 f"cannot listen on {self.host}:{self.http_port} for HTTP ({e.strerror}); pass "
@@ -979,6 +980,7 @@ class Front:
                 f"cannot listen on {self.host}:{self.grpc_port} for gRPC (port taken?); pass "
                 "--grpc-port or set TRITONFORGE_GRPC_PORT"
             )
+        self.grpc_port = bound
         await self._grpc_server.start()
 
     async def _stop(self) -> None:
@@ -1103,7 +1105,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     log.info(
-        f"==> front on {args.host}: HTTP {args.http_port}, gRPC {args.grpc_port} -> "
+        f"==> front on {args.host}: HTTP {front.http_port}, gRPC {front.grpc_port} -> "
         f"{args.socket_dir} (admin APIs {'need $' + args.admin_key_env if given else 'closed: no key set'})"
     )
     stop.wait()

@@ -168,6 +168,10 @@ class EmbeddedServer:
                 )
             if s.front and self._front is None:
                 self._front = self._make_front().start()  # binds the public ports first
+            if s.front:  # port 0 asked for any free port: from now on the bound ones
+                assert self._front is not None and self._metrics_proxy is not None
+                s.http_port, s.grpc_port = self._front.http_port, self._front.grpc_port
+                s.metrics_port = self._metrics_proxy.port
         except BaseException:
             if self._metrics_proxy is not None and not self.restarting:
                 self._metrics_proxy.stop()

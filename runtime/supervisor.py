@@ -575,7 +575,7 @@ class Supervisor:
             error = ""
             started = time.monotonic()
             orphaned = {*models, *affected}
-            ended = f"{', '.join(sorted(models))} crashed and is reloading; retry"
+            ended = f"{', '.join(sorted(models))} is unavailable: its stub crashed and is reloading; retry"
             if dead:  # a dead stub never ends the streams it held: end them now, with a reason
                 self._end_streams(orphaned, ended)
             try:

@@ -293,3 +293,26 @@ def test_end_streams_ends_sse_streams_to_the_model_with_an_error_event(
     assert upstream.gone.acquire(timeout=5)
     assert get(f, "/v2/health/ready")[0] == 200  # not draining
     sock.close()
+
+
+def test_port_0_binds_free_ports_and_reports_them(tmp_path: Path) -> None:
+    """The port race (#19): helpers picked free ports and released them before the launcher
+    bound them ("address already in use" once). Port 0: the front binds any free port itself,
+    holds it, and reports the bound one; ``ServerSettings.ephemeral`` asks for it."""
+    from tritonforge.runtime.settings import ServerSettings
+
+    assert ServerSettings.ephemeral(tmp_path).http_port == 0
+    assert ServerSettings.ephemeral(tmp_path, front=False).http_port != 0  # Triton binds them
+    f = Front(
+        "127.0.0.1", 0, 0,
+        http_socket=lambda: tmp_path / "absent.sock",
+        grpc_target=lambda: f"unix:{tmp_path}/absent.sock",
+        admin_key=None, admin_header="x-admin", grpc_admin_headers=("x-admin",),
+    ).start()  # fmt: skip
+    try:
+        assert f.http_port and f.grpc_port and f.http_port != f.grpc_port
+        for port in (f.http_port, f.grpc_port):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        assert get(f, "/v2/health/ready")[0] == 503  # the front answers: Triton is not there
+    finally:
+        f.stop()
