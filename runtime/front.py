@@ -1051,6 +1051,12 @@ class Front:
             self._loop.close()
 
 
+def _true_or_false(value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise ValueError(f"true or false, not {value[:16]!r}")
+    return value.lower() == "true"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m tritonforge.runtime front``: the front alone, before a tritonserver started elsewhere with
     ``--http-address=unix:<dir>/http.sock --http-port=1 --grpc-address=unix:<dir>/grpc.sock
@@ -1075,6 +1081,14 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("TRITONFORGE_MODEL_REPOSITORY"),
         help="the served repository (read-only): turns on the OpenAI-compatible /v1 routes",
     )
+    p.add_argument(
+        "--traced",
+        type=_true_or_false,
+        default=False,
+        metavar="true|false",
+        help="tritonserver exports OpenTelemetry spans (its --trace-config=mode=opentelemetry): "
+        "each traced gRPC call gets its own upstream connection (GrpcFront.unary_channel)",
+    )
     defaults = FrontLimits()
     for name, value in vars(defaults).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
@@ -1095,6 +1109,7 @@ def main(argv: list[str] | None = None) -> int:
         grpc_admin_headers=(GRPC_ADMIN_HEADER, ADMIN_HEADER),
         limits=limits,
         openai=openai_settings(args.model_repository, os.environ.get(OPENAI_KEY_ENV)),
+        traced=args.traced,
     )
     try:
         front.start()
