@@ -246,6 +246,14 @@ def stream_once(
             if final is not None and final.bool_param:
                 return OK, ""
     except Exception as e:  # the stream itself broke
+        # "The stream is no longer in valid state, the error detail is reported through provided
+        # callback": the server refused the stream (e.g. the front's max_open_streams); its
+        # answer is the callback's error
+        with contextlib.suppress(queue.Empty):
+            _, error = responses.get(timeout=2.0)
+            if error is not None:
+                text = f"{error.status() or ''} {error}"
+                return outcome_kind(text), text[:300]
         return outcome_kind(str(e)), f"{type(e).__name__}: {e}"[:300]
     finally:
         with contextlib.suppress(Exception):
