@@ -75,6 +75,15 @@ LENGTH_HEADER = "Inference-Header-Content-Length"
 GRPC_STREAMING = {f"{GRPC_SERVICE}ModelStreamInfer"}
 TRACEPARENT_KEY = "traceparent"  # W3C trace context (gRPC metadata key)
 _UPSTREAM_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+# The shared upstream channel: its own subchannel (gRPC's global pool would hand a refreshed
+# channel the old one's connection, still in reconnect back-off after a restart: "tritonserver
+# not reachable" after the supervisor reported the server back, found by test_launcher_lifecycle
+# at load 30), and a back-off capped at 1 s on the local socket.
+_SHARED_UPSTREAM_OPTIONS = [
+    *_UPSTREAM_OPTIONS,
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 GRPC_INFER = f"{GRPC_SERVICE}ModelInfer"
 GRPC_RESTRICTED = {
     GRPC_SERVICE + name
@@ -691,7 +700,7 @@ class GrpcFront(grpc.GenericRpcHandler):
         if self._channel is None or self._channel_target != target:
             if self._channel is not None:
                 asyncio.get_running_loop().create_task(self._channel.close())
-            self._channel = grpc.aio.insecure_channel(target, options=_UPSTREAM_OPTIONS)
+            self._channel = grpc.aio.insecure_channel(target, options=_SHARED_UPSTREAM_OPTIONS)
             self._channel_target = target
         return self._channel
 
