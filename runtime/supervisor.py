@@ -338,7 +338,8 @@ class Supervisor:
         self._stubs: dict[str, int] = {}
         self._stub_models: dict[str, str] = {}
         self._failures: dict[str, int] = {}
-        self._reload_requests: queue.Queue[tuple[frozenset[str], str]] = queue.Queue()
+        # (models, reason, whether a stub is sick: its decoupled streams never end)
+        self._reload_requests: queue.Queue[tuple[frozenset[str], str, bool]] = queue.Queue()
 
     # -- checks ------------------------------------------------------------------------------
     def canary(self) -> dict[str, str]:
@@ -491,21 +492,23 @@ class Supervisor:
             models = {self._stub_models[i] for i in dead if i in self._stub_models}
             self._recover(models, f"stub process of {', '.join(dead)} died", dead)
             return
-        asked, reasons = self._pending_reloads()
+        asked, reasons, sick = self._pending_reloads()
         if asked:
-            self._recover(asked, "; ".join(reasons), ())
+            self._recover(asked, "; ".join(reasons), (), sick=sick)
 
-    def _pending_reloads(self) -> tuple[set[str], list[str]]:
+    def _pending_reloads(self) -> tuple[set[str], list[str], bool]:
         """Every reload the readiness thread asked for so far, together (several canaries may
-        report the same broken stub)."""
+        report the same broken stub), and whether one named an unhealthy stub."""
         models: set[str] = set()
         reasons: list[str] = []
+        sick = False
         with contextlib.suppress(queue.Empty):
             while True:
-                asked, reason = self._reload_requests.get_nowait()
+                asked, reason, stub_sick = self._reload_requests.get_nowait()
                 models |= asked
                 reasons.append(reason)
-        return models, reasons
+                sick = sick or stub_sick
+        return models, reasons, sick
 
     def _probe(self) -> None:
         """Readiness: canaries every ``canary_interval_s``; overload only marks not ready."""
@@ -537,13 +540,13 @@ class Supervisor:
             stubs = unhealthy_stubs(state)
             broken = {self._stub_models.get(i, i.rsplit("_", 2)[0]) for i in stubs}
             if broken:  # the stub reports unhealthy: reload it and what calls it, now
-                self._reload_requests.put((frozenset(broken), f"{model}: {state}"))
+                self._reload_requests.put((frozenset(broken), f"{model}: {state}", True))
                 self._failures[model] = 0
             elif self._failures[model] >= self.failures_to_reload:
                 # broken, and not busy: reload the model and every model it calls
                 targets = frozenset(callees(self.calls, model))
                 why = f"canary failed {self._failures[model]}x for {model}: {state}"
-                self._reload_requests.put((targets, why))
+                self._reload_requests.put((targets, why, False))
                 self._failures[model] = 0
 
     # -- recoveries ----------------------------------------------------------------------------
@@ -554,7 +557,9 @@ class Supervisor:
         else:
             self.on_restart(reason)
 
-    def _recover(self, models: set[str], reason: str, dead: Sequence[str]) -> None:
+    def _recover(
+        self, models: set[str], reason: str, dead: Sequence[str], sick: bool = False
+    ) -> None:
         """Reload ``models``, then every model that calls them and still does not answer
         (explicit control); with another control mode a dead stub can only be revived by
         restarting the server.
@@ -576,7 +581,7 @@ class Supervisor:
             started = time.monotonic()
             orphaned = {*models, *affected}
             ended = f"{', '.join(sorted(models))} is unavailable: its stub crashed and is reloading; retry"
-            if dead:  # a dead stub never ends the streams it held: end them now, with a reason
+            if dead or sick:  # a dead stub never ends the streams it held: end them, saying why
                 self._end_streams(orphaned, ended)
             try:
                 for model in first:
@@ -592,7 +597,7 @@ class Supervisor:
             except (ServerError, OSError) as e:
                 error = f"; reload failed: {e}"[:500]
                 log.error("supervisor: %s%s", reason, error)
-            if dead:  # Triton kept routing to the dead instance until the new one was in
+            if dead or sick:  # Triton kept routing to the dead instance until the new one was in
                 self._end_streams(orphaned, ended, opened_before_s=time.monotonic())
             self._snapshot_stubs(reloaded or first)
             self._pending_reloads()  # asked before this reload: stale now

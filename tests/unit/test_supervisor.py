@@ -340,6 +340,19 @@ def test_a_dead_stub_ends_the_open_streams_to_it_and_its_callers(tmp_path: Path)
     assert server.events == ["end ens,tok False", "load tok", "end ens,tok True"]
 
 
+def test_a_canary_naming_an_unhealthy_stub_ends_its_streams_too(tmp_path: Path) -> None:
+    """Measured in the 10-min chaos: a stub killed while another reload held the supervisor
+    was found by a canary ("Stub process 'generate_0_0' is not healthy"), not by its PID; its
+    streams are orphaned just the same."""
+    server = FakeServer(_repo(tmp_path))
+    sick = "failed: StatusCode.INTERNAL Stub process 'gen_0_0' is not healthy."
+    supervisor = Scripted(server, [{"ens": "ok", "gen": sick}])
+    supervisor._snapshot_stubs()
+    supervisor._probe_once()
+    supervisor._watch_once()
+    assert server.events == ["end gen False", "load gen", "end gen True"]
+
+
 def test_a_reload_asked_by_failing_canaries_ends_no_stream(tmp_path: Path) -> None:
     """A model whose stub is alive may still be answering its streams: only a dead stub's
     streams are ended."""
