@@ -47,7 +47,13 @@ from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.supervisor import OVERLOADED, Supervisor, callees, classify_failure
+from tritonforge.runtime.supervisor import (
+    OVERLOADED,
+    Supervisor,
+    callees,
+    classify_failure,
+    stop_stream,
+)
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +263,7 @@ def stream_once(
         return outcome_kind(str(e)), f"{type(e).__name__}: {e}"[:300]
     finally:
         with contextlib.suppress(Exception):
-            client.stop_stream(cancel_requests=True)
+            stop_stream(client)
         client.close()
 
 
@@ -385,7 +391,8 @@ class Chaos:
         self._stop = threading.Event()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=48)
         self._local = threading.local()
-        self._faults: list[threading.Thread] = []
+        self._faults: list[tuple[str, threading.Thread]] = []
+        self._inflight: dict[int, tuple[Target, float]] = {}  # traffic not answered yet
         self.t0 = time.monotonic()
 
     def now(self) -> float:
@@ -408,6 +415,8 @@ class Chaos:
         import tritonclient.http as httpclient
 
         started = self.now()
+        with self._lock:
+            self._inflight[n] = (target, started)
         text = f"chaos request {n}: the quick brown fox"
         kind, error = OK, ""
         if target.decoupled:
@@ -440,6 +449,8 @@ class Chaos:
         ):
             kind = SHED
         with self._lock:
+            if self._inflight.pop(n, None) is None:
+                return  # already reported hung: the run ended without it
             self.outcomes.append(
                 Outcome(target.pipeline, target.model, started, self.now(), kind, error)
             )
@@ -605,7 +616,7 @@ class Chaos:
             # each fault on its own thread: a long flood must not delay the next kill
             thread = threading.Thread(target=self._fault, args=(fault, actions[fault]), daemon=True)
             thread.start()
-            self._faults.append(thread)
+            self._faults.append((fault, thread))
 
     def _fault(self, name: str, action: Callable[[], None]) -> None:
         try:
@@ -619,11 +630,32 @@ class Chaos:
         injector.start()
         self._traffic(duration_s)
         self._stop.set()
-        injector.join(timeout=self.timeout_s * 4)
-        for thread in self._faults:
-            thread.join(timeout=self.timeout_s * 4)
-        self._pool.shutdown(wait=True)
+        # The end is bounded too: whatever has not returned by then is reported hung.
+        deadline = time.monotonic() + self.timeout_s * 4
+        injector.join(timeout=max(0.0, deadline - time.monotonic()))
+        for _, thread in self._faults:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        while self._inflight and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._give_up()
         return self.report(duration_s)
+
+    def _give_up(self) -> None:
+        """Record what did not return by the end: traffic as hung outcomes, running faults as
+        one hung each (their requests are still out)."""
+        with self._lock:
+            now = self.now()
+            for target, started in self._inflight.values():
+                error = "no outcome by the end of the run"
+                self.outcomes.append(
+                    Outcome(target.pipeline, target.model, started, now, HUNG, error)
+                )
+            self._inflight.clear()
+        for name, thread in self._faults:
+            if thread.is_alive():
+                log.warning("chaos: fault %s still running at the end: counted hung", name)
+                self._count(name, HUNG)
 
     def report(self, duration_s: float) -> ChaosReport:
         report = ChaosReport(duration_s=duration_s, rate_per_s=self.rate_per_s)
