@@ -355,16 +355,21 @@ class Supervisor:
         self._reload_requests: queue.Queue[tuple[frozenset[str], str, bool]] = queue.Queue()
 
     # -- checks ------------------------------------------------------------------------------
-    def canary(self) -> dict[str, str]:
+    def canary(self, models: Iterable[str] | None = None) -> dict[str, str]:
         """Model -> "ok", "overloaded: <error>" or "failed: <error>" of one inference through
-        it, on a connection of its own to Triton's private socket (bounded in time)."""
+        it (every public model, or only ``models``), on a connection of its own to Triton's
+        private socket (bounded in time)."""
         import tritonclient.grpc as grpcclient
+
+        wanted = None if models is None else set(models)
 
         url = self.server.direct_grpc_url
         results: dict[str, str] = {}
         client = grpcclient.InferenceServerClient(url)
         try:
             for name, cfg in self.configs.items():
+                if wanted is not None and name not in wanted:
+                    continue
                 inputs = []
                 for input_name, value in canary_inputs(cfg).items():
                     tensor = grpcclient.InferInput(
@@ -464,9 +469,14 @@ class Supervisor:
         for thread in self._threads:
             thread.join(timeout=30)
 
-    def _record(self, results: dict[str, str], front: str | None = None) -> bool:
-        healthy = bool(results) and all(v == OK for v in results.values())
+    def _record(
+        self, results: dict[str, str], front: str | None = None, partial: bool = False
+    ) -> bool:
+        """Record a canary round (``partial``: of some models only, merged into the rest)."""
         with self._lock:
+            if partial:
+                results = {**self._health.models, **results}
+            healthy = bool(results) and all(v == OK for v in results.values())
             self._health.models = results
             self._health.pipelines = pipeline_states(results, self.owner)
             self._health.healthy = healthy
@@ -600,7 +610,7 @@ class Supervisor:
                 for model in first:
                     self._load(model)
                     reloaded.append(model)
-                results = self.canary()
+                results = self.canary(affected)  # only those: a full round took minutes under load
                 still = [m for m in affected if results.get(m, OK) != OK]
                 broken = {m for m in still if not results[m].startswith(OVERLOADED)}
                 wanted = {c for m in broken for c in callees(self.calls, m)}
@@ -621,7 +631,7 @@ class Supervisor:
                     f"{reason}; reloaded {', '.join(reloaded)} in "
                     f"{time.monotonic() - started:.1f} s{error}"
                 )
-            self._record(self.canary())
+            self._record(self.canary(affected), partial=True)
 
     def _end_streams(
         self, models: Iterable[str], reason: str, opened_before_s: float | None = None

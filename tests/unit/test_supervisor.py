@@ -289,9 +289,12 @@ class Scripted(Supervisor):
     def __init__(self, server: FakeServer, answers: list[dict[str, str]]) -> None:
         super().__init__(server, ["ens", "gen"])  # type: ignore[arg-type]
         self.answers = answers
+        self.asked: list[list[str] | None] = []  # the models of each canary round (None: all)
 
-    def canary(self) -> dict[str, str]:
-        return self.answers.pop(0) if self.answers else {"ens": "ok", "gen": "ok"}
+    def canary(self, models: Iterable[str] | None = None) -> dict[str, str]:
+        self.asked.append(None if models is None else sorted(models))
+        answer = self.answers.pop(0) if self.answers else {"ens": "ok", "gen": "ok"}
+        return {m: v for m, v in answer.items() if models is None or m in set(models)}
 
 
 def test_overloaded_canaries_never_reload_or_restart(tmp_path: Path) -> None:
@@ -351,6 +354,20 @@ def test_a_canary_naming_an_unhealthy_stub_ends_its_streams_too(tmp_path: Path) 
     supervisor._probe_once()
     supervisor._watch_once()
     assert server.events == ["end gen False", "load gen", "end gen True"]
+
+
+def test_a_reload_canaries_only_the_models_it_affects(tmp_path: Path) -> None:
+    """Measured in the 10-min chaos at load 26: each recovery ran two full canary rounds (every
+    public model, generate's waiting up to its timeout under a flood), so one took ~50 s and the
+    next dead stub waited for it. A recovery canaries only the models calling what it reloads."""
+    server = FakeServer(_repo(tmp_path))
+    supervisor = Scripted(server, [])
+    supervisor._snapshot_stubs()
+    supervisor._record({"ens": "ok", "gen": "overloaded: busy"})
+    server.stub_table["tok_0_0"] = (11, "tok")
+    supervisor._watch_once()
+    assert supervisor.asked == [["ens"], ["ens"]]
+    assert supervisor.health().models["gen"] == "overloaded: busy"  # kept, not re-checked
 
 
 def test_a_reload_asked_by_failing_canaries_ends_no_stream(tmp_path: Path) -> None:
