@@ -237,7 +237,12 @@ class GenerateClient:
             raise translate(e, self.context) from e
         finally:
             # Early exit: cancel the request so the server frees its slot.
+            stream = getattr(client, "_stream", None)
             client.stop_stream(cancel_requests=not done)
+            if not done and stream is not None:
+                # tritonclient ends the request iterator only without cancel_requests: its
+                # feeding thread would block forever (one thread leaked per cancelled stream)
+                stream._request_queue.put(None)
             client.close()
 
     def _http(self, prompt: str, params: dict[str, Any], stop: list[str]) -> Iterator[Chunk]:

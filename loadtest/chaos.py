@@ -35,7 +35,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,13 @@ from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.supervisor import Supervisor, callees, classify_failure
+from tritonforge.runtime.supervisor import (
+    OVERLOADED,
+    Supervisor,
+    callees,
+    classify_failure,
+    stop_stream,
+)
 
 log = logging.getLogger(__name__)
 
@@ -120,20 +126,31 @@ class ChaosReport:
 
 
 def outcome_kind(error: str, timed_out: bool = False) -> str:
-    """How a failed request ended: hung (no answer in time), lost (the connection or stream
-    broke without an answer) or a clean error (the server answered with a status)."""
+    """How a failed request ended: hung (the client gave up: no answer in time), lost (the
+    connection or stream broke without an answer) or a clean error (the server answered with a
+    status, a server-side timeout included: Triton's "Request timeout expired", generate's
+    "queued longer than queue_timeout_s", the front's "no answer from tritonserver")."""
     lowered = error.lower()
-    timeout = timed_out or any(w in lowered for w in ("deadline", "timed out", "timeout"))
-    if timeout and "no answer from tritonserver" not in lowered:  # the front's own is clean
+    client_gave_up = ("deadline exceeded", "deadline_exceeded", "timed out", "no final response")
+    gave_up = timed_out or any(w in lowered for w in client_gave_up)
+    if gave_up and "no answer from tritonserver" not in lowered:  # the front's own is clean
         return HUNG
     if any(w in lowered for w in _LOST_WORDS):
         return LOST
     return CLEAN
 
 
+def is_down(o: Outcome) -> bool:
+    """Whether ``o`` says its model was down: lost, hung, or a clean error that is not an
+    overload refusal (a full queue or a queue deadline says the model is up and busy)."""
+    if o.kind in (LOST, HUNG):
+        return True
+    return o.kind == CLEAN and classify_failure(o.error) != OVERLOADED
+
+
 def longest_gap_s(outcomes: Sequence[Outcome]) -> float:
-    """Longest time without an OK answer: from the first failed request after an OK one to the
-    next OK answer (or the last failure)."""
+    """Longest time without an OK answer: from the first request that found the model down
+    (:func:`is_down`) after an OK one to the next OK answer (or the last failure)."""
     longest = 0.0
     down_since: float | None = None
     for o in sorted(outcomes, key=lambda o: o.started_s):
@@ -141,7 +158,7 @@ def longest_gap_s(outcomes: Sequence[Outcome]) -> float:
             if down_since is not None:
                 longest = max(longest, o.ended_s - down_since)
                 down_since = None
-        elif o.kind != SHED and down_since is None:
+        elif is_down(o) and down_since is None:
             down_since = o.started_s
     if down_since is not None:
         last = max(o.ended_s for o in outcomes)
@@ -151,12 +168,13 @@ def longest_gap_s(outcomes: Sequence[Outcome]) -> float:
 
 def back_after_s(kill: Kill, outcomes: Sequence[Outcome], until_s: float) -> float | None:
     """Seconds from ``kill`` until every public model that calls the killed one answered OK
-    again after its last failure in [kill, until_s); 0 when none failed, None when one never
-    came back."""
+    again after its last request in [kill, until_s) that found it down (:func:`is_down`: an
+    overload refusal, e.g. under a flood that came later, is not down); 0 when none failed,
+    None when one never came back."""
     worst = 0.0
     for model in kill.public_models:
         window = [o for o in outcomes if o.model == model and kill.at_s <= o.started_s < until_s]
-        failed = [o.started_s for o in window if o.kind not in (OK, SHED)]
+        failed = [o.started_s for o in window if is_down(o)]
         if not failed:
             continue
         oks = [o.ended_s for o in window if o.kind == OK and o.started_s > max(failed)]
@@ -234,10 +252,18 @@ def stream_once(
             if final is not None and final.bool_param:
                 return OK, ""
     except Exception as e:  # the stream itself broke
+        # "The stream is no longer in valid state, the error detail is reported through provided
+        # callback": the server refused the stream (e.g. the front's max_open_streams); its
+        # answer is the callback's error
+        with contextlib.suppress(queue.Empty):
+            _, error = responses.get(timeout=2.0)
+            if error is not None:
+                text = f"{error.status() or ''} {error}"
+                return outcome_kind(text), text[:300]
         return outcome_kind(str(e)), f"{type(e).__name__}: {e}"[:300]
     finally:
         with contextlib.suppress(Exception):
-            client.stop_stream(cancel_requests=True)
+            stop_stream(client)
         client.close()
 
 
@@ -358,13 +384,15 @@ class Chaos:
         self.outcomes: list[Outcome] = []
         self.kills: list[Kill] = []
         self.fault_counts: dict[str, dict[str, int]] = {}
-        self.flooding: set[str] = set()
         self.flooded: set[str] = set()  # every pipeline flooded at some point (no ratio gate)
+        # pipeline -> [start, end] of each flood (end: inf while it lasts)
+        self.floods: dict[str, list[list[float]]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=48)
         self._local = threading.local()
-        self._faults: list[threading.Thread] = []
+        self._faults: list[tuple[str, threading.Thread]] = []
+        self._inflight: dict[int, tuple[Target, float]] = {}  # traffic not answered yet
         self.t0 = time.monotonic()
 
     def now(self) -> float:
@@ -387,6 +415,8 @@ class Chaos:
         import tritonclient.http as httpclient
 
         started = self.now()
+        with self._lock:
+            self._inflight[n] = (target, started)
         text = f"chaos request {n}: the quick brown fox"
         kind, error = OK, ""
         if target.decoupled:
@@ -414,11 +444,13 @@ class Chaos:
                     del self._local.grpc
         if (
             kind == CLEAN
-            and target.pipeline in self.flooding
-            and classify_failure(error) == "overloaded"
+            and classify_failure(error) == OVERLOADED
+            and self.flooded_during(target.pipeline, started, self.now())
         ):
             kind = SHED
         with self._lock:
+            if self._inflight.pop(n, None) is None:
+                return  # already reported hung: the run ended without it
             self.outcomes.append(
                 Outcome(target.pipeline, target.model, started, self.now(), kind, error)
             )
@@ -433,6 +465,24 @@ class Chaos:
             n += 1
             next_s += period_s
             self._stop.wait(max(0.0, next_s - time.monotonic()))
+
+    def flooded_during(self, pipeline: str, start_s: float, end_s: float) -> bool:
+        """Whether a flood of ``pipeline`` overlapped [start_s, end_s] (a request queued during
+        a flood and refused just after it is the flood's refusal)."""
+        with self._lock:
+            return any(s <= end_s and start_s <= e for s, e in self.floods.get(pipeline, []))
+
+    @contextlib.contextmanager
+    def _flooding(self, pipeline: str) -> Iterator[None]:
+        window = [self.now(), float("inf")]
+        with self._lock:
+            self.floods.setdefault(pipeline, []).append(window)
+            self.flooded.add(pipeline)
+        try:
+            yield
+        finally:
+            with self._lock:
+                window[1] = self.now()
 
     # -- faults --------------------------------------------------------------------------------
     def _count(self, fault: str, kind: str) -> None:
@@ -476,10 +526,7 @@ class Chaos:
             size += self.flood_extra
             log.info("chaos: flooding %s with %d streams", target.model, size)
             tensor = text_tensor(grpcclient, target.input, "flood: tell me a story", batched=False)
-            with self._lock:
-                self.flooding.add(target.pipeline)
-                self.flooded.add(target.pipeline)
-            try:
+            with self._flooding(target.pipeline):
                 self._run_all(
                     "flood",
                     [
@@ -494,19 +541,13 @@ class Chaos:
                     ]
                     * size,
                 )
-            finally:
-                with self._lock:
-                    self.flooding.discard(target.pipeline)
 
     def sse(self, cancel: bool = False) -> None:
         for target in self._decoupled():
             body = {target.input: "sse: say hello", "parameters": {"max_tokens": 4}}
             log.info("chaos: %d SSE streams to %s%s", self.sse_streams, target.model,
                      " (dropped after the first event)" if cancel else "")  # fmt: skip
-            with self._lock:
-                self.flooding.add(target.pipeline)
-                self.flooded.add(target.pipeline)
-            try:
+            with self._flooding(target.pipeline):
                 self._run_all(
                     "sse_cancel" if cancel else "sse",
                     [
@@ -521,9 +562,6 @@ class Chaos:
                     ]
                     * self.sse_streams,
                 )
-            finally:
-                with self._lock:
-                    self.flooding.discard(target.pipeline)
 
     def cancel(self) -> None:
         import tritonclient.grpc as grpcclient
@@ -578,7 +616,7 @@ class Chaos:
             # each fault on its own thread: a long flood must not delay the next kill
             thread = threading.Thread(target=self._fault, args=(fault, actions[fault]), daemon=True)
             thread.start()
-            self._faults.append(thread)
+            self._faults.append((fault, thread))
 
     def _fault(self, name: str, action: Callable[[], None]) -> None:
         try:
@@ -592,11 +630,32 @@ class Chaos:
         injector.start()
         self._traffic(duration_s)
         self._stop.set()
-        injector.join(timeout=self.timeout_s * 4)
-        for thread in self._faults:
-            thread.join(timeout=self.timeout_s * 4)
-        self._pool.shutdown(wait=True)
+        # The end is bounded too: whatever has not returned by then is reported hung.
+        deadline = time.monotonic() + self.timeout_s * 4
+        injector.join(timeout=max(0.0, deadline - time.monotonic()))
+        for _, thread in self._faults:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        while self._inflight and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._give_up()
         return self.report(duration_s)
+
+    def _give_up(self) -> None:
+        """Record what did not return by the end: traffic as hung outcomes, running faults as
+        one hung each (their requests are still out)."""
+        with self._lock:
+            now = self.now()
+            for target, started in self._inflight.values():
+                error = "no outcome by the end of the run"
+                self.outcomes.append(
+                    Outcome(target.pipeline, target.model, started, now, HUNG, error)
+                )
+            self._inflight.clear()
+        for name, thread in self._faults:
+            if thread.is_alive():
+                log.warning("chaos: fault %s still running at the end: counted hung", name)
+                self._count(name, HUNG)
 
     def report(self, duration_s: float) -> ChaosReport:
         report = ChaosReport(duration_s=duration_s, rate_per_s=self.rate_per_s)

@@ -276,6 +276,10 @@ def _start(
     )
     try:
         server.start()
+        log.info(  # the bound ports (a port of 0 asks for any free one)
+            "==> listening: HTTP %s gRPC %s metrics %s",
+            server.http_url, server.grpc_url, server.metrics_url,
+        )  # fmt: skip
         server.wait_ready(cancel=stop)
     except BaseException:
         endpoint.stop()

@@ -75,6 +75,15 @@ LENGTH_HEADER = "Inference-Header-Content-Length"
 GRPC_STREAMING = {f"{GRPC_SERVICE}ModelStreamInfer"}
 TRACEPARENT_KEY = "traceparent"  # W3C trace context (gRPC metadata key)
 _UPSTREAM_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+# The shared upstream channel: its own subchannel (gRPC's global pool would hand a refreshed
+# channel the old one's connection, still in reconnect back-off after a restart: "tritonserver
+# not reachable" after the supervisor reported the server back, found by test_launcher_lifecycle
+# at load 30), and a back-off capped at 1 s on the local socket.
+_SHARED_UPSTREAM_OPTIONS = [
+    *_UPSTREAM_OPTIONS,
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 GRPC_INFER = f"{GRPC_SERVICE}ModelInfer"
 GRPC_RESTRICTED = {
     GRPC_SERVICE + name
@@ -587,7 +596,7 @@ class HttpFront:
             for upstream in current:
                 _close_upstream(upstream)
 
-        token = self.admission.open_stream(end)
+        token = self.admission.open_stream(end, _model_of(request.path))
         if token is None:
             return _unavailable(self.admission.full_message())
         response: web.StreamResponse | None = None
@@ -696,7 +705,7 @@ class GrpcFront(grpc.GenericRpcHandler):
         if self._channel is None or self._channel_target != target:
             if self._channel is not None:
                 asyncio.get_running_loop().create_task(self._channel.close())
-            self._channel = grpc.aio.insecure_channel(target, options=_UPSTREAM_OPTIONS)
+            self._channel = grpc.aio.insecure_channel(target, options=_SHARED_UPSTREAM_OPTIONS)
             self._channel_target = target
         return self._channel
 
@@ -749,11 +758,13 @@ class GrpcFront(grpc.GenericRpcHandler):
                 f"{self.admission.draining}; retry on another replica",
             )
 
-    async def _checked_message(self, message: bytes) -> None:
+    async def _checked_message(self, message: bytes) -> str:
+        """The model a request message goes to, once it passed the checks."""
         request = check_infer_message(message)
         check_model_name(request.model_name, "model_name")
         if VERSION_PARAMETER in request.parameters and self.pins is not None:
             await self.pins(request.model_name, f"request parameter {VERSION_PARAMETER!r}")
+        return str(request.model_name)
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method
@@ -798,7 +809,8 @@ class GrpcFront(grpc.GenericRpcHandler):
         async def checked() -> AsyncIterator[bytes]:
             async for message in requests:
                 try:
-                    await self._checked_message(message)
+                    model = await self._checked_message(message)
+                    self.admission.stream_model(token, model)
                 except FrontError as e:
                     bad.append(e)
                     for call in calls:
@@ -960,6 +972,7 @@ class Front:
         await self._runner.setup()
         try:
             await web.TCPSite(self._runner, self.host, self.http_port, reuse_address=True).start()
+            self.http_port = int(self._runner.addresses[0][1])  # the bound one (0: any free)
         except OSError as e:
             raise ServerStartError(
                 f"cannot listen on {self.host}:{self.http_port} for HTTP ({e.strerror}); pass "
@@ -981,6 +994,7 @@ class Front:
                 f"cannot listen on {self.host}:{self.grpc_port} for gRPC (port taken?); pass "
                 "--grpc-port or set TRITONFORGE_GRPC_PORT"
             )
+        self.grpc_port = bound
         await self._grpc_server.start()
 
     async def _stop(self) -> None:
@@ -1014,6 +1028,23 @@ class Front:
     async def _begin_drain(self, reason: str) -> None:
         self.admission.begin_drain(reason)
 
+    def end_streams(
+        self, models: Iterable[str], reason: str, opened_before_s: float | None = None
+    ) -> int:
+        """End the open streams to ``models`` (opened before ``opened_before_s``, monotonic,
+        when given) with a last message saying ``reason`` (:meth:`Admission.end_streams`); how
+        many. The supervisor calls it when a stub died: its decoupled requests never end."""
+        if not self._thread.is_alive():
+            return 0
+        wanted = list(models)
+
+        async def end() -> int:
+            return self.admission.end_streams(wanted, reason, opened_before_s)
+
+        with contextlib.suppress(Exception):
+            return asyncio.run_coroutine_threadsafe(end(), self._loop).result(timeout=5)
+        return 0
+
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight through the front (short requests finished,
         streams ended); False at the timeout."""
@@ -1032,6 +1063,12 @@ class Front:
             self._thread.join(timeout=10)
         if not self._loop.is_running():
             self._loop.close()
+
+
+def _true_or_false(value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise ValueError(f"true or false, not {value[:16]!r}")
+    return value.lower() == "true"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1058,6 +1095,14 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("TRITONFORGE_MODEL_REPOSITORY"),
         help="the served repository (read-only): turns on the OpenAI-compatible /v1 routes",
     )
+    p.add_argument(
+        "--traced",
+        type=_true_or_false,
+        default=False,
+        metavar="true|false",
+        help="tritonserver exports OpenTelemetry spans (its --trace-config=mode=opentelemetry): "
+        "each traced gRPC call gets its own upstream connection (GrpcFront.unary_channel)",
+    )
     defaults = FrontLimits()
     for name, value in vars(defaults).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
@@ -1078,6 +1123,7 @@ def main(argv: list[str] | None = None) -> int:
         grpc_admin_headers=(GRPC_ADMIN_HEADER, ADMIN_HEADER),
         limits=limits,
         openai=openai_settings(args.model_repository, os.environ.get(OPENAI_KEY_ENV)),
+        traced=args.traced,
     )
     try:
         front.start()
@@ -1088,7 +1134,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     log.info(
-        f"==> front on {args.host}: HTTP {args.http_port}, gRPC {args.grpc_port} -> "
+        f"==> front on {args.host}: HTTP {front.http_port}, gRPC {front.grpc_port} -> "
         f"{args.socket_dir} (admin APIs {'need $' + args.admin_key_env if given else 'closed: no key set'})"
     )
     stop.wait()

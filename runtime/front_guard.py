@@ -136,6 +136,16 @@ def check_model_name(name: str, field: str = "model name") -> None:
         )
 
 
+@dataclass
+class OpenStream:
+    """One open stream: how to end it, when it opened (``time.monotonic``) and the models its
+    requests went to (an SSE stream has one; a gRPC stream may name several)."""
+
+    end: Callable[[str], None]
+    opened_s: float
+    models: set[str]
+
+
 class Admission:
     """What the front lets through: every request while accepting, at most ``max_open_streams``
     long-lived streams (SSE and gRPC) at once; on drain, nothing new, and every open stream is
@@ -145,24 +155,49 @@ class Admission:
         self.max_open_streams = max_open_streams
         self.draining: str | None = None  # the reason, once draining
         self.short = 0  # short requests in flight
-        self._streams: dict[int, Callable[[str], None]] = {}
+        self._streams: dict[int, OpenStream] = {}
         self._next = 0
 
     @property
     def open_streams(self) -> int:
         return len(self._streams)
 
-    def open_stream(self, end: Callable[[str], None]) -> int | None:
-        """A slot for a stream (``end(reason)`` ends it on drain); None past the bound."""
+    def open_stream(self, end: Callable[[str], None], model: str | None = None) -> int | None:
+        """A slot for a stream (``end(reason)`` ends it on drain or :meth:`end_streams`); None
+        past the bound. ``model``: where it goes, when known at once (SSE)."""
         if len(self._streams) >= self.max_open_streams:
             return None
         self._next += 1
-        self._streams[self._next] = end
+        self._streams[self._next] = OpenStream(end, time.monotonic(), {model} if model else set())
         return self._next
+
+    def stream_model(self, token: int | None, model: str) -> None:
+        """Record that stream ``token`` sent a request to ``model``."""
+        stream = self._streams.get(token) if token is not None else None
+        if stream is not None:
+            stream.models.add(model)
 
     def close_stream(self, token: int | None) -> None:
         if token is not None:
             self._streams.pop(token, None)
+
+    def end_streams(
+        self, models: Iterable[str], reason: str, opened_before_s: float | None = None
+    ) -> int:
+        """End every open stream that sent a request to one of ``models`` (and opened before
+        ``opened_before_s``, a ``time.monotonic`` value, when given) with ``reason``; how many.
+        A decoupled model whose stub died never sends the final response of the requests it
+        held: without this their clients would wait forever."""
+        wanted = set(models)
+        ended = 0
+        for stream in list(self._streams.values()):
+            if not stream.models & wanted:
+                continue
+            if opened_before_s is not None and stream.opened_s >= opened_before_s:
+                continue
+            stream.end(reason)
+            ended += 1
+        return ended
 
     def full_message(self) -> str:
         return (
@@ -173,8 +208,8 @@ class Admission:
     def begin_drain(self, reason: str) -> None:
         """Refuse new requests from now on and end the open streams with ``reason``."""
         self.draining = reason
-        for end in list(self._streams.values()):
-            end(reason)
+        for stream in list(self._streams.values()):
+            stream.end(reason)
 
     def idle(self) -> bool:
         return self.short == 0 and not self._streams

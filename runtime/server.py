@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import NoReturn
@@ -168,6 +168,10 @@ class EmbeddedServer:
                 )
             if s.front and self._front is None:
                 self._front = self._make_front().start()  # binds the public ports first
+            if s.front:  # port 0 asked for any free port: from now on the bound ones
+                assert self._front is not None and self._metrics_proxy is not None
+                s.http_port, s.grpc_port = self._front.http_port, self._front.grpc_port
+                s.metrics_port = self._metrics_proxy.port
         except BaseException:
             if self._metrics_proxy is not None and not self.restarting:
                 self._metrics_proxy.stop()
@@ -307,6 +311,15 @@ class EmbeddedServer:
             return self.drain(timeout_s)
         self._front.begin_drain()
         return self._front.wait_idle(timeout_s)
+
+    def end_streams(
+        self, models: Iterable[str], reason: str, opened_before_s: float | None = None
+    ) -> int:
+        """End the front's open streams to ``models`` with a last message saying ``reason``
+        (:meth:`Front.end_streams`); how many (0 without a front)."""
+        if self._front is None:
+            return 0
+        return self._front.end_streams(models, reason, opened_before_s)
 
     def restart(self, stop_timeout_s: float = 5.0) -> EmbeddedServer:
         """Stop (bounded: in-flight requests of a dead stub never finish) and start again on the

@@ -70,9 +70,12 @@ class ServerSettings:
 
     @classmethod
     def ephemeral(cls, model_repository: Path, **kwargs: object) -> ServerSettings:
-        """Settings on free loopback ports, for tests and benchmarks."""
+        """Settings on free loopback ports, for tests and benchmarks. Behind the front, port 0:
+        the launcher binds any free port itself and holds it (``start()`` writes the bound
+        ports back here), so no other process can take it between picking and binding; without
+        the front Triton binds them, so they are picked free here (racy, benchmarks only)."""
         for key in ("http_port", "grpc_port", "metrics_port"):
-            kwargs.setdefault(key, free_port())
+            kwargs.setdefault(key, 0 if kwargs.get("front", True) else free_port())
         return cls(model_repository=model_repository, host="127.0.0.1", **kwargs)  # type: ignore[arg-type]
 
     @property

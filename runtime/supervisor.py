@@ -292,8 +292,21 @@ def stream_canary(url: str, model: str, inputs: list[Any], timeout_s: float) -> 
             if final is not None and final.bool_param:
                 return
     finally:
-        client.stop_stream(cancel_requests=True)
+        stop_stream(client)
         client.close()
+
+
+def stop_stream(client: Any) -> None:
+    """``client.stop_stream(cancel_requests=True)`` without its thread leak: tritonclient then
+    never ends the request iterator, so the thread gRPC feeds the stream from blocks forever
+    (measured: one thread per canary; the 10-min chaos process reached 4,900 threads)."""
+    stream = getattr(client, "_stream", None)
+    try:
+        client.stop_stream(cancel_requests=True)
+    finally:
+        queued = getattr(stream, "_request_queue", None)
+        if queued is not None:
+            queued.put(None)  # the end of the request stream
 
 
 def _error_text(e: BaseException) -> str:
@@ -338,19 +351,25 @@ class Supervisor:
         self._stubs: dict[str, int] = {}
         self._stub_models: dict[str, str] = {}
         self._failures: dict[str, int] = {}
-        self._reload_requests: queue.Queue[tuple[frozenset[str], str]] = queue.Queue()
+        # (models, reason, whether a stub is sick: its decoupled streams never end)
+        self._reload_requests: queue.Queue[tuple[frozenset[str], str, bool]] = queue.Queue()
 
     # -- checks ------------------------------------------------------------------------------
-    def canary(self) -> dict[str, str]:
+    def canary(self, models: Iterable[str] | None = None) -> dict[str, str]:
         """Model -> "ok", "overloaded: <error>" or "failed: <error>" of one inference through
-        it, on a connection of its own to Triton's private socket (bounded in time)."""
+        it (every public model, or only ``models``), on a connection of its own to Triton's
+        private socket (bounded in time)."""
         import tritonclient.grpc as grpcclient
+
+        wanted = None if models is None else set(models)
 
         url = self.server.direct_grpc_url
         results: dict[str, str] = {}
         client = grpcclient.InferenceServerClient(url)
         try:
             for name, cfg in self.configs.items():
+                if wanted is not None and name not in wanted:
+                    continue
                 inputs = []
                 for input_name, value in canary_inputs(cfg).items():
                     tensor = grpcclient.InferInput(
@@ -450,9 +469,14 @@ class Supervisor:
         for thread in self._threads:
             thread.join(timeout=30)
 
-    def _record(self, results: dict[str, str], front: str | None = None) -> bool:
-        healthy = bool(results) and all(v == OK for v in results.values())
+    def _record(
+        self, results: dict[str, str], front: str | None = None, partial: bool = False
+    ) -> bool:
+        """Record a canary round (``partial``: of some models only, merged into the rest)."""
         with self._lock:
+            if partial:
+                results = {**self._health.models, **results}
+            healthy = bool(results) and all(v == OK for v in results.values())
             self._health.models = results
             self._health.pipelines = pipeline_states(results, self.owner)
             self._health.healthy = healthy
@@ -491,21 +515,23 @@ class Supervisor:
             models = {self._stub_models[i] for i in dead if i in self._stub_models}
             self._recover(models, f"stub process of {', '.join(dead)} died", dead)
             return
-        asked, reasons = self._pending_reloads()
+        asked, reasons, sick = self._pending_reloads()
         if asked:
-            self._recover(asked, "; ".join(reasons), ())
+            self._recover(asked, "; ".join(reasons), (), sick=sick)
 
-    def _pending_reloads(self) -> tuple[set[str], list[str]]:
+    def _pending_reloads(self) -> tuple[set[str], list[str], bool]:
         """Every reload the readiness thread asked for so far, together (several canaries may
-        report the same broken stub)."""
+        report the same broken stub), and whether one named an unhealthy stub."""
         models: set[str] = set()
         reasons: list[str] = []
+        sick = False
         with contextlib.suppress(queue.Empty):
             while True:
-                asked, reason = self._reload_requests.get_nowait()
+                asked, reason, stub_sick = self._reload_requests.get_nowait()
                 models |= asked
                 reasons.append(reason)
-        return models, reasons
+                sick = sick or stub_sick
+        return models, reasons, sick
 
     def _probe(self) -> None:
         """Readiness: canaries every ``canary_interval_s``; overload only marks not ready."""
@@ -537,13 +563,13 @@ class Supervisor:
             stubs = unhealthy_stubs(state)
             broken = {self._stub_models.get(i, i.rsplit("_", 2)[0]) for i in stubs}
             if broken:  # the stub reports unhealthy: reload it and what calls it, now
-                self._reload_requests.put((frozenset(broken), f"{model}: {state}"))
+                self._reload_requests.put((frozenset(broken), f"{model}: {state}", True))
                 self._failures[model] = 0
             elif self._failures[model] >= self.failures_to_reload:
                 # broken, and not busy: reload the model and every model it calls
                 targets = frozenset(callees(self.calls, model))
                 why = f"canary failed {self._failures[model]}x for {model}: {state}"
-                self._reload_requests.put((targets, why))
+                self._reload_requests.put((targets, why, False))
                 self._failures[model] = 0
 
     # -- recoveries ----------------------------------------------------------------------------
@@ -554,7 +580,9 @@ class Supervisor:
         else:
             self.on_restart(reason)
 
-    def _recover(self, models: set[str], reason: str, dead: Sequence[str]) -> None:
+    def _recover(
+        self, models: set[str], reason: str, dead: Sequence[str], sick: bool = False
+    ) -> None:
         """Reload ``models``, then every model that calls them and still does not answer
         (explicit control); with another control mode a dead stub can only be revived by
         restarting the server.
@@ -574,11 +602,15 @@ class Supervisor:
             reloaded: list[str] = []
             error = ""
             started = time.monotonic()
+            orphaned = {*models, *affected}
+            ended = f"{', '.join(sorted(models))} is unavailable: its stub crashed and is reloading; retry"
+            if dead or sick:  # a dead stub never ends the streams it held: end them, saying why
+                self._end_streams(orphaned, ended)
             try:
                 for model in first:
                     self._load(model)
                     reloaded.append(model)
-                results = self.canary()
+                results = self.canary(affected)  # only those: a full round took minutes under load
                 still = [m for m in affected if results.get(m, OK) != OK]
                 broken = {m for m in still if not results[m].startswith(OVERLOADED)}
                 wanted = {c for m in broken for c in callees(self.calls, m)}
@@ -588,6 +620,8 @@ class Supervisor:
             except (ServerError, OSError) as e:
                 error = f"; reload failed: {e}"[:500]
                 log.error("supervisor: %s%s", reason, error)
+            if dead or sick:  # Triton kept routing to the dead instance until the new one was in
+                self._end_streams(orphaned, ended, opened_before_s=time.monotonic())
             self._snapshot_stubs(reloaded or first)
             self._pending_reloads()  # asked before this reload: stale now
             with self._lock:
@@ -597,7 +631,14 @@ class Supervisor:
                     f"{reason}; reloaded {', '.join(reloaded)} in "
                     f"{time.monotonic() - started:.1f} s{error}"
                 )
-            self._record(self.canary())
+            self._record(self.canary(affected), partial=True)
+
+    def _end_streams(
+        self, models: Iterable[str], reason: str, opened_before_s: float | None = None
+    ) -> None:
+        count = self.server.end_streams(models, reason, opened_before_s)
+        if count:
+            log.warning("supervisor: ended %d open streams (%s)", count, reason)
 
     def _load(self, model: str) -> None:
         """Reload ``model`` (a fresh instance); a load that Triton superseded with its own (it

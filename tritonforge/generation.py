@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -239,6 +240,7 @@ class Generation:
     tokens: list[int] = field(default_factory=list)
     finished: bool = False
     id: int = field(default_factory=itertools.count().__next__)
+    queued_s: float = 0.0  # the scheduler's clock when it was queued
 
     def finish(self, text: str, reason: str) -> None:
         if not self.finished:
@@ -322,10 +324,17 @@ class Scheduler:
         max_queue: int,
         on_step: Callable[[int, int], None] | None = None,
         max_prefill_tokens: int = 2048,
+        queue_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
         after every step (metrics). Requests admitted together are prefilled in one call of at
-        most ``max_prefill_tokens`` padded tokens (a long prompt is prefilled alone)."""
+        most ``max_prefill_tokens`` padded tokens (a long prompt is prefilled alone). A sequence
+        still waiting for a slot ``queue_timeout_s`` after :meth:`submit` ends with
+        :class:`StageUnavailableError` (None: it waits as long as it takes)."""
+        if queue_timeout_s is not None and queue_timeout_s <= 0:
+            raise ValueError(f"queue_timeout_s must be > 0, got {queue_timeout_s}")
+        self.queue_timeout_s, self.clock = queue_timeout_s, clock
         self.max_prefill_tokens = max_prefill_tokens
         self.step_fn, self.empty_past = step_fn, empty_past
         self.on_step = on_step
@@ -350,6 +359,7 @@ class Scheduler:
                     f"generate: overloaded ({len(self.batch)} running, {len(self.waiting)} "
                     f"queued, max_queue {self.max_queue}); retry later"
                 )
+            seq.queued_s = self.clock()
             self.waiting.append(seq)
             self.cond.notify()
 
@@ -394,6 +404,7 @@ class Scheduler:
     def step(self) -> None:
         try:
             self._retire_cancelled()
+            self._expire_queued()
             self._admit()
             if self.batch.rows:
                 self._decode()
@@ -418,6 +429,25 @@ class Scheduler:
         for i in gone:
             self.batch.rows[i].fail(CancelledError("generate: request cancelled"))
         self.batch.remove(gone)
+
+    def _expire_queued(self) -> None:
+        """End the sequences that waited ``queue_timeout_s`` for a slot: a clean refusal in
+        bounded time instead of an answer after everything queued ahead of them."""
+        if self.queue_timeout_s is None:
+            return
+        expired: list[Generation] = []
+        with self.cond:
+            now = self.clock()
+            while self.waiting and now - self.waiting[0].queued_s >= self.queue_timeout_s:
+                expired.append(self.waiting.popleft())  # FIFO: the oldest are first
+            running, queued = len(self.batch), len(self.waiting)
+        for seq in expired:
+            seq.fail(
+                StageUnavailableError(
+                    f"generate: overloaded: queued longer than queue_timeout_s {self.queue_timeout_s:g} s "
+                    f"({running} running, {queued} queued); retry later"
+                )
+            )
 
     def _admit(self) -> None:
         """Prefill the sequences that fit (free slots, ``max_prefill_tokens`` padded tokens) in

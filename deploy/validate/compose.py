@@ -115,6 +115,18 @@ def compose_findings(doc: Mapping[str, Any], root: Path = PROJECT_ROOT) -> list[
     return out
 
 
+def _compose_mounts(svc: Mapping[str, Any]) -> dict[str, tuple[str, bool]]:
+    """Mount target -> (source, read-only) of every volume and bind of a compose service."""
+    out: dict[str, tuple[str, bool]] = {}
+    for vol in svc.get("volumes") or []:
+        if isinstance(vol, dict):
+            out[str(vol.get("target"))] = (str(vol.get("source")), bool(vol.get("read_only")))
+        elif ":" in str(vol):
+            source, target, *mode = str(vol).split(":")
+            out[target] = (source, "ro" in mode)
+    return out
+
+
 def _compose_volume_sources(svc: Mapping[str, Any]) -> dict[str, str]:
     """Mount target -> named volume of a compose service (long and short syntax)."""
     out: dict[str, str] = {}
@@ -143,12 +155,20 @@ def compose_front_findings(doc: Mapping[str, Any]) -> list[str]:
     def shared(path: str) -> bool:
         return path in t_vols and t_vols[path] == f_vols.get(path)
 
+    t_all, f_all = _compose_mounts(triton), _compose_mounts(front)
+
+    def same_volume(path: str) -> bool:  # the same source, read-only in the front
+        return (
+            path in t_all and path in f_all and t_all[path][0] == f_all[path][0] and f_all[path][1]
+        )
+
     out = front_findings(
         "compose",
         triton_command([str(a) for a in triton.get("command") or []]),
         command,
         shared,
         env.get(ADMIN_KEY_ENV) == ADMIN_KEY_REF,
+        same_volume,
     )
     flags = triton_flags(front_args(command) or [])
     published = sorted(str(p).rsplit(":", 1)[-1] for p in front.get("ports") or [])

@@ -203,8 +203,14 @@ def k8s_front_findings(
         name = t_mounts.get(path)
         return name is not None and name == f_mounts.get(path) and "emptyDir" in volumes[name]
 
+    f_read_only = {m["mountPath"]: bool(m.get("readOnly")) for m in front.get("volumeMounts", [])}
+
+    def same_volume(path: str) -> bool:  # the same volume, read-only in the front
+        name = t_mounts.get(path)
+        return name is not None and name == f_mounts.get(path) and f_read_only[path]
+
     out = front_findings(
-        "k8s", [str(a) for a in triton.get("args", [])], command, shared, from_secret
+        "k8s", [str(a) for a in triton.get("args", [])], command, shared, from_secret, same_volume
     )
     if not from_secret:
         out.append(f"k8s: {ADMIN_KEY_ENV} must come from a Secret (valueFrom.secretKeyRef)")

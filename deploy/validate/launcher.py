@@ -71,12 +71,19 @@ def front_findings(
     front_command: list[str],
     shared: Callable[[str], bool],
     front_env_has_key: bool,
+    same_volume: Callable[[str], bool] | None = None,
 ) -> list[str]:
     """What the front before tritonserver needs in a container deployment: Triton's HTTP/gRPC on
     ``unix:`` sockets in the front's ``--socket-dir`` (runtime.front.triton_listen_args), that
     directory a volume both containers mount (``shared(dir)``), the admin key from the front's
-    environment and not on any command line, no restricted flags on Triton."""
+    environment and not on any command line, no restricted flags on Triton; Triton's
+    ``--model-repository`` given to the front too and mounted there from the same volume
+    (``same_volume(path)``; the front's ``/v1`` routes read tokenizers and chat templates from
+    it: without it ``/v1`` is off), and ``--traced=true`` when Triton exports OpenTelemetry
+    spans (the front then gives each traced gRPC call its own upstream connection:
+    ``GrpcFront.unary_channel``)."""
     from tritonforge.runtime.front import triton_listen_args
+    from tritonforge.runtime.tracing import tracing_enabled
 
     args = front_args(front_command)
     if args is None:
@@ -100,6 +107,23 @@ def front_findings(
         out.append(f"{where}: the front needs {ADMIN_KEY_ENV} in its environment")
     if any(ADMIN_KEY_REF in a or "admin-key=" in a for a in [*args, *triton_args]):
         out.append(f"{where}: the admin key must not be on a command line (world-readable)")
+    repository = have.get("--model-repository")
+    if repository and flags.get("--model-repository") != repository:
+        out.append(
+            f"{where}: the front needs --model-repository={repository} (tritonserver's; without "
+            "it the OpenAI-compatible /v1 routes are off)"
+        )
+    elif repository and same_volume is not None and not same_volume(repository):
+        out.append(
+            f"{where}: the front must mount {repository} from tritonserver's model repository "
+            "volume (read-only)"
+        )
+    if tracing_enabled(triton_args) and flags.get("--traced") != "true":
+        out.append(
+            f"{where}: tritonserver traces with OpenTelemetry: the front needs --traced=true (a "
+            "traced gRPC call gets its own upstream connection; Triton 2.51 drops the "
+            "traceparent of some calls on a shared one)"
+        )
     out += launcher_flag_findings(where, triton_args, ADMIN_KEY_REF, fronted=True)
     return out
 

@@ -74,6 +74,7 @@ def render_config(spec: DecoderSpec, variant: str, int8: bool) -> str:
         "default_max_new_tokens": s.default_max_new_tokens,
         "max_running": s.max_running,
         "max_queue": s.max_queue,
+        "queue_timeout_s": f"{s.queue_timeout_s:g}",
         "intra_op_threads": s.intra_op_threads,
         "warmup_prompt": s.warmup_prompt,
         TASK_KEY: "generation",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -163,19 +164,48 @@ def gzip_bomb(inflated_bytes: int) -> bytes:
     return first + repeated * (count - 1) + final_empty_block + trailer
 
 
+LISTENING = re.compile(r"==> listening: HTTP \S+:(\d+) gRPC \S+:(\d+) metrics \S+:(\d+)")
+
+
 @dataclass
 class Launcher:
-    """``python -m tritonforge.runtime serve`` in a subprocess, its output collected."""
+    """``python -m tritonforge.runtime serve`` in a subprocess, its output collected. Its ports
+    are the ones it reports having bound (``==> listening: ...``; asked for port 0, it binds
+    any free one and holds it), so no other process can take one between picking and binding."""
 
     proc: subprocess.Popen[str]
-    http_port: int
-    grpc_port: int
-    metrics_port: int
+    requested: tuple[int, int, int] = (0, 0, 0)
     lines: list[str] = field(default_factory=list)
 
     @property
     def output(self) -> str:
         return "".join(self.lines)
+
+    def ports(self, timeout_s: float = 120.0) -> tuple[int, int, int]:
+        """(HTTP, gRPC, metrics) as bound; waits for the launcher to report them."""
+        if all(self.requested):
+            return self.requested
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = next((m for ln in self.lines if (m := LISTENING.search(ln))), None)
+            if found:
+                http, grpc, metrics = (int(g) for g in found.groups())
+                return http, grpc, metrics
+            assert self.proc.poll() is None, self.output
+            time.sleep(0.1)
+        raise AssertionError(f"no ports reported after {timeout_s} s:\n{self.output}")
+
+    @property
+    def http_port(self) -> int:
+        return self.ports()[0]
+
+    @property
+    def grpc_port(self) -> int:
+        return self.ports()[1]
+
+    @property
+    def metrics_port(self) -> int:
+        return self.ports()[2]
 
     def health_url(self, timeout_s: float = 120.0) -> str:
         deadline = time.monotonic() + timeout_s
@@ -203,10 +233,12 @@ def launch(
     env: dict[str, str] | None = None,
     ports: tuple[int, int, int] | None = None,
 ) -> Launcher:
+    """Start ``serve`` on ``ports`` (default 0: any free ones, bound and held by the launcher
+    itself; before, ports picked free here and released could be taken before ``serve`` bound
+    them: "address already in use")."""
     from tests.conftest import PROJECT_ROOT
-    from tritonforge.runtime.server import free_port
 
-    http_port, grpc_port, metrics_port = ports or (free_port(), free_port(), free_port())
+    http_port, grpc_port, metrics_port = ports or (0, 0, 0)
     command = [
         sys.executable, "-m", "tritonforge.runtime", "serve", "--quiet", "--model-repository", str(repo),
         "--http-port", str(http_port), "--grpc-port", str(grpc_port),
@@ -220,7 +252,7 @@ def launch(
         text=True,
         env={**os.environ, **(env or {})},
     )
-    launcher = Launcher(proc, http_port, grpc_port, metrics_port)
+    launcher = Launcher(proc, (http_port, grpc_port, metrics_port))
     assert proc.stdout is not None
     threading.Thread(
         target=lambda: launcher.lines.extend(iter(proc.stdout.readline, "")),  # type: ignore[union-attr]

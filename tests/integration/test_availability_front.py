@@ -38,7 +38,9 @@ LONG = "Write a very long story about a dragon, a knight and a castle by the sea
 # cancelled stream decoded to its end: max_tokens=400 is tens of seconds here.
 FREED_WITHIN_S = 4.0
 MAX_TOKENS = 400
-SIGTERM_BOUND_S = 20.0
+# 21.6 s measured at load 14 (exit 0, nothing left): under 30 s it still catches a shutdown
+# held by Triton's 30 s exit timeout (the old 33-41 s)
+SIGTERM_BOUND_S = 28.0
 
 
 def inflight(server: EmbeddedServer) -> tuple[int, int]:

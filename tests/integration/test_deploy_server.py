@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import ServeFn
 from tritonforge.deploy import validate as dv
 from tritonforge.runtime.locate import find_triton
-from tritonforge.runtime.server import ADMIN_HEADER, EmbeddedServer, free_port
+from tritonforge.runtime.server import ADMIN_HEADER, EmbeddedServer
 
 pytestmark = pytest.mark.integration
 
@@ -103,10 +103,9 @@ def compose_front(deployed: EmbeddedServer) -> Iterator[tuple[str, str]]:
     environment as compose passes it; yields its HTTP and gRPC addresses."""
     command = dv.compose_document()["services"]["front"]["command"]
     args = [a for a in dv.front_args(command) or [] if a.split("=", 1)[0] not in FRONT_OWN_FLAGS]
-    http_port, grpc_port = free_port(), free_port()
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # port 0: the front binds free ones and says which
         [sys.executable, *dv.FRONT_COMMAND[1:], *args, f"--socket-dir={deployed.socket_dir}", "--host=127.0.0.1",
-         f"--http-port={http_port}", f"--grpc-port={grpc_port}"],
+         "--http-port=0", "--grpc-port=0"],
         cwd=dv.PROJECT_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -115,8 +114,10 @@ def compose_front(deployed: EmbeddedServer) -> Iterator[tuple[str, str]]:
     )  # fmt: skip
     try:
         assert proc.stdout is not None
-        assert "==> front on" in proc.stdout.readline()
-        yield f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+        line = proc.stdout.readline()
+        bound = re.search(r"==> front on \S+: HTTP (\d+), gRPC (\d+)", line)
+        assert bound, line
+        yield f"127.0.0.1:{bound[1]}", f"127.0.0.1:{bound[2]}"
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0

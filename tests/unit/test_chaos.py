@@ -15,6 +15,7 @@ from tritonforge.loadtest.chaos import (
     PipelineReport,
     back_after_s,
     gates,
+    is_down,
     longest_gap_s,
     outcome_kind,
 )
@@ -29,6 +30,33 @@ def test_outcome_kind_tells_hung_lost_and_clean_apart() -> None:
     assert outcome_kind("StatusCode.INTERNAL Stub process 'tokenizer_0_0' is not healthy") == CLEAN
     # the front's own answer after request_timeout_s is an answer, not a hang
     assert outcome_kind("StatusCode.UNAVAILABLE no answer from tritonserver within 60") == CLEAN
+    # so are the server's queue deadlines (they contain "timeout" but are refusals with a status)
+    queued = "generate: overloaded: queued longer than queue_timeout_s 10 s (16 running, 3 queued)"
+    assert outcome_kind(f"StatusCode.UNAVAILABLE {queued}; retry later") == CLEAN
+    assert outcome_kind("InferenceServerException: [503] Request timeout expired") == CLEAN
+    assert outcome_kind("no final response within 60 s") == HUNG
+
+
+def test_overload_refusals_are_not_downtime_but_crash_errors_are() -> None:
+    """Chaos finding: generate "back after 95.3 s" because the refusals of the floods that came
+    after the kill counted as down; a busy model is up."""
+    refused = Outcome("generate", "generate", 1.0, 1.1, CLEAN, "StatusCode.UNAVAILABLE overloaded")
+    assert not is_down(refused)
+    queued = "generate: overloaded: queued longer than queue_timeout_s 10 s; retry later"
+    assert not is_down(Outcome("generate", "generate", 1.0, 1.1, CLEAN, queued))
+    ended = "generate is unavailable: its stub crashed and is reloading; retry: stream ended"
+    assert is_down(Outcome("generate", "generate", 1.0, 1.1, CLEAN, ended))
+    assert is_down(Outcome("generate", "generate", 1.0, 1.1, CLEAN, "has no available versions"))
+    assert is_down(Outcome("generate", "generate", 1.0, 1.1, LOST, "reset"))
+    kill = Kill(10.0, "generate_0_0", "generate", ["generate"], ["generate"])
+    outcomes = [
+        Outcome("generate", "generate", 10.1, 10.2, CLEAN, ended),
+        Outcome("generate", "generate", 14.0, 14.5, OK),  # back after 4.5 s
+        Outcome("generate", "generate", 30.0, 40.0, CLEAN, queued),  # a later flood
+        Outcome("generate", "generate", 41.0, 41.5, OK),
+    ]
+    assert back_after_s(kill, outcomes, until_s=60.0) == 4.5
+    assert longest_gap_s(outcomes) == 4.4
 
 
 def _o(model: str, start: float, end: float, kind: str) -> Outcome:

@@ -136,6 +136,23 @@ def test_compose_findings_catch_regressions(
             lambda d: d["volumes"]["triton-sockets"]["driver_opts"].update(o="mode=0777"),
             "mode=0700",
         ),
+        # #19: the sidecar front had no --model-repository (/v1 off in compose) and no tracing
+        (
+            lambda d: d["services"]["front"]["command"].remove("--model-repository=/models"),
+            "the front needs --model-repository=/models",
+        ),
+        (
+            lambda d: d["services"]["front"]["volumes"].pop(1),
+            "the front must mount /models from tritonserver's model repository volume",
+        ),
+        (
+            lambda d: d["services"]["front"]["volumes"][1].pop("read_only"),
+            "(read-only)",
+        ),
+        (
+            lambda d: d["services"]["front"]["command"].remove("--traced=true"),
+            "the front needs --traced=true",
+        ),
     ],
 )
 def test_compose_front_findings_catch_regressions(
@@ -273,6 +290,18 @@ def test_k8s_deployment_has_what_production_needs(k8s_docs: list[dict[str, Any]]
         (lambda pod, ctr: pod["volumes"][2]["emptyDir"].pop("medium"), "/dev/shm"),
         (lambda pod, ctr: ctr["volumeMounts"][0].pop("readOnly"), "/models"),
         (lambda pod, ctr: ctr["args"].append("--model-config-name=config"), "--model-config-name"),
+        (
+            lambda pod, ctr: pod["containers"][1]["args"].remove("--model-repository=/models"),
+            "the front needs --model-repository=/models",
+        ),
+        (
+            lambda pod, ctr: pod["containers"][1]["volumeMounts"].pop(2),
+            "the front must mount /models",
+        ),
+        (
+            lambda pod, ctr: pod["containers"][1]["args"].remove("--traced=true"),
+            "the front needs --traced=true",
+        ),
     ],
 )
 def test_k8s_findings_catch_regressions(
@@ -685,3 +714,28 @@ def test_check_model_cpu_against_cpu(tmp_path: Path) -> None:
     assert "encoder_tiny" in results[1].row(gpu_check.DEFAULT_MIN_COSINE)
     with pytest.raises(gpu_check.ModelMissingError, match="make export"):
         gpu_check.check_model(tmp_path / "nope.onnx", [], 1, 1, 1, tmp_path)
+
+
+def test_the_standalone_front_takes_the_deployments_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flags compose and k8s give the sidecar front parse (``--traced=true`` turns the
+    tracing mitigation on; ``--model-repository`` the /v1 routes)."""
+    from tritonforge.runtime import front as front_module
+
+    compose = dv.load_yaml(dv.COMPOSE_FILE)
+    args = dv.front_args([str(a) for a in compose["services"]["front"]["command"]]) or []
+    assert "--traced=true" in args and "--model-repository=/models" in args
+    seen: dict[str, object] = {}
+
+    class StopError(Exception):
+        pass
+
+    def fake_front(*_: object, **kwargs: object) -> object:
+        seen.update(kwargs)
+        raise StopError
+
+    monkeypatch.setattr(front_module, "Front", fake_front)
+    with pytest.raises(StopError):  # /models is not here: without it the flags are the deployments'
+        front_module.main([a for a in args if not a.startswith("--model-repository")])
+    assert seen["traced"] is True
+    with pytest.raises(SystemExit):
+        front_module.main(["--socket-dir=/tmp", "--traced=maybe"])

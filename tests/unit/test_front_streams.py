@@ -85,13 +85,13 @@ def front(tmp_path: Path) -> Iterator[tuple[Front, Upstream]]:
         server.stop(grace=None)
 
 
-def request() -> bytes:
-    return service_pb2.ModelInferRequest(model_name="generate").SerializeToString()
+def request(model: str = "generate") -> bytes:
+    return service_pb2.ModelInferRequest(model_name=model).SerializeToString()
 
 
-def open_stream(f: Front) -> tuple[grpc.Channel, Any]:
+def open_stream(f: Front, model: str = "generate") -> tuple[grpc.Channel, Any]:
     channel = grpc.insecure_channel(f"127.0.0.1:{f.grpc_port}")
-    call = channel.stream_stream(STREAM)(iter([request()]), timeout=30)
+    call = channel.stream_stream(STREAM)(iter([request(model)]), timeout=30)
     return channel, call
 
 
@@ -136,6 +136,34 @@ def test_drain_ends_open_streams_with_a_reason_and_refuses_new_calls(
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # never Triton's NOT_FOUND
     assert f.wait_idle(timeout_s=5)
     channel.close()
+
+
+def test_end_streams_ends_only_the_streams_to_those_models_with_a_reason(
+    front: tuple[Front, Upstream],
+) -> None:
+    """Chaos finding: a decoupled model whose stub died never ends the streams it held (the
+    supervisor calls this): the streams to it get a last message saying why, the others and
+    new streams go on."""
+    f, upstream = front
+    gen_channel, gen = open_stream(f, "generate")
+    other_channel, other = open_stream(f, "other")
+    next(gen), next(other)
+    assert f.end_streams(["generate"], "generate crashed and is reloading; retry") == 1
+    last = None
+    for message in gen:
+        last = service_pb2.ModelStreamInferResponse.FromString(message)
+    assert last is not None
+    assert last.error_message == "generate crashed and is reloading; retry: stream ended"
+    assert upstream.cancelled.acquire(timeout=5)
+    next(other), next(other)  # untouched
+    assert f.end_streams(["generate"], "again", opened_before_s=0.0) == 0
+    after = time.monotonic()
+    new_channel, new = open_stream(f, "generate")
+    next(new)  # a stream opened later is not ended by a call about earlier ones
+    assert f.end_streams(["generate"], "late", opened_before_s=after) == 0
+    for channel, call in ((other_channel, other), (new_channel, new), (gen_channel, gen)):
+        call.cancel()
+        channel.close()
 
 
 class SseUpstream:
@@ -249,3 +277,42 @@ def test_drain_ends_sse_streams_with_an_error_event(sse_front: tuple[Front, SseU
     assert upstream.gone.acquire(timeout=5)
     assert get(f, "/v2/health/ready")[0] == 503
     sock.close()
+
+
+def test_end_streams_ends_sse_streams_to_the_model_with_an_error_event(
+    sse_front: tuple[Front, SseUpstream],
+) -> None:
+    f, upstream = sse_front
+    sock = sse(f)
+    assert f.end_streams(["other"], "other crashed") == 0
+    assert f.end_streams(["generate"], "generate crashed and is reloading; retry") == 1
+    rest = b""
+    while b"0\r\n\r\n" not in rest:
+        rest += sock.recv(65536)
+    assert b'"error":"generate crashed and is reloading; retry: stream ended"' in rest
+    assert upstream.gone.acquire(timeout=5)
+    assert get(f, "/v2/health/ready")[0] == 200  # not draining
+    sock.close()
+
+
+def test_port_0_binds_free_ports_and_reports_them(tmp_path: Path) -> None:
+    """The port race (#19): helpers picked free ports and released them before the launcher
+    bound them ("address already in use" once). Port 0: the front binds any free port itself,
+    holds it, and reports the bound one; ``ServerSettings.ephemeral`` asks for it."""
+    from tritonforge.runtime.settings import ServerSettings
+
+    assert ServerSettings.ephemeral(tmp_path).http_port == 0
+    assert ServerSettings.ephemeral(tmp_path, front=False).http_port != 0  # Triton binds them
+    f = Front(
+        "127.0.0.1", 0, 0,
+        http_socket=lambda: tmp_path / "absent.sock",
+        grpc_target=lambda: f"unix:{tmp_path}/absent.sock",
+        admin_key=None, admin_header="x-admin", grpc_admin_headers=("x-admin",),
+    ).start()  # fmt: skip
+    try:
+        assert f.http_port and f.grpc_port and f.http_port != f.grpc_port
+        for port in (f.http_port, f.grpc_port):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        assert get(f, "/v2/health/ready")[0] == 503  # the front answers: Triton is not there
+    finally:
+        f.stop()

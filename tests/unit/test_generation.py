@@ -238,3 +238,37 @@ def test_a_request_pinning_another_variant_is_refused_naming_the_field() -> None
         InvalidInputError, match=r"^variant: model 'generate' serves variant 'fp32'"
     ):
         check_variant("int8", "fp32", "generate")
+
+
+def test_a_request_queued_past_queue_timeout_s_is_refused_and_the_rest_still_run() -> None:
+    """Chaos finding: the engine's queue had no deadline, so a request admitted behind floods
+    waited as long as they took (35 hung past 60 s). A fake clock: no timing in a unit test."""
+    now = [0.0]
+    out: list = []
+    sched = Scheduler(
+        toy_step, empty_past, [EOS], max_running=1, max_queue=4, queue_timeout_s=10.0,
+        clock=lambda: now[0],
+    )  # fmt: skip
+    running = make([1], 20, out=out)
+    sched.submit(running)
+    sched.step()  # running takes the only slot
+    old, young = make([2], 2, out=out), make([3], 2, out=out)
+    sched.submit(old)
+    now[0] = 6.0
+    sched.submit(young)
+    now[0] = 10.0
+    sched.step()  # old waited 10 s: refused; young (4 s) waits on
+    errors = [e for i, e, r in out if i == old.id and r == "error"]
+    assert len(errors) == 1 and isinstance(errors[0], StageUnavailableError)
+    assert "queued longer than queue_timeout_s 10 s" in str(errors[0])
+    assert "retry later" in str(errors[0])
+    assert list(sched.waiting) == [young] and sched.batch.rows == [running]
+    running.is_cancelled = lambda: True
+    sched.run_until_idle()  # young gets the freed slot before its deadline and finishes
+    assert [r for i, _, r in out if i == young.id and r] == [FINISH_LENGTH]
+    assert len([r for i, _, r in out if i == old.id and r]) == 1  # exactly one final
+
+
+def test_queue_timeout_s_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="queue_timeout_s"):
+        Scheduler(toy_step, empty_past, [EOS], max_running=1, max_queue=1, queue_timeout_s=0)

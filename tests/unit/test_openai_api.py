@@ -275,6 +275,12 @@ def test_chunks_and_completions_have_openais_shape() -> None:
     ("message", "status"),
     [
         ("generate: overloaded (16 running, 64 queued, max_queue 64); retry later", 503),
+        (
+            "generate: overloaded: queued longer than queue_timeout_s 10 s (16 running, 3 "
+            "queued); retry later",
+            503,
+        ),
+        ("generate is unavailable: its stub crashed and is reloading; retry: stream ended", 503),
         ("invalid sampling parameters: top_k must be >= 0", 400),
         ("generate: decoder step failed (RuntimeError: x)", 500),
     ],

@@ -9,6 +9,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,8 @@ class FakeServer:
         self.loaded: list[str] = []
         self.restarts = 0
         self.stub_table = {"tok_0_0": (1, "tok"), "enc_0_0": (2, "enc"), "gen_0_0": (3, "gen")}
+        self.events: list[str] = []  # loads and stream endings, in order
+        self.end_reasons: list[str] = []
 
     def stubs(self) -> dict[str, tuple[int, str]]:
         return dict(self.stub_table)
@@ -253,6 +256,14 @@ class FakeServer:
 
     def load_model(self, model: str, force: bool = False) -> None:
         self.loaded.append(model)
+        self.events.append(f"load {model}")
+
+    def end_streams(
+        self, models: Iterable[str], reason: str, opened_before_s: float | None = None
+    ) -> int:
+        self.events.append(f"end {','.join(sorted(models))} {opened_before_s is not None}")
+        self.end_reasons.append(reason)
+        return 1
 
     def restart(self) -> None:
         self.restarts += 1
@@ -278,9 +289,12 @@ class Scripted(Supervisor):
     def __init__(self, server: FakeServer, answers: list[dict[str, str]]) -> None:
         super().__init__(server, ["ens", "gen"])  # type: ignore[arg-type]
         self.answers = answers
+        self.asked: list[list[str] | None] = []  # the models of each canary round (None: all)
 
-    def canary(self) -> dict[str, str]:
-        return self.answers.pop(0) if self.answers else {"ens": "ok", "gen": "ok"}
+    def canary(self, models: Iterable[str] | None = None) -> dict[str, str]:
+        self.asked.append(None if models is None else sorted(models))
+        answer = self.answers.pop(0) if self.answers else {"ens": "ok", "gen": "ok"}
+        return {m: v for m, v in answer.items() if models is None or m in set(models)}
 
 
 def test_overloaded_canaries_never_reload_or_restart(tmp_path: Path) -> None:
@@ -309,6 +323,64 @@ def test_a_dead_stub_reloads_its_model_and_its_callers_never_the_server(tmp_path
     health = supervisor.health()
     assert health.model_reloads == 1 and health.server_restarts == 0
     assert "tok_0_0" in health.last_restart_reason
+
+
+def test_a_dead_stub_ends_the_open_streams_to_it_and_its_callers(tmp_path: Path) -> None:
+    """Chaos finding: streams in flight on a decoupled model whose stub died never got their
+    final response (hung 60 s, measured). The supervisor ends the front's streams to the dead
+    model and to every public model calling it: at once, and again after the reload for those
+    that reached the dead instance meanwhile (Triton routes to it until the new one is in)."""
+    server = FakeServer(_repo(tmp_path))
+    supervisor = Scripted(server, [])
+    supervisor._snapshot_stubs()
+    server.stub_table["gen_0_0"] = (13, "gen")
+    supervisor._watch_once()
+    assert server.events == ["end gen False", "load gen", "end gen True"]
+    assert all("gen is unavailable: its stub crashed" in r for r in server.end_reasons)
+    server.events.clear()
+    server.stub_table["tok_0_0"] = (11, "tok")
+    supervisor._watch_once()
+    assert server.events == ["end ens,tok False", "load tok", "end ens,tok True"]
+
+
+def test_a_canary_naming_an_unhealthy_stub_ends_its_streams_too(tmp_path: Path) -> None:
+    """Measured in the 10-min chaos: a stub killed while another reload held the supervisor
+    was found by a canary ("Stub process 'generate_0_0' is not healthy"), not by its PID; its
+    streams are orphaned just the same."""
+    server = FakeServer(_repo(tmp_path))
+    sick = "failed: StatusCode.INTERNAL Stub process 'gen_0_0' is not healthy."
+    supervisor = Scripted(server, [{"ens": "ok", "gen": sick}])
+    supervisor._snapshot_stubs()
+    supervisor._probe_once()
+    supervisor._watch_once()
+    assert server.events == ["end gen False", "load gen", "end gen True"]
+
+
+def test_a_reload_canaries_only_the_models_it_affects(tmp_path: Path) -> None:
+    """Measured in the 10-min chaos at load 26: each recovery ran two full canary rounds (every
+    public model, generate's waiting up to its timeout under a flood), so one took ~50 s and the
+    next dead stub waited for it. A recovery canaries only the models calling what it reloads."""
+    server = FakeServer(_repo(tmp_path))
+    supervisor = Scripted(server, [])
+    supervisor._snapshot_stubs()
+    supervisor._record({"ens": "ok", "gen": "overloaded: busy"})
+    server.stub_table["tok_0_0"] = (11, "tok")
+    supervisor._watch_once()
+    assert supervisor.asked == [["ens"], ["ens"]]
+    assert supervisor.health().models["gen"] == "overloaded: busy"  # kept, not re-checked
+
+
+def test_a_reload_asked_by_failing_canaries_ends_no_stream(tmp_path: Path) -> None:
+    """A model whose stub is alive may still be answering its streams: only a dead stub's
+    streams are ended."""
+    server = FakeServer(_repo(tmp_path))
+    broken = {"ens": "ok", "gen": "failed: StatusCode.INTERNAL something broke"}
+    supervisor = Scripted(server, [broken, broken])
+    supervisor._snapshot_stubs()
+    for _ in range(2):
+        supervisor._probe_once()
+    supervisor._watch_once()
+    assert server.events == ["load gen"]
 
 
 def test_a_caller_still_broken_after_the_reload_is_reloaded_too(tmp_path: Path) -> None:
@@ -366,3 +438,26 @@ def test_a_stub_that_dies_during_another_reload_is_still_seen_dead(tmp_path: Pat
     assert supervisor.dead_stubs() == ["tok_0_0"]
     supervisor._watch_once()
     assert server.loaded == ["enc", "tok"]
+
+
+def test_stop_stream_ends_the_request_iterator_after_a_cancel() -> None:
+    """tritonclient's ``stop_stream(cancel_requests=True)`` never ends the request iterator, so
+    gRPC's feeding thread blocked forever: one thread leaked per canary stream (the 10-min chaos
+    process reached 4,900 threads). ``stop_stream`` ends it."""
+    import queue
+    from types import SimpleNamespace
+
+    from tritonforge.runtime.supervisor import stop_stream
+
+    requests: queue.Queue[object] = queue.Queue()
+    calls: list[bool] = []
+
+    class Client:
+        _stream = SimpleNamespace(_request_queue=requests)
+
+        def stop_stream(self, cancel_requests: bool = False) -> None:
+            calls.append(cancel_requests)
+            self._stream = None  # as tritonclient does
+
+    stop_stream(Client())
+    assert calls == [True] and requests.get_nowait() is None
