@@ -204,7 +204,7 @@ def save_checkpoint(layout: Layout) -> Path:
     for attr in ("quantization_config",):
         if hasattr(config, attr):
             delattr(config, attr)
-    config.torch_dtype = torch.float32
+    config.dtype = torch.float32
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     fresh.load_state_dict(model.state_dict())
     tmp = out.with_name(out.name + ".tmp")
