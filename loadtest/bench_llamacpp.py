@@ -114,7 +114,7 @@ def llamacpp_stream(url: str, prompt_ids: Callable[[str], list[int]]) -> StreamF
     import requests
 
     def stream(prompt: str, max_tokens: int) -> Iterator[str]:
-        body = {
+        body: dict[str, Any] = {
             "prompt": prompt_ids(prompt),
             "n_predict": max_tokens,
             "temperature": 0,
@@ -364,7 +364,7 @@ def _genai_targets(
         notes.append(f"ONNX Runtime GenAI: no checkpoint {layout.checkpoint} (make llamacpp)")
         return []
     from tritonforge.export.specs.smollm2 import smollm2_spec
-    from tritonforge.text import read_sentences
+    from tritonforge.export.specs.text import read_sentences
 
     spec = smollm2_spec()
     rows = [tokenizer.encode(t).ids for t in read_sentences(spec.perplexity_file)]
