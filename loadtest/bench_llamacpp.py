@@ -47,7 +47,8 @@ from tritonforge.loadtest.bench_generate import (
 )
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 
-log = logging.getLogger(__name__)
+# named, not __name__: run as `python -m` that is __main__, which logging leaves at warning
+log = logging.getLogger("tritonforge.loadtest.bench_llamacpp")
 
 ANCHOR = "llama.cpp q8_0"
 REFERENCE = "triton fp32"  # greedy agreement is against this row's outputs

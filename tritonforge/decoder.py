@@ -4,6 +4,7 @@ restated: past inputs are ``past_key_values.<i>.key|value`` and presents ``prese
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -30,13 +31,22 @@ def present_names(layers: int) -> list[str]:
 class OrtDecoder:
     """``step(ids, mask, positions, past) -> (logits, presents)`` over an ONNX decoder."""
 
-    def __init__(self, path: Path, intra_op_threads: int = 1) -> None:
+    def __init__(
+        self,
+        path: Path,
+        intra_op_threads: int = 1,
+        session_config: Mapping[str, str] | None = None,
+    ) -> None:
+        """``session_config``: ONNX Runtime session config entries (``session.*`` keys, e.g.
+        ``session.intra_op.allow_spinning``: ``"0"``), passed as they are."""
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        for key, value in (session_config or {}).items():
+            options.add_session_config_entry(key, value)
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.layers = sum(1 for n in inputs if n.startswith(PAST_PREFIX)) // 2
