@@ -166,13 +166,96 @@ def decoder_file(model_dir: Path) -> Path:
     return model_dir / "1" / config.param("decoder_file", kind=str)
 
 
+SPIN = "session.intra_op.allow_spinning"
+
+
+def served_spinning(repo: Path, work: Path, rounds: int, max_tokens: int) -> dict[str, Any]:
+    """The served int8 model with ONNX Runtime's spinning off (the decoder's default) and on
+    (``session.intra_op.allow_spinning`` = 1 added to its config), two models of one temporary
+    repository (hard links), interleaved rounds at 1 and 8 streams."""
+    import shutil
+
+    from tritonforge.loadtest.bench_generate import client_stream, median_cells, run_cell
+    from tritonforge.pipelines import generators_from_repository
+    from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+
+    src = repo / generators_from_repository(repo)["generate"].model("int8")
+    tmp = work / "served-spinning"
+    shutil.rmtree(tmp, ignore_errors=True)
+    # The decoder's default is off (tritonforge.decoder.SESSION_DEFAULTS); "on" sets it back.
+    names = {"spinning off (default)": src.name, "spinning on": f"{src.name}_spin"}
+    for label, name in names.items():
+        shutil.copytree(
+            src, tmp / name, copy_function=os.link, ignore=shutil.ignore_patterns("__pycache__")
+        )
+        config = tmp / name / "config.pbtxt"
+        text = config.read_text().replace(f'name: "{src.name}"', f'name: "{name}"')
+        if label == "spinning on":
+            text += f'parameters {{ key: "{SPIN}" value: {{ string_value: "1" }} }}\n'
+        config.unlink()  # a hard link: never write through it
+        config.write_text(text)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(src / "1" / "tokenizer.json"))
+
+    def count(text: str) -> int:
+        return len(tok.encode(text, add_special_tokens=False).ids)
+
+    settings = ServerSettings.ephemeral(
+        tmp, model_control_mode="explicit", load_models=list(names.values())
+    )
+    server = EmbeddedServer(settings)
+    server.start()
+    cells = []
+    try:
+        server.wait_ready()
+        streams = {
+            label: client_stream(server.grpc_url, "grpc", model=name)
+            for label, name in names.items()
+        }
+        for stream in streams.values():
+            for _ in stream("Hello", 4):
+                pass
+        for rnd in range(rounds):
+            for label, stream in streams.items():
+                for conc, per_client in ((1, 2), (8, 1)):
+                    cell = run_cell(label, stream, count, conc, per_client, max_tokens)
+                    cell.round = rnd
+                    log.info("    served %s x%d: %.1f tok/s", label, conc, cell.tokens_per_s)
+                    cells.append(cell)
+    finally:
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        f"{c.target} x{c.concurrency}": {
+            "tokens_per_s": round(c.tokens_per_s, 2),
+            "itl_p50_ms": round(c.itl_p50_ms, 1),
+            "ttft_p50_ms": round(c.ttft_p50_ms, 1),
+        }
+        for c in median_cells(cells)
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tritonforge.loadtest.decoder_experiments")
     p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     p.add_argument("--build-dir", type=Path, default=Path("build"))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quantize", action="store_true", help="also bits x block size (+ gate)")
+    p.add_argument("--served", action="store_true", help="only: served int8, spinning on vs off")
+    p.add_argument("--max-tokens", type=int, default=32)
     args = p.parse_args(argv)
+    if args.served:
+        out: dict[str, Any] = {"load_average": os.getloadavg()}
+        out["served_spinning"] = served_spinning(
+            args.model_repository, args.build_dir, args.repeats, args.max_tokens
+        )
+        out["load_average_end"] = os.getloadavg()
+        (args.build_dir / "decoder_experiments_served.json").write_text(
+            json.dumps(out, indent=2) + "\n"
+        )
+        print(json.dumps(out, indent=2))
+        return 0
     from tokenizers import Tokenizer
 
     from tritonforge.pipelines import generators_from_repository
@@ -184,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = json.loads((version / "export_report.json").read_text())
     meta = OrtDecoder(int8, intra_op_threads=2)
     load = os.getloadavg()
-    out: dict[str, Any] = {"load_average": load, "past": PAST, "steps": STEPS}
+    out = {"load_average": load, "past": PAST, "steps": STEPS}
     sessions = {
         "baseline (2 threads, spinning, ORT_ENABLE_ALL)": session(int8),
         "1 thread": session(int8, threads=1),

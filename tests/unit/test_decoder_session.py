@@ -45,16 +45,22 @@ def tiny_decoder(path: Path) -> Path:
 
 def test_session_config_entries_reach_onnx_runtime(tmp_path: Path) -> None:
     path = tiny_decoder(tmp_path / "decoder.onnx")
-    dec = OrtDecoder(path, 1, {"session.intra_op.allow_spinning": "0"})
+    dec = OrtDecoder(path, 1, {"session.use_env_allocators": "1"})
     options = dec.session.get_session_options()
-    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.get_session_config_entry("session.use_env_allocators") == "1"
     ids = np.array([[3, 4]], np.int64)
     logits, presents = dec(ids, np.ones_like(ids), np.arange(2)[None], dec.empty_past())
     assert logits.shape == (1, 2, 1) and logits[0, 1, 0] == 4.0 and len(presents) == 2
 
 
-def test_without_entries_onnx_runtime_keeps_its_defaults(tmp_path: Path) -> None:
-    dec = OrtDecoder(tiny_decoder(tmp_path / "decoder.onnx"), 1)
-    options = dec.session.get_session_options()
+def test_spinning_is_off_by_default_and_a_config_entry_turns_it_back_on(tmp_path: Path) -> None:
+    path = tiny_decoder(tmp_path / "decoder.onnx")
+    options = OrtDecoder(path, 1).session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    on = OrtDecoder(path, 1, {"session.intra_op.allow_spinning": "1"})
+    assert (
+        on.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+        == "1"
+    )
     with pytest.raises(RuntimeError, match="does not have configuration"):
-        options.get_session_config_entry("session.intra_op.allow_spinning")
+        options.get_session_config_entry("session.use_env_allocators")
