@@ -16,7 +16,8 @@ says whether every row emitted the same count (``same_token_counts``). Tokens ar
 re-tokenizing the streamed text with our tokenizer on every side. Per cell: decode tok/s (one
 stream: 1000 / median inter-token ms), aggregate tok/s, TTFT p50, p99 inter-token latency.
 Beside each row: greedy agreement with our fp32 output (mean common-prefix fraction of its
-tokens, and identical outputs out of 8) and held-out perplexity where computable. Ratios vs
+tokens, and identical outputs; each prompt's first output in round 0, 1 stream first: fp32 is
+batch-invariant, so its reference is its alone output) and held-out perplexity where computable. Ratios vs
 llama.cpp q8_0, each target marked met/missed; JSON + PNG into ``build/``. Without a llama.cpp
 build the section says so and reports ours.
 """
@@ -296,7 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
         targets += _genai_targets(args, layout, notes, prompt_ids, tokenizer)
         texts: dict[str, dict[str, str]] = {}
-        cells = _interleaved(args, targets, count, texts)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cells = _interleaved(args, targets, count, texts, out.with_suffix(".rounds.json"))
     finally:
         for srv in reversed(servers):
             srv.stop()
@@ -393,9 +395,11 @@ def _interleaved(
     targets: Sequence[Target],
     count: Callable[[str], int],
     texts: dict[str, dict[str, str]],
+    partial: Path | None = None,
 ) -> list[Cell]:
-    """Warm every target up, then ``rounds`` rounds over every (target, concurrency); the
-    1-stream outputs of round 0 go into ``texts[label][prompt]``."""
+    """Warm every target up, then ``rounds`` rounds over every (target, concurrency); the first
+    output of each prompt in round 0 (lowest concurrency first) goes into
+    ``texts[label][prompt]``."""
     cells: list[Cell] = []
     for t in targets:  # warm-up (first-call costs are not measured)
         for _ in t.stream(PROMPTS[0], 4):
@@ -403,7 +407,7 @@ def _interleaved(
     for rnd in range(args.rounds):
         for t in targets:
             for c in t.concurrency:
-                collect = texts.setdefault(t.label, {}) if c == 1 and rnd == 0 else None
+                collect = texts.setdefault(t.label, {}) if rnd == 0 else None
                 per_client = args.single_requests if c == 1 else 1
                 cell = run_cell(
                     t.label, t.stream, count, c, per_client, args.max_tokens, texts=collect
@@ -415,6 +419,8 @@ def _interleaved(
                     f" (load {os.getloadavg()[0]:.1f})"
                 )
                 cells.append(cell)
+        if partial is not None:  # what a cut-short run still leaves
+            partial.write_text(json.dumps([asdict(c) for c in cells], indent=1) + "\n")
     return cells
 
 
