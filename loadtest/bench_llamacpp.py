@@ -285,7 +285,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             for quant in llamacpp.QUANTS:
                 srv = llamacpp.LlamaServer(layout, quant, parallel=max(16, *args.concurrency))
-                srv.start()
+                try:
+                    srv.start()
+                except llamacpp.LlamaCppError as e:
+                    notes.append(f"llama.cpp {quant}: could not start: {e}")
+                    continue
                 servers.append(srv)
                 targets.append(
                     Target(
