@@ -225,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--variants", nargs="*", help="served decoder variants (default: all)")
     p.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp even when built")
     p.add_argument("--no-genai", action="store_true", help="skip ONNX Runtime GenAI")
+    p.add_argument("--llamacpp-poll", type=int, default=0, help="llama-server --poll (0-100)")
     p.add_argument("--genai-precisions", nargs="*", default=list(ortgenai.PRECISIONS))
     p.add_argument(
         "--out", type=Path, default=None, help="JSON (default build/bench_llamacpp.json)"
@@ -284,7 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         else:
             for quant in llamacpp.QUANTS:
-                srv = llamacpp.LlamaServer(layout, quant, parallel=max(16, *args.concurrency))
+                srv = llamacpp.LlamaServer(
+                    layout, quant, parallel=max(16, *args.concurrency), poll=args.llamacpp_poll
+                )
                 try:
                     srv.start()
                 except llamacpp.LlamaCppError as e:

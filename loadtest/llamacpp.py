@@ -262,7 +262,7 @@ def free_port() -> int:
 
 class LlamaServer:
     """``llama-server`` on a free loopback port: continuous batching, ``parallel`` slots of
-    ``ctx_per_slot`` tokens each, ``threads`` threads."""
+    ``ctx_per_slot`` tokens each, ``threads`` threads, polling level ``poll`` (0-100)."""
 
     def __init__(
         self,
@@ -271,6 +271,7 @@ class LlamaServer:
         parallel: int = 16,
         threads: int = 2,
         ctx_per_slot: int = 512,
+        poll: int = 0,
     ) -> None:
         self.binary = layout.binary("llama-server")
         self.model = layout.gguf(quant)
@@ -278,6 +279,10 @@ class LlamaServer:
         self.parallel = parallel
         self.threads = threads
         self.ctx_per_slot = ctx_per_slot
+        # ggml's threads busy-poll for work by default (--poll 50); on a shared machine that
+        # starved it (1.3 tok/s f32 at load 15), as spinning starved our decoder: both sides run
+        # without it unless asked.
+        self.poll = poll
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -306,6 +311,8 @@ class LlamaServer:
             str(self.threads),
             "--ctx-size",
             str(self.parallel * self.ctx_per_slot),
+            "--poll",
+            str(self.poll),
             "--no-webui",
         ]
         self.log_path = self.model.with_suffix(f".server-{self.port}.log")
