@@ -13,7 +13,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup install-models lock lint typecheck classifier export export-gpu serve run test test-unit test-integration bench loadtest loadtest-generate soak chaos ramp clean deploy-check gpu-check perf gate
+.PHONY: help setup install-models lock lint typecheck classifier export export-gpu serve run test test-unit test-integration bench llamacpp loadtest loadtest-generate soak chaos ramp clean deploy-check gpu-check perf gate
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -81,10 +81,16 @@ test-unit: $(STAMP)  ## unit tests only (no server)
 test-integration: $(STAMP)  ## integration tests only (real embedded Triton)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
-bench: export  ## throughput/latency table: in-process limit vs FastAPI vs Triton pipelines (Locust + perf_analyzer)
+bench: export  ## throughput/latency tables: in-process limit vs FastAPI vs Triton pipelines (Locust + perf_analyzer); generation vs llama.cpp and ONNX Runtime GenAI
 	@$(PY) -m tritonforge.loadtest.perf_analyzer path >/dev/null 2>&1 || $(PY) -m tritonforge.loadtest.perf_analyzer install
 	$(TF) bench --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
 	$(PY) -m tritonforge.loadtest.bench_generate --model-repository $(REPO)
+	@$(PY) -c "import onnxruntime_genai, sentencepiece" 2>/dev/null || $(PY) -m pip install -c constraints.txt onnxruntime-genai sentencepiece
+	@$(MAKE) --no-print-directory llamacpp || echo "==> llama.cpp could not be built: the next section reports ours only"
+	$(PY) -m tritonforge.loadtest.bench_llamacpp --model-repository $(REPO)
+
+llamacpp: $(STAMP)  ## bench only: build llama.cpp (llama-server, llama-quantize) and SmolLM2 f32/q8_0 GGUFs into build/llama.cpp (each step skipped when present)
+	nice -n 10 $(PY) -m tritonforge.loadtest.llamacpp build
 
 loadtest: export  ## bounded Locust run with SLO gates (embedded server, or URL=host:8000 of a running one)
 	$(TF) loadtest --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))

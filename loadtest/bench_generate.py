@@ -88,8 +88,10 @@ def run_cell(
     concurrency: int,
     requests_per_client: int,
     max_tokens: int,
+    texts: dict[str, str] | None = None,
 ) -> Cell:
-    """``concurrency`` closed-loop clients, each sending ``requests_per_client`` streams."""
+    """``concurrency`` closed-loop clients, each sending ``requests_per_client`` streams
+    (``texts``: filled with each prompt's first complete output)."""
     timings: list[Timing] = []
     lock = threading.Lock()
 
@@ -108,6 +110,9 @@ def run_cell(
                 t.end_s = time.perf_counter() - start
                 t.first_s = t.chunk_s[0] if t.chunk_s else t.end_s
                 t.tokens = count_tokens("".join(text))
+                if texts is not None:
+                    with lock:
+                        texts.setdefault(prompt, "".join(text))
             except Exception as e:  # a failed request counts; the bench goes on
                 t.error = f"{type(e).__name__}: {e}"
             with lock:

@@ -55,7 +55,10 @@ class GenerateEngine:
         self.chat_template: str | None = meta.get("chat_template")
         self.eos_ids: list[int] = list(meta["eos_token_ids"])
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        self.decoder = OrtDecoder(decoder_path, config.param("intra_op_threads", 1, int))
+        # ONNX Runtime session entries from the config (``session.*`` parameters), as the
+        # encoders' backend passes them.
+        session = {k: v for k, v in config.parameters.items() if k.startswith("session.")}
+        self.decoder = OrtDecoder(decoder_path, config.param("intra_op_threads", 1, int), session)
         self.limits = GenerationLimits(
             max_prompt_tokens=config.param("max_prompt_tokens", kind=int),
             max_new_tokens_limit=config.param("max_new_tokens_limit", kind=int),

@@ -1,0 +1,89 @@
+"""The generation side-by-side bench's pure parts: goals vs llama.cpp q8_0, greedy agreement,
+the llama.cpp build flags and layout, the GenAI thread setting."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tritonforge.loadtest import llamacpp, ortgenai
+from tritonforge.loadtest.bench_generate import Cell
+from tritonforge.loadtest.bench_llamacpp import ANCHOR, GOALS, agreement, decode_tok_s, evaluate
+
+
+def cell(target: str, conc: int, tok_s: float, ttft_ms: float, itl_ms: float) -> Cell:
+    return Cell(target, conc, 8, 0, 1.0, tok_s, ttft_ms, ttft_ms, itl_ms, 0.0, 0.0)
+
+
+def test_goals_compare_each_row_with_llamacpp_q8_and_mark_met_or_missed() -> None:
+    cells = [
+        cell(ANCHOR, 1, 80, 70, 12.5),  # 80 tok/s decode
+        cell(ANCHOR, 8, 160, 300, 40),
+        cell(ANCHOR, 16, 220, 1000, 60),
+        cell("ours", 1, 70, 60, 10.0),  # 100 tok/s decode: 1.25x
+        cell("ours", 8, 180, 250, 40),  # 1.125x < 1.2: missed
+        cell("ours", 16, 300, 700, 50),  # 1.36x met; TTFT 0.7x met
+    ]
+    goals = {g["target"].split(": ", 1)[1]: g for g in evaluate(cells, "ours")}
+    assert len(goals) == len(GOALS)
+    single = goals[f"single-stream decode tok/s >= 1.0x {ANCHOR}"]
+    assert single["ratio"] == pytest.approx(1.25) and single["met"] is True
+    assert goals[f"8 streams aggregate tok/s >= 1.2x {ANCHOR}"]["met"] is False
+    assert goals[f"16 streams aggregate tok/s >= 1.2x {ANCHOR}"]["met"] is True
+    ttft = goals[f"16 streams TTFT p50 <= 0.8x {ANCHOR}"]
+    assert ttft["ratio"] == pytest.approx(0.7) and ttft["met"] is True
+
+
+def test_goals_without_the_anchor_are_not_applicable_rather_than_missed() -> None:
+    goals = evaluate([cell("ours", 1, 70, 60, 10.0)], "ours")
+    assert all(g["met"] is None and g["ratio"] is None for g in goals)
+
+
+def test_decode_rate_is_the_inverse_of_the_median_inter_token_latency() -> None:
+    assert decode_tok_s(cell("x", 1, 1, 1, 20.0)) == pytest.approx(50.0)
+    assert math.isnan(decode_tok_s(cell("x", 1, 1, 1, float("nan"))))
+
+
+def test_agreement_is_the_common_prefix_fraction_of_the_reference() -> None:
+    assert agreement([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0
+    assert agreement([1, 2, 3, 4], [1, 2, 9, 4]) == 0.5
+    assert agreement([1, 2, 3, 4], [1, 2]) == 0.5
+    assert agreement([1, 2], [7]) == 0.0
+
+
+def test_llamacpp_builds_portable_avx2_without_avx512_or_amx() -> None:
+    """A native build enabled AMX and crashed on the first quantized matmul; AVX-512 would
+    SIGILL on AVX2-only hosts (AMD Zen 2)."""
+    flags = set(llamacpp.CMAKE_FLAGS)
+    assert "-DGGML_NATIVE=OFF" in flags
+    assert {"-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"} <= flags
+    enabled = [f for f in flags if f.endswith("=ON")]
+    assert not [f for f in enabled if "AVX512" in f or "AMX" in f]
+
+
+def test_layout_is_not_built_until_binaries_and_ggufs_exist(tmp_path: Path) -> None:
+    layout = llamacpp.Layout(tmp_path)
+    assert not layout.built()
+    for t in llamacpp.TARGETS:
+        layout.binary(t).parent.mkdir(parents=True, exist_ok=True)
+        layout.binary(t).write_bytes(b"")
+    assert not layout.built()
+    for q in llamacpp.QUANTS:
+        layout.gguf(q).write_bytes(b"")
+    assert layout.built()
+
+
+def test_llama_server_missing_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(llamacpp.LlamaCppError, match="make llamacpp"):
+        llamacpp.LlamaServer(llamacpp.Layout(tmp_path), "q8_0").start()
+
+
+def test_genai_threads_are_written_into_the_decoder_session_options(tmp_path: Path) -> None:
+    config = tmp_path / "genai_config.json"
+    config.write_text(json.dumps({"model": {"decoder": {"filename": "model.onnx"}}}))
+    ortgenai.set_threads(config, 2)
+    options = json.loads(config.read_text())["model"]["decoder"]["session_options"]
+    assert options["intra_op_num_threads"] == 2 and options["inter_op_num_threads"] == 1

@@ -1,0 +1,66 @@
+"""OrtDecoder passes ONNX Runtime session config entries (``session.*`` config parameters)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tritonforge.decoder import OrtDecoder
+
+
+def tiny_decoder(path: Path) -> Path:
+    """A graph with the KV-decoder interface (one layer, 1 head x 2): logits = ids as float,
+    presents = pasts."""
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "t"])
+    pos = helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["b", "s"])
+    kv = ["b", 1, "p", 2]
+    pasts = [
+        helper.make_tensor_value_info(f"past_key_values.0.{k}", TensorProto.FLOAT, kv)
+        for k in ("key", "value")
+    ]
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", 1])
+    presents = [
+        helper.make_tensor_value_info(f"present.0.{k}", TensorProto.FLOAT, kv)
+        for k in ("key", "value")
+    ]
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [2])
+    nodes = [
+        helper.make_node("Cast", ["input_ids"], ["f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["f", "axes"], ["logits"]),
+        helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"]),
+        helper.make_node("Identity", ["past_key_values.0.value"], ["present.0.value"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "tiny", [ids, mask, pos, *pasts], [logits, *presents], initializer=[axes]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+    return path
+
+
+def test_session_config_entries_reach_onnx_runtime(tmp_path: Path) -> None:
+    path = tiny_decoder(tmp_path / "decoder.onnx")
+    dec = OrtDecoder(path, 1, {"session.use_env_allocators": "1"})
+    options = dec.session.get_session_options()
+    assert options.get_session_config_entry("session.use_env_allocators") == "1"
+    ids = np.array([[3, 4]], np.int64)
+    logits, presents = dec(ids, np.ones_like(ids), np.arange(2)[None], dec.empty_past())
+    assert logits.shape == (1, 2, 1) and logits[0, 1, 0] == 4.0 and len(presents) == 2
+
+
+def test_spinning_is_off_by_default_and_a_config_entry_turns_it_back_on(tmp_path: Path) -> None:
+    path = tiny_decoder(tmp_path / "decoder.onnx")
+    options = OrtDecoder(path, 1).session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    on = OrtDecoder(path, 1, {"session.intra_op.allow_spinning": "1"})
+    assert (
+        on.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+        == "1"
+    )
+    with pytest.raises(RuntimeError, match="does not have configuration"):
+        options.get_session_config_entry("session.use_env_allocators")
