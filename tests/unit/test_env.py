@@ -77,6 +77,7 @@ FREE_TEXT = {
     "TRITONFORGE_ADMIN_KEY",
     "TRITONFORGE_BENCH_URL",
     "TRITONFORGE_CLASSIFIER_DIR",  # a checkpoint directory (#11, on main)
+    "TRITONFORGE_EXPORT_TARGET",  # a target name: export checks it against its targets, naming it
     "TRITONFORGE_GRPC_URL",
     "TRITONFORGE_HOST",
     "TRITONFORGE_LOADTEST_URL",
