@@ -305,12 +305,19 @@ class EmbeddedServer:
         """Shutdown's first step: the front refuses every new request (503 / UNAVAILABLE, so
         clients never see Triton's NOT_FOUND of a model being unloaded), ends the open streams
         with a last message saying why, and waits up to ``timeout_s`` for the requests in flight
-        to finish. Without a front, waits for Triton's own traffic to stop (:meth:`drain`).
+        to finish, at the front and then in Triton (:meth:`drain`, which also waits for the
+        generate engine's sequences to end). Without a front, waits for Triton's own traffic to stop (:meth:`drain`).
         False when requests were still in flight at the timeout."""
         if self._front is None:
             return self.drain(timeout_s)
+        deadline = time.monotonic() + timeout_s
         self._front.begin_drain()
-        return self._front.wait_idle(timeout_s)
+        idle = self._front.wait_idle(timeout_s)
+        # The front's ended streams cancel their upstream requests, but a decoupled model stops
+        # decoding only at its next step: SIGTERM before that crashed tritonserver (exit -11).
+        # So wait for Triton's own traffic (and the engine's gauges) to stop too.
+        quiet = self.drain(max(0.5, deadline - time.monotonic()))
+        return idle and quiet
 
     def end_streams(
         self, models: Iterable[str], reason: str, opened_before_s: float | None = None

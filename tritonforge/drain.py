@@ -27,6 +27,9 @@ from collections.abc import Callable, Sequence
 DEFAULT_METRICS_URL = "http://127.0.0.1:8002/metrics"
 PENDING = "nv_inference_pending_request_count"
 COMPLETED = ("nv_inference_request_success", "nv_inference_request_failure")
+# the decoupled generate model's own gauges (stages/generate_model.py): sequences still decoding
+# or queued in its engine are in flight too, though Triton counts them as neither
+IN_ENGINE = ("tritonforge_generate_running_sequences", "tritonforge_generate_queued_sequences")
 
 
 def traffic(metrics_text: str) -> tuple[float, float]:
@@ -34,7 +37,7 @@ def traffic(metrics_text: str) -> tuple[float, float]:
     pending = done = 0.0
     for line in metrics_text.splitlines():
         name, _, value = line.partition(" ")
-        if name.startswith(PENDING):
+        if name.startswith(PENDING) or name.startswith(IN_ENGINE):
             pending += float(value.split()[0])
         elif name.startswith(COMPLETED):
             done += float(value.split()[0])

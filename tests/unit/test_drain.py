@@ -27,6 +27,16 @@ def test_traffic_sums_pending_and_completed() -> None:
     assert drain.traffic("") == (0.0, 0.0)
 
 
+def test_traffic_counts_the_generate_engines_sequences_as_pending() -> None:
+    # a decoupled model's sequences still decoding are in flight, though Triton counts them
+    # as neither pending nor completed: SIGTERM before they end crashed tritonserver
+    engine = (
+        'tritonforge_generate_running_sequences{model="generate",variant="fp32"} 2\n'
+        'tritonforge_generate_queued_sequences{model="generate_int8",variant="int8"} 1\n'
+    )
+    assert drain.traffic(METRICS % (0, 4) + engine) == (3.0, 5.0)
+
+
 def test_wait_until_quiet_waits_for_pending_and_completions_to_stop() -> None:
     snapshots = iter([(2, 0), (1, 1), (0, 2), (0, 3)] + [(0, 3)] * 1000)
     assert drain.wait_until_quiet(lambda: METRICS % next(snapshots), 5, quiet_s=0.05, poll_s=0.001)
