@@ -199,19 +199,9 @@ def row_extents(
 ) -> dict[str, int]:
     """Axis name -> the length of ``row`` without its trailing padding: the last position where
     some padded input differs from its pad value, plus one (at least 1)."""
-    extents: dict[str, int] = {}
-    for name, arr in inputs.items():
-        if name not in pad_values:
-            continue
-        for axis, axis_name in enumerate(axis_names.get(name, ())):
-            if axis == 0 or not axis_name or axis >= arr.ndim:
-                continue
-            part = np.moveaxis(arr[row], axis - 1, 0).reshape(arr.shape[axis], -1)
-            used = np.flatnonzero((part != pad_values[name]).any(axis=1))
-            extents[axis_name] = max(
-                extents.get(axis_name, 1), int(used[-1]) + 1 if used.size else 1
-            )
-    return extents
+    return batch_extents(
+        {name: arr[row : row + 1] for name, arr in inputs.items()}, pad_values, axis_names
+    )
 
 
 def _slice_row(
@@ -267,7 +257,7 @@ def batch_extents(
 ) -> dict[str, int]:
     """Axis name -> the batch's length without the padding every row shares at its end: the last
     position where some row of some padded input differs from its pad value, plus one (at least
-    1). :func:`row_extents` for all rows at once."""
+    1)."""
     extents: dict[str, int] = {}
     for name, arr in inputs.items():
         if name not in pad_values:
