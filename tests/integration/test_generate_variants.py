@@ -31,9 +31,8 @@ def _group() -> Generator | None:
 def group() -> Generator:
     found = _group()
     if found is None:
-        pytest.skip(
-            reason=f"no {GROUP!r} generation models in {PIPELINE_REPOSITORY} (run `make export`)"
-        )
+        why = f"no {GROUP!r} generation models in {PIPELINE_REPOSITORY} (run `make export`)"
+        pytest.skip(reason=why)
     return found
 
 
@@ -47,7 +46,7 @@ def _report(variant: str) -> dict:
 
 def _needs_int8() -> None:
     if "int8" not in group().variants:
-        pytest.skip("the int8 decoder is not exported (export smollm2 --quantize int8)")
+        pytest.skip(reason="the int8 decoder is not exported (export smollm2 --quantize int8)")
 
 
 def client(server: EmbeddedServer, variant: str | None = None) -> GenerateClient:

@@ -56,7 +56,7 @@ def _generate_model() -> str:
         config = load_model_config(PIPELINE_REPOSITORY, model)
         if config.raw.get("model_transaction_policy", {}).get("decoupled"):
             return model
-    pytest.skip("no decoupled (generate) model exported: run `make export`")
+    pytest.skip(reason="no decoupled (generate) model exported: run `make export`")
 
 
 def _pipeline_models(model: str) -> tuple[str, ...]:
