@@ -1,6 +1,6 @@
 """``python -m tritonforge.client``: see :mod:`client.cli`."""
 
 from tritonforge.client.cli import main
-from tritonforge.env import run_main
+from tritonforge.logs import run_main
 
 raise SystemExit(run_main(main))

@@ -41,7 +41,7 @@ def admin_headers(protocol: str, admin_key: str | None) -> dict[str, str]:
     """Headers (HTTP) or metadata (gRPC) that unlock the restricted config APIs; {} without key."""
     if not admin_key:
         return {}
-    from tritonforge.runtime.front import ADMIN_HEADER, GRPC_ADMIN_HEADER
+    from tritonforge.headers import ADMIN_HEADER, GRPC_ADMIN_HEADER
 
     return {(ADMIN_HEADER if protocol == "http" else GRPC_ADMIN_HEADER): admin_key}
 

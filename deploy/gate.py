@@ -265,6 +265,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from tritonforge.env import run_main
+    from tritonforge.logs import run_main
 
     raise SystemExit(run_main(main))

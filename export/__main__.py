@@ -1,4 +1,4 @@
-from tritonforge.env import run_main
 from tritonforge.export.cli import main
+from tritonforge.logs import run_main
 
 raise SystemExit(run_main(main))

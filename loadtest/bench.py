@@ -43,12 +43,13 @@ from typing import Any
 
 from tritonforge.client.discovery import choose, route
 from tritonforge.client.errors import ClientError
-from tritonforge.env import env_float, env_int, run_main
+from tritonforge.env import env_float, env_int
 from tritonforge.errors import ModelConfigError
 from tritonforge.loadtest import classify_bench, corpus
 from tritonforge.loadtest.discovered import encoder_onnx, pipelines, text_tokenizer
 from tritonforge.loadtest.locust_options import check_environment
 from tritonforge.loadtest.run import exit_on_sigterm, locust_command
+from tritonforge.logs import run_main
 from tritonforge.pipelines import Pipeline
 from tritonforge.progress import Bar
 from tritonforge.runtime.server import ADMIN_HEADER, free_port, serving

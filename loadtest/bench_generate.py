@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from tritonforge.env import run_main
 from tritonforge.loadtest.bench import baseline_service
+from tritonforge.logs import run_main
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.progress import Bar
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings

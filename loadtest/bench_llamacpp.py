@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from tritonforge.env import run_main
 from tritonforge.loadtest import llamacpp, ortgenai
 from tritonforge.loadtest.bench_generate import (
     PROMPTS,
@@ -46,6 +45,7 @@ from tritonforge.loadtest.bench_generate import (
     median_cells,
     run_cell,
 )
+from tritonforge.logs import run_main
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 
 # named, not __name__: run as `python -m` that is __main__, which logging leaves at warning

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from tritonforge.env import run_main
+from tritonforge.logs import run_main
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from tritonforge.decoder import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, OrtDecoder
-from tritonforge.env import run_main
+from tritonforge.logs import run_main
 from tritonforge.modelconfig import ModelConfig
 
 # named, not __name__: run as `python -m` that is __main__, which logging leaves at warning

@@ -22,7 +22,8 @@ import uvicorn
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 
-from tritonforge.env import env_int, run_main
+from tritonforge.env import env_int
+from tritonforge.logs import run_main
 from tritonforge.text import served_tokenizer
 
 MAX_TEXTS = 64

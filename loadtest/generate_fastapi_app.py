@@ -22,10 +22,11 @@ import uvicorn
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
 
-from tritonforge.env import env_int, run_main
+from tritonforge.env import env_int
 from tritonforge.export.decoder.load import load_gguf, package_file
 from tritonforge.export.specs.smollm2 import smollm2_spec
 from tritonforge.generation import FINISH_LENGTH, FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
+from tritonforge.logs import run_main
 
 
 def create_app() -> FastAPI:

@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tritonforge.client.settings import normalize_url
-from tritonforge.env import run_main
 from tritonforge.loadtest.run import exit_on_sigterm, locust_command
+from tritonforge.logs import run_main
 from tritonforge.runtime.server import serving
 
 log = logging.getLogger(__name__)

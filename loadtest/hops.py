@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from tritonforge.env import run_main
 from tritonforge.loadtest import corpus
 from tritonforge.loadtest.bench import model_stats, stats_delta, tree_cpu_s
 from tritonforge.loadtest.discovered import pipelines, stage_model
+from tritonforge.logs import run_main
 from tritonforge.pipelines import Pipeline
 from tritonforge.repository import load_model_config
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tritonforge.env import run_main
+from tritonforge.logs import run_main
 
 # named, not __name__: run as `python -m` that is __main__, which logging leaves at warning
 log = logging.getLogger("tritonforge.loadtest.llamacpp")

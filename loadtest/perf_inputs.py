@@ -27,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from tritonforge.env import env_str, run_main
+from tritonforge.env import env_str
 from tritonforge.loadtest import corpus
 from tritonforge.loadtest.perf_analyzer import TOOL_DIR, binary
+from tritonforge.logs import run_main
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.repository import load_model_config
 from tritonforge.runtime.server import ADMIN_HEADER, GRPC_ADMIN_HEADER

@@ -23,8 +23,9 @@ from pathlib import Path
 
 from tritonforge.client.discovery import ORCHESTRATIONS
 from tritonforge.client.settings import normalize_url
-from tritonforge.env import env_float, run_main
+from tritonforge.env import env_float
 from tritonforge.loadtest.locust_options import check_environment
+from tritonforge.logs import run_main
 from tritonforge.runtime.server import serving
 
 log = logging.getLogger(__name__)

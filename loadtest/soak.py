@@ -23,8 +23,8 @@ import numpy as np
 import psutil
 
 from tritonforge.client.sync import EmbeddingClient
-from tritonforge.env import run_main
 from tritonforge.loadtest.corpus import generate
+from tritonforge.logs import run_main
 from tritonforge.pipelines import Pipeline, from_repository
 from tritonforge.progress import Bar
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tritonforge.client.generate import GenerateClient
-from tritonforge.env import run_main
 from tritonforge.loadtest.soak import growth_per_10k, measure
+from tritonforge.logs import run_main
 from tritonforge.progress import Bar
 from tritonforge.runtime.server import serving
 

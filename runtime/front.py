@@ -47,6 +47,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from tritonforge.env import env_int
+from tritonforge.headers import ADMIN_HEADER, GRPC_ADMIN_HEADER
 from tritonforge.runtime import degrade_headers
 from tritonforge.runtime.errors import FrontError, ServerStartError
 from tritonforge.runtime.front_guard import (
@@ -65,8 +66,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ADMIN_HEADER = "x-tritonforge-admin"
-GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # how Triton prefixes gRPC keys
 GRPC_SERVICE = "/inference.GRPCInferenceService/"
 OPENAI_KEY_ENV = "TRITONFORGE_OPENAI_API_KEY"  # when set, /v1 needs `Authorization: Bearer`
 # The first seed's header: pins a model version of a BLS pipeline (request parameter `version`).

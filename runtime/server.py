@@ -23,12 +23,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import NoReturn
 
+from tritonforge.headers import ADMIN_HEADER, GRPC_ADMIN_HEADER
 from tritonforge.runtime import metrics, procinfo, repository_api
 from tritonforge.runtime.command import RESTRICTED_APIS, triton_command, triton_environment
 from tritonforge.runtime.errors import ModelLoadError, ServerStartError
 from tritonforge.runtime.front import (
-    ADMIN_HEADER,
-    GRPC_ADMIN_HEADER,
     Front,
     grpc_target,
     http_socket,

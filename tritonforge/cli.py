@@ -30,8 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonforge.env import run_main
-from tritonforge.logs import LEVELS, LOG_LEVEL_ENV, level_from_env, setup_logging
+from tritonforge.logs import LEVELS, LOG_LEVEL_ENV, level_from_env, run_main, setup_logging
 from tritonforge.model_packages import INSTALL_FLAG
 
 log = logging.getLogger(__name__)

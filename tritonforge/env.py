@@ -1,14 +1,16 @@
 """Typed reads of ``TRITONFORGE_*`` environment variables: a bad value is one clear error that
-names the variable (not a bare ``ValueError`` traceback). Standard library only."""
+names the variable (not a bare ``ValueError`` traceback). Standard library only (and the
+project's exception root)."""
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Sequence
 
+from tritonforge.errors import TritonforgeError
 
-class EnvironmentValueError(ValueError):
+
+class EnvironmentValueError(TritonforgeError):
     """An environment variable is set to a value that cannot be used; the message names it."""
 
 
@@ -55,17 +57,3 @@ def env_choice(name: str, choices: Sequence[str], default: str, ignore_case: boo
     if value not in choices:
         raise EnvironmentValueError(f"${name} must be one of {', '.join(choices)}, got {raw!r}")
     return value
-
-
-def run_main(main: Callable[[], int]) -> int:
-    """Run a command's ``main`` with logging set up (:func:`tritonforge.logs.ensure_logging`); a
-    bad environment value prints one line and exits 2."""
-    from tritonforge.logs import ensure_logging
-
-    try:
-        ensure_logging()
-        return int(main())
-    except EnvironmentValueError as e:
-        # printed, not logged: it may be $TRITONFORGE_LOG_LEVEL itself that is wrong
-        print(f"error: {e}", file=sys.stderr)
-        return 2

@@ -1,6 +1,9 @@
-"""Exceptions shared by the models and backends.
+"""The project's exception root and the errors shared by the models and backends.
 
-Every error raised while serving derives from :class:`ServingError`; its ``code`` names the Triton
+Every exception the project raises derives from :class:`TritonforgeError`, through one base per
+package (``ServingError`` here for the models and backends, ``ExportError``, ``ServerError``,
+``ClientError``, ...); ``except TritonforgeError`` catches all of them. No project exception
+derives from a bare builtin. Every error raised while serving derives from :class:`ServingError`; its ``code`` names the Triton
 error code the model returns (``INVALID_ARG`` for caller mistakes, ``UNAVAILABLE`` when a stage is
 not ready, ``INTERNAL`` otherwise).
 """
@@ -26,7 +29,11 @@ def shown(value: object, limit_bytes: int = ECHO_BYTES) -> str:
     return f"{cut!r}... ({len(raw)} bytes)"
 
 
-class ServingError(Exception):
+class TritonforgeError(Exception):
+    """Root of every exception tritonforge raises; its message says what to do."""
+
+
+class ServingError(TritonforgeError):
     """Base class of errors produced while loading or executing a model."""
 
     code: str = "INTERNAL"

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
+
+from tritonforge.env import EnvironmentValueError, env_choice
 
 LOG_LEVEL_ENV = "TRITONFORGE_LOG_LEVEL"
 LEVELS = ("debug", "info", "warning", "error")
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # The project's loggers (``logging.getLogger(__name__)`` in each package) follow ``--log-level``;
 # third-party ones (onnxruntime.transformers, locust...) stay at warning unless debug is asked.
-PROJECT_LOGGERS = ("tritonforge", "runtime", "export", "client", "loadtest", "deploy")
+PROJECT_LOGGERS = ("tritonforge",)
 _configured = False
 
 
@@ -56,8 +59,6 @@ def setup_logging(level: str = "info") -> None:
 def level_from_env() -> str:
     """``$TRITONFORGE_LOG_LEVEL`` (lower-cased), ``info`` when unset; a bad value raises
     :class:`tritonforge.env.EnvironmentValueError` naming the variable."""
-    from tritonforge.env import env_choice
-
     return env_choice(LOG_LEVEL_ENV, LEVELS, "info", ignore_case=True)
 
 
@@ -66,3 +67,15 @@ def ensure_logging() -> None:
     ``python -m tritonforge.X`` rather than through ``tritonforge --log-level``)."""
     if not _configured:
         setup_logging(level_from_env())
+
+
+def run_main(main: Callable[[], int]) -> int:
+    """Run a command's ``main`` with logging set up (:func:`ensure_logging`); a bad environment
+    value prints one line and exits 2."""
+    try:
+        ensure_logging()
+        return int(main())
+    except EnvironmentValueError as e:
+        # printed, not logged: it may be $TRITONFORGE_LOG_LEVEL itself that is wrong
+        print(f"error: {e}", file=sys.stderr)
+        return 2

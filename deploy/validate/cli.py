@@ -24,7 +24,7 @@ from tritonforge.deploy.validate.gpu_configs import (
     gpu_config_findings,
     gpu_config_notes,
 )
-from tritonforge.deploy.validate.images import CONTAINER_PINS, pin_findings
+from tritonforge.deploy.validate.images import CONTAINER_PINS, image_link_findings, pin_findings
 from tritonforge.deploy.validate.k8s import k8s_findings, kustomize_documents, validate_k8s
 from tritonforge.deploy.validate.kserve import kserve_findings
 from tritonforge.deploy.validate.monitoring import (
@@ -59,6 +59,7 @@ def all_findings(env: Mapping[str, str] | None = None) -> dict[str, list[str]]:
         "kserve contents": kserve_findings(kserve_docs, docs),
         "promql": promql_findings(queries) + duration_findings(queries),
         "triton image pins": pin_findings(TRITON_REQUIREMENTS, own=CONTAINER_PINS),
+        "triton image links": image_link_findings(),
         "loadtest image pins": pin_findings(LOADTEST_REQUIREMENTS),
         "container code": container_code_findings(ContainerCode.find()),
         "loadtest image code": container_code_findings(

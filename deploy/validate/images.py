@@ -89,3 +89,27 @@ def dockerfile_installs(dockerfile: Path, requirements: Path) -> bool:
         requirements.name in text
         and re.search(r"pip install[^\n]*(\\\n[^\n]*)*-r\s", text) is not None
     )
+
+
+PACKAGE_DIR = "tritonforge"
+DANGLING_LINKS_STEP = "-xtype l -delete"
+
+
+def image_link_findings(dockerfile: Path = DOCKERFILE, root: Path | None = None) -> list[str]:
+    """The image's ``tritonforge/`` package must have no dangling links: each link of the
+    checkout's ``tritonforge/X -> ../X`` is either backed by a ``COPY X /opt/tritonforge/X`` or
+    removed by a ``find ... -xtype l -delete`` step (a dangling ``tritonforge.client`` would fail
+    at import time, far from the cause)."""
+    from tritonforge.deploy.validate.paths import PROJECT_ROOT
+
+    package = (root or PROJECT_ROOT) / PACKAGE_DIR
+    text = dockerfile.read_text()
+    copied = set(re.findall(r"^COPY\s+(\S+)\s+/opt/tritonforge/\1\s*$", text, re.M))
+    if DANGLING_LINKS_STEP in text:
+        return []
+    return [
+        f"{dockerfile.name}: tritonforge/{link.name} links to {link.name}/, which the image does "
+        f"not COPY; copy it or delete the dangling links (find ... {DANGLING_LINKS_STEP})"
+        for link in sorted(package.iterdir())
+        if link.is_symlink() and link.name not in copied
+    ]

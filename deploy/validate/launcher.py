@@ -23,9 +23,6 @@ def triton_command(command: list[str]) -> list[str]:
 
 RESTRICTED_FLAGS = ("--http-restricted-api", "--grpc-restricted-protocol")
 FRONT_COMMAND = ["python3", "-m", "tritonforge.runtime", "front"]
-# The package's old top-level and its namespaced name (tools/namespace_imports.py): both import
-# in the image (tritonforge/runtime is a link to runtime/), so either may name the front.
-FRONT_MODULES = ("runtime", "tritonforge.runtime")
 
 
 def launcher_flag_findings(
@@ -35,8 +32,8 @@ def launcher_flag_findings(
     builds it). Before a front (``fronted``) Triton gets no restricted flags: the front checks the
     key, which must never be on a command line; otherwise the launcher's list and header, keyed by
     ``key``."""
+    from tritonforge.headers import ADMIN_HEADER
     from tritonforge.runtime.command import RESTRICTED_APIS
-    from tritonforge.runtime.front import ADMIN_HEADER
 
     out: list[str] = []
     want = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={key}"
@@ -59,8 +56,7 @@ def launcher_flag_findings(
 
 def front_args(command: list[str]) -> list[str] | None:
     """The options of a ``python3 -m tritonforge.runtime front`` command line (None: not the front)."""
-    head = [*FRONT_COMMAND[:2], command[2] if len(command) > 2 else "", *FRONT_COMMAND[3:]]
-    if command[:4] != head or head[2] not in FRONT_MODULES:
+    if command[:4] != FRONT_COMMAND:
         return None
     return command[4:]
 

@@ -427,6 +427,18 @@ def test_image_tag_is_the_embedded_servers_release() -> None:
         dv.triton_version_for_ngc_tag("19.01")
 
 
+def test_the_image_leaves_no_dangling_package_links(tmp_path: Path) -> None:
+    assert dv.image_link_findings() == []
+    # the Dockerfile before the fix: runtime/ copied, client/ & co. left as dangling links
+    old = tmp_path / "Dockerfile"
+    old.write_text(
+        "COPY tritonforge /opt/tritonforge/tritonforge\nCOPY runtime /opt/tritonforge/runtime\n"
+    )
+    findings = dv.image_link_findings(old)
+    assert any("tritonforge/client links to client/" in f for f in findings), findings
+    assert not any("tritonforge/runtime" in f for f in findings), findings
+
+
 @pytest.mark.parametrize(
     ("dockerfile", "requirements", "own"),
     [

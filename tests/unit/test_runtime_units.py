@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tritonforge.headers import ADMIN_HEADER
 from tritonforge.runtime import procinfo
 from tritonforge.runtime.command import RESTRICTED_APIS, triton_command, triton_environment
 from tritonforge.runtime.errors import ServerStartError
-from tritonforge.runtime.front import ADMIN_HEADER
 from tritonforge.runtime.locate import PYTHONPATH_ENV, find_triton
 from tritonforge.runtime.logparse import ServerLog, load_failures, port_hint
 from tritonforge.runtime.metrics import check_port_free
