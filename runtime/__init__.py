@@ -3,8 +3,8 @@ CPU, without Docker, plus Python-based ``onnxruntime``/``pytorch`` backends so t
 ``config.pbtxt`` runs here and in the NVIDIA container."""
 
 from tritonforge.runtime.errors import (
+    EmbeddedServerError,
     ModelLoadError,
-    ServerError,
     ServerNotFoundError,
     ServerStartError,
 )
@@ -12,8 +12,8 @@ from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 
 __all__ = [
     "EmbeddedServer",
+    "EmbeddedServerError",
     "ModelLoadError",
-    "ServerError",
     "ServerNotFoundError",
     "ServerSettings",
     "ServerStartError",

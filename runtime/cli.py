@@ -15,7 +15,7 @@ from types import FrameType
 
 from tritonforge.env import env_int
 from tritonforge.runtime.cache import CACHE_ENV, DEFAULT_CACHE_BYTES, cache_args
-from tritonforge.runtime.errors import ServerError, ServerStartError
+from tritonforge.runtime.errors import EmbeddedServerError, ServerStartError
 from tritonforge.runtime.server import (
     ADMIN_HEADER,
     GRPC_ADMIN_HEADER,
@@ -436,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(args_list)
     try:
         return int(args.func(args))
-    except ServerError as e:
+    except EmbeddedServerError as e:
         log.error("%s", e)
         return 1
     except KeyboardInterrupt:

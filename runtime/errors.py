@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-
-class ServerError(Exception):
-    """Base class of every runtime error."""
+from tritonforge.errors import TritonforgeError
 
 
-class ServerNotFoundError(ServerError):
+class EmbeddedServerError(TritonforgeError):
+    """Base class of every error of the embedded runtime (the launcher, the front, the
+    supervisor); distinct from the client's ``tritonforge.client.errors.ServerError``."""
+
+
+class ServerNotFoundError(EmbeddedServerError):
     """The Triton binary, Python backend or stub could not be found."""
 
 
-class ServerStartError(ServerError):
+class ServerStartError(EmbeddedServerError):
     """tritonserver exited or did not become ready in time."""
 
 
@@ -31,7 +34,7 @@ class ModelLoadError(ServerStartError):
         )
 
 
-class FrontError(ServerError):
+class FrontError(EmbeddedServerError):
     """The front refused a request (``status`` is the HTTP status it answers) or cannot bind."""
 
     def __init__(self, message: str, status: int = 500) -> None:

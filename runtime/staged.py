@@ -33,7 +33,7 @@ from tritonforge.errors import ModelConfigError
 from tritonforge.logs import LEVELS
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config, referenced_models
-from tritonforge.runtime.errors import ServerError
+from tritonforge.runtime.errors import EmbeddedServerError
 from tritonforge.runtime.lint import lint_by_model
 from tritonforge.runtime.server import EmbeddedServer
 
@@ -287,7 +287,7 @@ class BackgroundExports:
         self._set(state, LOADING)
         try:
             newly = self._load()
-        except (ServerError, OSError, ModelConfigError) as e:
+        except (EmbeddedServerError, OSError, ModelConfigError) as e:
             if self._stop.is_set():  # the server is shutting down under the load
                 return
             self._fail(state, f"export done in {took:.0f} s, but loading failed: {e}", log_path)

@@ -41,7 +41,7 @@ from tritonforge.errors import ModelConfigError
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config, model_names, referenced_models
-from tritonforge.runtime.errors import ModelLoadError, ServerError
+from tritonforge.runtime.errors import EmbeddedServerError, ModelLoadError
 from tritonforge.runtime.server import EmbeddedServer
 
 log = logging.getLogger(__name__)
@@ -617,7 +617,7 @@ class Supervisor:
                 for model in [m for wave in later for m in wave if m in wanted]:
                     self._load(model)  # one at a time: Triton reloads ensembles itself too
                     reloaded.append(model)
-            except (ServerError, OSError) as e:
+            except (EmbeddedServerError, OSError) as e:
                 error = f"; reload failed: {e}"[:500]
                 log.error("supervisor: %s%s", reason, error)
             if dead or sick:  # Triton kept routing to the dead instance until the new one was in
@@ -664,7 +664,7 @@ class Supervisor:
             self._notify(f"{reason}; restarting tritonserver")
             try:
                 self.server.restart()
-            except ServerError as e:
+            except EmbeddedServerError as e:
                 log.error("supervisor: restart failed: %s", str(e).splitlines()[0])
                 with self._lock:
                     self._health.last_restart_reason = f"{reason}; restart failed: {e}"[:500]

@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tritonforge.runtime.errors import ServerError
+from tritonforge.runtime.errors import EmbeddedServerError
 
 TRACE_ENV = "TRITONFORGE_TRACE_OTLP"
 TRACE_RATE_ENV = "TRITONFORGE_TRACE_RATE"
@@ -21,7 +21,7 @@ OTLP_TRACES_PATH = "/v1/traces"
 TRACE_LEVELS = ("TIMESTAMPS", "TENSORS", "OFF")
 
 
-class TraceConfigError(ServerError):
+class TraceConfigError(EmbeddedServerError):
     """A tracing setting cannot be used (bad endpoint or rate)."""
 
 

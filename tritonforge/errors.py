@@ -1,7 +1,7 @@
 """The project's exception root and the errors shared by the models and backends.
 
 Every exception the project raises derives from :class:`TritonforgeError`, through one base per
-package (``ServingError`` here for the models and backends, ``ExportError``, ``ServerError``,
+package (``ServingError`` here for the models and backends, ``ExportError``, ``EmbeddedServerError``,
 ``ClientError``, ...); ``except TritonforgeError`` catches all of them. No project exception
 derives from a bare builtin. Every error raised while serving derives from :class:`ServingError`; its ``code`` names the Triton
 error code the model returns (``INVALID_ARG`` for caller mistakes, ``UNAVAILABLE`` when a stage is

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import PROJECT_ROOT
 from tritonforge.client import ClientSettings, InvalidRequestError
 from tritonforge.env import EnvironmentValueError, env_float, env_int
-from tritonforge.runtime.errors import ServerError
+from tritonforge.runtime.errors import EmbeddedServerError
 
 
 def test_env_values_parse_default_and_fail_naming_the_variable(
@@ -221,7 +221,9 @@ def test_a_bad_value_is_an_error_naming_the_variable(
         monkeypatch.setenv(variable, "no port here")
     with pytest.raises(Exception, match=re.escape(f"${variable} ")) as caught:
         TYPED[variable]()
-    assert isinstance(caught.value, EnvironmentValueError | InvalidRequestError | ServerError)
+    assert isinstance(
+        caught.value, EnvironmentValueError | InvalidRequestError | EmbeddedServerError
+    )
     assert "\n" not in str(caught.value)  # one line
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tritonforge.runtime.command import triton_command
-from tritonforge.runtime.errors import ServerError
+from tritonforge.runtime.errors import EmbeddedServerError
 from tritonforge.runtime.lint import lint_by_model, lint_repository
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 from tritonforge.runtime.staged import (
@@ -179,7 +179,7 @@ def test_a_supervisor_with_nothing_loaded_yet_never_restarts(tmp_path: Path) -> 
 
         def restart(self, stop_timeout_s: float = 5.0) -> EmbeddedServer:
             restarts.append("restart")
-            raise ServerError("not in this test")
+            raise EmbeddedServerError("not in this test")
 
     server = Idle(ServerSettings.ephemeral(tmp_path, model_control_mode="explicit"))
     supervisor = Supervisor(server, models=[], canary_interval_s=0.0, poll_interval_s=0.001).start()
