@@ -22,162 +22,69 @@ last recovery; every action is also logged.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import queue
-import re
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
-import numpy as np
-
-from tritonforge.errors import ModelConfigError
-from tritonforge.modelconfig import ModelConfig
-from tritonforge.pipelines import from_repository
-from tritonforge.repository import load_model_config, model_names, referenced_models
+from tritonforge.repository import load_model_config
+from tritonforge.runtime.canaries import (
+    CANARY_TEXT,
+    FAILED,
+    OK,
+    OVERLOADED,
+    RECOVERING,
+    canary_inputs,
+    canary_round,
+    classify_failure,
+    error_text,
+    stop_stream,
+    stream_canary,
+    unhealthy_stubs,
+)
 from tritonforge.runtime.errors import EmbeddedServerError, ModelLoadError
+from tritonforge.runtime.health import BuildState, Health, HealthEndpoint, pipeline_states
+from tritonforge.runtime.model_graph import (
+    callees,
+    dependents,
+    model_calls,
+    pipeline_of,
+    public_models,
+    reload_plan,
+    repository_configs,
+)
 from tritonforge.runtime.server import EmbeddedServer
 
+# Re-exported: callers import these from here.
+__all__ = [
+    "CANARY_TEXT",
+    "FAILED",
+    "OK",
+    "OVERLOADED",
+    "RECOVERING",
+    "Backoff",
+    "BuildState",
+    "Health",
+    "HealthEndpoint",
+    "Supervisor",
+    "callees",
+    "canary_inputs",
+    "classify_failure",
+    "dependents",
+    "model_calls",
+    "pipeline_of",
+    "pipeline_states",
+    "public_models",
+    "reload_plan",
+    "stop_stream",
+    "stream_canary",
+    "unhealthy_stubs",
+]
+
 log = logging.getLogger(__name__)
-
-CANARY_TEXT = b"tritonforge canary"
-OK = "ok"
-OVERLOADED = "overloaded"
-FAILED = "failed"
-RECOVERING = "recovering"
-# What Triton, the front and our models answer when they are busy, not broken.
-_OVERLOAD_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED")
-_OVERLOAD_WORDS = (
-    "queue",
-    "deadline",
-    "timed out",
-    "timeout",
-    "too many",
-    "busy",
-    "overload",
-    "no answer from tritonserver",
-    "try again",
-)
-# ... but these UNAVAILABLE answers mean the model is gone, not busy.
-_GONE_WORDS = ("unknown model", "no available versions", "not found", "is not ready")
-_UNHEALTHY_STUB = re.compile(r"Stub process '([^']+)' is not healthy")
-
-
-def _repository_configs(repository: Path) -> dict[str, ModelConfig]:
-    configs: dict[str, ModelConfig] = {}
-    for name in model_names(repository):
-        with contextlib.suppress(ModelConfigError):
-            configs[name] = load_model_config(repository, name)
-    return configs
-
-
-def model_calls(configs: Mapping[str, ModelConfig]) -> dict[str, set[str]]:
-    """Model -> the models it calls: an ensemble's steps, a Python (BLS) model's declared
-    ``*_model``/``*_models`` parameters (:func:`referenced_models`). Read from the configs only."""
-    calls: dict[str, set[str]] = {}
-    for name, cfg in configs.items():
-        called: set[str] = set()
-        if cfg.raw.get("platform") == "ensemble":
-            steps = cfg.raw.get("ensemble_scheduling", {}).get("step", [])
-            called |= {str(s.get("model_name", "")) for s in steps}
-        called |= set(referenced_models(cfg.parameters).values())
-        calls[name] = {m for m in called if m and m != name}
-    return calls
-
-
-def dependents(calls: Mapping[str, set[str]], models: Iterable[str]) -> set[str]:
-    """Every model that calls one of ``models``, directly or through others (not ``models``)."""
-    wanted = set(models)
-    found: set[str] = set()
-    frontier = set(wanted)
-    while frontier:
-        callers = {m for m, called in calls.items() if called & frontier} - found - wanted
-        found |= callers
-        frontier = callers
-    return found
-
-
-def reload_plan(calls: Mapping[str, set[str]], models: Iterable[str]) -> list[list[str]]:
-    """Waves of models to reload after ``models`` broke: ``models`` first, then their
-    dependents, each wave only calling models of earlier waves (a wave's loads are independent
-    and may run together)."""
-    first = sorted(set(models))
-    todo = dependents(calls, first)
-    done = set(first)
-    waves = [first] if first else []
-    while todo:
-        wave = sorted(m for m in todo if not (calls.get(m, set()) & todo))
-        if not wave:  # a cycle (the lint refuses them): load the rest together
-            wave = sorted(todo)
-        waves.append(wave)
-        done |= set(wave)
-        todo -= set(wave)
-    return waves
-
-
-def callees(calls: Mapping[str, set[str]], model: str) -> set[str]:
-    """``model`` and every model it calls, transitively."""
-    found = {model}
-    frontier = {model}
-    while frontier:
-        frontier = {c for m in frontier for c in calls.get(m, set())} - found
-        found |= frontier
-    return found
-
-
-def public_models(repository: Path) -> list[str]:
-    """What the canaries call: every discovered pipeline's public models (ensembles, BLS; from
-    the ``tritonforge.*`` parameters), plus any other model no other model calls (ensemble steps
-    and declared BLS targets are internal)."""
-    pipelines = from_repository(repository).values()
-    members = {m for p in pipelines for m in p.models}
-    configs = _repository_configs(repository)
-    called = {m for targets in model_calls(configs).values() for m in targets}
-    others = set(configs) - called - members
-    return sorted(others | {m for p in pipelines for m in p.public_models if m in configs})
-
-
-def pipeline_of(repository: Path, models: Iterable[str]) -> dict[str, str]:
-    """Public model -> the pipeline it belongs to (its own name when it declares none)."""
-    owner = {m: p.name for p in from_repository(repository).values() for m in p.public_models}
-    return {m: owner.get(m, m) for m in models}
-
-
-def canary_inputs(config: ModelConfig) -> dict[str, np.ndarray]:
-    """One-row sample for every required input: a short text for BYTES, ones otherwise."""
-    inputs: dict[str, np.ndarray] = {}
-    for spec in config.inputs:
-        if spec.optional:
-            continue
-        shape = tuple(1 if d < 0 else d for d in spec.full_shape(config.batched))
-        if np.dtype(spec.numpy_dtype).kind == "O":
-            inputs[spec.name] = np.full(shape, CANARY_TEXT, dtype=np.object_)
-        else:
-            inputs[spec.name] = np.ones(shape, dtype=spec.numpy_dtype)
-    return inputs
-
-
-def classify_failure(error: str) -> str:
-    """:data:`OVERLOADED` when a canary's error says the server is busy (queue full,
-    ``UNAVAILABLE``, ``RESOURCE_EXHAUSTED``, a deadline), else :data:`FAILED`."""
-    lowered = error.lower()
-    if _UNHEALTHY_STUB.search(error) or any(w in lowered for w in _GONE_WORDS):
-        return FAILED
-    if any(code in error for code in _OVERLOAD_CODES) or any(w in lowered for w in _OVERLOAD_WORDS):
-        return OVERLOADED
-    return FAILED
-
-
-def unhealthy_stubs(error: str) -> list[str]:
-    """Model instances a canary's error reports unhealthy (``Stub process '<x>' is not
-    healthy``)."""
-    return sorted(set(_UNHEALTHY_STUB.findall(error)))
 
 
 @dataclass
@@ -204,117 +111,6 @@ class Backoff:
         self.last_start_s = now_s
 
 
-@dataclass
-class Health:
-    """Snapshot of the pipeline's health. ``models``: public model -> "ok", "overloaded: ...",
-    "failed: ..." or "recovering: ..."; ``pipelines``: pipeline -> the worst of its models'
-    states (just the word)."""
-
-    healthy: bool = False
-    models: dict[str, str] = field(default_factory=dict)
-    pipelines: dict[str, str] = field(default_factory=dict)
-    restarts: int = 0  # recoveries of any kind: model reloads + server restarts
-    server_restarts: int = 0
-    model_reloads: int = 0
-    last_restart_reason: str = ""
-    last_server_restart_reason: str = ""
-    next_server_restart_in_s: float | None = None
-    front: str = ""
-    last_check_unix_s: float = 0.0
-    building: dict[str, str] = field(default_factory=dict)
-    """Exports still running in the background (label -> state), fed by :class:`BuildState`."""
-    export_failures: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "status": "ok" if self.healthy else "unhealthy",
-            "models": self.models,
-            "pipelines": self.pipelines,
-            "restarts": self.restarts,
-            "server_restarts": self.server_restarts,
-            "model_reloads": self.model_reloads,
-            "last_restart_reason": self.last_restart_reason,
-            "last_server_restart_reason": self.last_server_restart_reason,
-            "next_server_restart_in_s": self.next_server_restart_in_s,
-            "front": self.front,
-            "last_check_unix_s": self.last_check_unix_s,
-            "building": self.building,
-            "export_failures": self.export_failures,
-        }
-
-
-class BuildState(Protocol):
-    """What is still being exported (``runtime.staged.BackgroundExports``)."""
-
-    def building(self) -> dict[str, str]: ...
-
-    def failed(self) -> dict[str, str]: ...
-
-
-_SEVERITY = (OK, OVERLOADED, RECOVERING, FAILED)
-
-
-def pipeline_states(models: Mapping[str, str], owner: Mapping[str, str]) -> dict[str, str]:
-    """Pipeline -> the worst state word among its models' (ok < overloaded < recovering <
-    failed)."""
-    out: dict[str, str] = {}
-    for model, state in models.items():
-        word = state.split(":", 1)[0]
-        word = word if word in _SEVERITY else FAILED
-        pipeline = owner.get(model, model)
-        if _SEVERITY.index(word) >= _SEVERITY.index(out.get(pipeline, OK)):
-            out[pipeline] = word
-    return out
-
-
-def stream_canary(url: str, model: str, inputs: list[Any], timeout_s: float) -> None:
-    """One request to a decoupled model over a gRPC stream (a unary infer is refused), asking
-    for one token (``max_tokens``: the generate convention); raises unless it ends with a final
-    response within ``timeout_s`` (TimeoutError: no answer in time)."""
-    import tritonclient.grpc as grpcclient
-
-    responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    client = grpcclient.InferenceServerClient(url)
-    try:
-        client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer(
-            model, inputs, parameters={"max_tokens": 1}, enable_empty_final_response=True
-        )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                result, error = responses.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                raise TimeoutError(f"deadline: no final response within {timeout_s:g} s") from None
-            if error is not None:
-                raise error
-            final = result.get_response().parameters.get("triton_final_response")
-            if final is not None and final.bool_param:
-                return
-    finally:
-        stop_stream(client)
-        client.close()
-
-
-def stop_stream(client: Any) -> None:
-    """``client.stop_stream(cancel_requests=True)`` without its thread leak: tritonclient then
-    never ends the request iterator, so the thread gRPC feeds the stream from blocks forever
-    (measured: one thread per canary; the 10-min chaos process reached 4,900 threads)."""
-    stream = getattr(client, "_stream", None)
-    try:
-        client.stop_stream(cancel_requests=True)
-    finally:
-        queued = getattr(stream, "_request_queue", None)
-        if queued is not None:
-            queued.put(None)  # the end of the request stream
-
-
-def _error_text(e: BaseException) -> str:
-    status = getattr(e, "status", None)
-    code = status() if callable(status) else ""
-    return f"{type(e).__name__}: {code + ' ' if code else ''}{e}"[:300]
-
-
 class Supervisor:
     """Watches an :class:`EmbeddedServer`: reloads what died, reports what is busy, restarts the
     server only when tritonserver exits (see the module docstring)."""
@@ -333,7 +129,7 @@ class Supervisor:
         repo = Path(server.settings.model_repository)
         self.server = server
         self.models = list(models) if models is not None else public_models(repo)
-        all_configs = _repository_configs(repo)
+        all_configs = repository_configs(repo)
         self.calls = model_calls(all_configs)
         self.configs = {m: all_configs.get(m) or load_model_config(repo, m) for m in self.models}
         self.owner = pipeline_of(repo, self.models)
@@ -359,36 +155,9 @@ class Supervisor:
         """Model -> "ok", "overloaded: <error>" or "failed: <error>" of one inference through
         it (every public model, or only ``models``), on a connection of its own to Triton's
         private socket (bounded in time)."""
-        import tritonclient.grpc as grpcclient
-
-        wanted = None if models is None else set(models)
-
-        url = self.server.direct_grpc_url
-        results: dict[str, str] = {}
-        client = grpcclient.InferenceServerClient(url)
-        try:
-            for name, cfg in self.configs.items():
-                if wanted is not None and name not in wanted:
-                    continue
-                inputs = []
-                for input_name, value in canary_inputs(cfg).items():
-                    tensor = grpcclient.InferInput(
-                        input_name, list(value.shape), cfg.input(input_name).wire_dtype
-                    )
-                    tensor.set_data_from_numpy(value)
-                    inputs.append(tensor)
-                try:
-                    if cfg.raw.get("model_transaction_policy", {}).get("decoupled"):
-                        stream_canary(url, name, inputs, self.canary_timeout_s)
-                    else:
-                        client.infer(name, inputs, client_timeout=self.canary_timeout_s)
-                    results[name] = OK
-                except Exception as e:  # any failure is a failed canary; which kind, below
-                    text = _error_text(e)
-                    results[name] = f"{classify_failure(text)}: {text}"
-        finally:
-            client.close()
-        return results
+        return canary_round(
+            self.server.direct_grpc_url, self.configs, self.canary_timeout_s, models
+        )
 
     def check_front(self) -> str:
         """ "ok" when the front's gRPC reaches Triton; else refresh its upstream (a channel
@@ -402,7 +171,7 @@ class Supervisor:
             client.is_server_live(client_timeout=self.canary_timeout_s)
             return OK
         except Exception as e:  # the front answered, but not Triton's answer
-            text = _error_text(e)
+            text = error_text(e)
             if "not reachable" not in text and "connect" not in text.lower():
                 return f"{classify_failure(text)}: {text}"
             self.server.refresh_front()
@@ -680,84 +449,3 @@ class Supervisor:
                 self._health.server_restarts += 1
                 self._health.last_restart_reason = reason
             self._record(self.canary())
-
-
-class _QuietHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A reset or timed-out client connection is routine: no traceback on stderr."""
-        exc = sys.exc_info()[1]
-        if not isinstance(exc, (ConnectionError, TimeoutError)):
-            super().handle_error(request, client_address)
-
-
-class HealthEndpoint:
-    """``GET /health/pipeline`` -> 200 + JSON when the pipeline can serve, else 503.
-
-    Healthy means: not draining, Triton ready and, when supervised, every public model answering
-    its canary (every loaded one: with background exports, ``builds`` lists what is still being
-    built and what failed, and nothing loaded yet is 503). Point load balancers here: unlike Triton's ``/v2/health/ready`` it flips the moment
-    a shutdown starts and when a crashed stub leaves Triton "ready" but broken.
-    """
-
-    def __init__(
-        self,
-        server: EmbeddedServer,
-        host: str,
-        port: int,
-        supervisor: Supervisor | None = None,
-        idle_timeout_s: float = 10.0,
-    ) -> None:
-        parent = self
-        self.server = server
-        self.supervisor = supervisor
-        self.builds: BuildState | None = None
-        self.draining = threading.Event()
-
-        class Handler(BaseHTTPRequestHandler):
-            timeout = idle_timeout_s  # an idle or slow connection may not hold a thread longer
-
-            def do_GET(self) -> None:
-                if self.path.rstrip("/") not in ("/health/pipeline", "/health"):
-                    self.send_error(404, "try /health/pipeline")
-                    return
-                health = parent.health()
-                body = json.dumps(health.to_json()).encode()
-                self.send_response(200 if health.healthy else 503)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.httpd = _QuietHTTPServer((host, port), Handler)
-        self.url = f"http://{host}:{self.httpd.server_address[1]}/health/pipeline"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def health(self) -> Health:
-        if self.supervisor is not None:
-            health = self.supervisor.health()
-        else:
-            ready = self.server.is_ready(timeout_s=1.0)
-            health = Health(
-                healthy=ready, models={"tritonserver": "ready" if ready else "not ready"}
-            )
-        if self.builds is not None:
-            health.building = self.builds.building()
-            health.export_failures = self.builds.failed()
-        if self.draining.is_set():
-            health.healthy = False
-            health.models = {m: "draining" for m in health.models} or {"tritonserver": "draining"}
-        return health
-
-    def start(self) -> HealthEndpoint:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self.httpd.shutdown()
-        self.httpd.server_close()
