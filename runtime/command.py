@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tritonforge.headers import ADMIN_HEADER
-from tritonforge.runtime.front import triton_listen_args
+from tritonforge.runtime.front_settings import triton_listen_args
 from tritonforge.runtime.locate import PYTHONPATH_ENV, TritonInstall, library_path, venv_paths
 from tritonforge.runtime.settings import ADMIN_KEY_ENV, ServerSettings
 

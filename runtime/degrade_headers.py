@@ -4,7 +4,8 @@ Request: ``X-Fallback: int8`` (may be answered by the cheaper variant at a peak)
 ``X-Fallback: none`` (never), and ``X-Priority: N`` (Triton's priority level, 1 first) become the
 request parameters ``fallback`` and ``priority``. Response: ``X-Tritonforge-Variant`` says which
 encoder variant answered (the BLS's ``variant`` output), so a caller sees a degraded answer
-without reading the tensors. A parameter already in the body wins over a header.
+without reading the tensors. A parameter already in the body wins over a header
+(:func:`runtime.front_body.add_parameters` writes them).
 """
 
 from __future__ import annotations
@@ -39,28 +40,6 @@ def header_parameters(fallback: str | None, priority: str | None) -> dict[str, A
             )
         params["priority"] = int(priority)
     return params
-
-
-def add_parameters(
-    body: bytes, header_length: str | None, params: dict[str, Any]
-) -> tuple[bytes, str | None]:
-    """``body`` (JSON, or a JSON header + binary tensors) with ``params`` added to its
-    ``parameters`` where not already set; returns it and the new
-    ``Inference-Header-Content-Length`` (None for a plain JSON body)."""
-    split = int(header_length) if header_length is not None else len(body)
-    try:
-        header = json.loads(body[:split] or b"{}")
-    except ValueError as e:
-        raise FrontError(f"the inference request is not valid JSON: {e}", 400) from e
-    if not isinstance(header, dict):
-        raise FrontError("the inference request must be a JSON object", 400)
-    existing = header.setdefault("parameters", {})
-    if not isinstance(existing, dict):
-        raise FrontError("'parameters' must be a JSON object", 400)
-    for key, value in params.items():
-        existing.setdefault(key, value)
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    return encoded + body[split:], (str(len(encoded)) if header_length is not None else None)
 
 
 def answered_variant(body: bytes, header_length: str | None) -> str | None:

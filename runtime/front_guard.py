@@ -9,6 +9,7 @@ request.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
 import threading
@@ -123,6 +124,11 @@ class ThrottledLog:
             return seen.count if seen else 0
 
 
+def admin_ok(given: str | None, key: str) -> bool:
+    """Whether ``given`` is the admin ``key`` (a constant-time compare)."""
+    return given is not None and hmac.compare_digest(given.encode(), key.encode())
+
+
 MAX_MODEL_NAME_BYTES = 256
 """Longer model names are refused before Triton echoes them back in its error."""
 
@@ -216,6 +222,9 @@ class Admission:
 
 
 VERSION_PARAMETER = "version"  # the request parameter the BLS pins a version with
+# The first seed's header: pins a model version of a BLS pipeline (request parameter `version`).
+VERSION_HEADER = "X-Model-Version"
+LENGTH_HEADER = "Inference-Header-Content-Length"
 
 
 def _parameters(config: Mapping[str, Any]) -> dict[str, str]:

@@ -30,12 +30,13 @@ from tritonclient.grpc import service_pb2
 
 from tritonforge.runtime import openai_api as api
 from tritonforge.runtime.errors import FrontError
+from tritonforge.runtime.front_body import INFLATE_WBITS, inflate, json_depth
 from tritonforge.runtime.openai_api import OpenAIError, ServedModel
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from tritonforge.runtime.front import HttpFront
+    from tritonforge.runtime.front_http import HttpFront
     from tritonforge.text import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -132,12 +133,10 @@ class OpenAIFront:
             )
 
     async def _body(self, request: web.BaseRequest) -> dict[str, Any]:
-        from tritonforge.runtime.front import _INFLATE_WBITS, inflate, json_depth
-
         body = await self.http._read_body(request)
         encoding = request.headers.get("Content-Encoding", "").strip().lower()
         if encoding and encoding != "identity":
-            if encoding not in _INFLATE_WBITS:
+            if encoding not in INFLATE_WBITS:
                 raise FrontError(f"Content-Encoding {encoding[:20]!r} not supported", 415)
             body = inflate(body, encoding, self.http.limits.max_body_bytes)
         depth = json_depth(body)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonforge.env import env_int
-from tritonforge.runtime.front import OPENAI_KEY_ENV, FrontLimits
+from tritonforge.runtime.front_settings import OPENAI_KEY_ENV, FrontLimits
 
 ADMIN_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
 

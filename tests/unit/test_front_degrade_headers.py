@@ -8,12 +8,9 @@ import struct
 
 import pytest
 
-from tritonforge.runtime.degrade_headers import (
-    add_parameters,
-    answered_variant,
-    header_parameters,
-)
+from tritonforge.runtime.degrade_headers import answered_variant, header_parameters
 from tritonforge.runtime.errors import FrontError
+from tritonforge.runtime.front_body import add_parameters
 
 
 def test_headers_become_parameters_and_the_body_wins() -> None:

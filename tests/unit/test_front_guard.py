@@ -125,13 +125,14 @@ def test_pins_are_honoured_where_declared_and_refused_elsewhere_naming_where() -
 
 
 def test_front_helpers_find_the_model_the_pin_and_write_sse_like_triton() -> None:
-    from tritonforge.runtime.front import _json_has_version, _model_of, sse_event
+    from tritonforge.runtime.front_body import json_has_version
+    from tritonforge.runtime.front_http import _model_of, sse_event
 
     assert _model_of("/v2/models/classify/versions/1/infer") == "classify"
     assert _model_of("/v2/health/ready") is None
     body = b'{"parameters": {"version": 2}, "inputs": []}'
-    assert _json_has_version(None, body)
-    assert _json_has_version(str(len(body)), body + b"\x00raw")
-    assert not _json_has_version(None, b'{"inputs": [{"name": "version"}]}')
-    assert not _json_has_version(None, b'{"parameters": {"version": 1' + b"9" * 5000 + b"}}")
+    assert json_has_version(None, body)
+    assert json_has_version(str(len(body)), body + b"\x00raw")
+    assert not json_has_version(None, b'{"inputs": [{"name": "version"}]}')
+    assert not json_has_version(None, b'{"parameters": {"version": 1' + b"9" * 5000 + b"}}")
     assert sse_event({"error": "x"}) == b'data: {"error":"x"}\n\n'
