@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from tritonforge.errors import TritonforgeError
 
@@ -40,3 +41,38 @@ class FrontError(EmbeddedServerError):
     def __init__(self, message: str, status: int = 500) -> None:
         super().__init__(message)
         self.status = status
+
+
+class OpenAIError(FrontError):
+    """A refused ``/v1`` request: ``status`` the HTTP status, ``param`` the offending field,
+    ``code`` OpenAI's machine-readable code; :meth:`body` is OpenAI's error object."""
+
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message, status)
+        self.param, self.code = param, code
+
+    @property
+    def type(self) -> str:
+        if self.status == 401:
+            return "authentication_error"
+        if self.status == 403:
+            return "permission_error"
+        if self.status == 404:
+            return "not_found_error" if self.code != "model_not_found" else "invalid_request_error"
+        if self.status == 429:
+            return "rate_limit_error"
+        if self.status >= 500:
+            return "server_error"
+        return "invalid_request_error"
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": str(self),
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }

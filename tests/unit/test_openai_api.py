@@ -294,7 +294,7 @@ def test_generate_request_and_stream_response_round_trip() -> None:
         "generate", "héllo", {"max_tokens": 4, "top_p": 0.5}, ["\n"], "r1"
     )
     assert [t.name for t in request.inputs] == [TEXT_INPUT, "stop"]
-    assert api._unbytes(request.raw_input_contents[0]) == ["héllo"]
+    assert api.unbytes(request.raw_input_contents[0]) == ["héllo"]
     assert request.parameters["max_tokens"].int64_param == 4
     assert request.parameters["top_p"].double_param == 0.5
     assert request.parameters["triton_enable_empty_final_response"].bool_param
@@ -302,7 +302,7 @@ def test_generate_request_and_stream_response_round_trip() -> None:
     for name, value in ((TEXT_OUTPUT, "wörld"), (FINISH_REASON, "length")):
         out = response.infer_response.outputs.add()
         out.name, out.datatype = name, "BYTES"
-        response.infer_response.raw_output_contents.append(api._bytes_tensor([value]))
+        response.infer_response.raw_output_contents.append(api.bytes_tensor([value]))
     assert api.stream_chunk(response, "generate") == api.StreamChunk("wörld", "length")
     failed = service_pb2.ModelStreamInferResponse(error_message="generate: overloaded")
     with pytest.raises(OpenAIError) as e:
