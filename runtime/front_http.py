@@ -305,7 +305,8 @@ class HttpFront:
             allow_redirects=False,
         )
 
-    def _timeout_message(self) -> str:
+    def timeout_message(self) -> str:
+        """Why a request got no answer in time (the bounds that ran out, by name)."""
         return (
             f"no answer from tritonserver within request_timeout_s="
             f"{self.limits.request_timeout_s:g} (or no free upstream connection within "
@@ -335,7 +336,7 @@ class HttpFront:
                     return _unavailable(f"{self.admission.draining}; retry later")
                 return web.Response(status=upstream.status, headers=out_headers, body=data)
         except TimeoutError:
-            return _unavailable(self._timeout_message())
+            return _unavailable(self.timeout_message())
         except (aiohttp.ClientError, OSError) as e:
             return _unavailable(f"tritonserver not reachable (restarting?): {type(e).__name__}")
 
@@ -387,7 +388,7 @@ class HttpFront:
                 return response
         except TimeoutError:
             if response is None:
-                return _unavailable(self._timeout_message())
+                return _unavailable(self.timeout_message())
             raise
         except (aiohttp.ClientError, OSError) as e:
             if response is None:

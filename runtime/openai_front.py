@@ -13,11 +13,12 @@ cancelled, which frees the decoding slot). Parsing and response shapes live in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -169,7 +170,10 @@ class OpenAIFront:
         timeout = aiohttp.ClientTimeout(
             total=limits.request_timeout_s, connect=limits.queue_timeout_s
         )
-        try:
+        silent = (
+            f"no answer from tritonserver within request_timeout_s={limits.request_timeout_s:g}"
+        )
+        with _upstream_errors(silent):
             async with self.http.session().request(
                 method, f"http://triton{path}", json=payload, timeout=timeout, headers=IDENTITY
             ) as r:
@@ -177,16 +181,6 @@ class OpenAIFront:
                 if r.status != 200:
                     raise _triton_error(r.status, data, path)
                 return json.loads(data)
-        except TimeoutError as e:
-            raise OpenAIError(
-                f"no answer from tritonserver within request_timeout_s="
-                f"{limits.request_timeout_s:g}",
-                503,
-            ) from e
-        except (aiohttp.ClientError, OSError) as e:
-            raise OpenAIError(
-                f"tritonserver not reachable (restarting?): {type(e).__name__}", 503
-            ) from e
 
     async def _models_route(self, model_id: str) -> web.Response:
         models = await self.models()
@@ -259,7 +253,7 @@ class OpenAIFront:
             total=limits.request_timeout_s, connect=limits.queue_timeout_s
         )
         path = f"/v2/models/{m.triton_model}/infer"
-        try:
+        with _upstream_errors(self.http.timeout_message()):
             async with self.http.session().post(
                 f"http://triton{path}",
                 data=json.dumps(payload).encode(),
@@ -270,17 +264,6 @@ class OpenAIFront:
                 if r.status != 200:
                     raise _triton_error(r.status, data, m.triton_model)
                 length = r.headers.get("Inference-Header-Content-Length")
-        except TimeoutError as e:
-            raise OpenAIError(
-                f"no answer from tritonserver within request_timeout_s="
-                f"{limits.request_timeout_s:g} (or no free upstream connection within "
-                f"queue_timeout_s={limits.queue_timeout_s:g})",
-                503,
-            ) from e
-        except (aiohttp.ClientError, OSError) as e:
-            raise OpenAIError(
-                f"tritonserver not reachable (restarting?): {type(e).__name__}", 503
-            ) from e
         return api.embedding_outputs(data, length, m.output)
 
     # -- completions ---------------------------------------------------------------------
@@ -427,6 +410,19 @@ class OpenAIFront:
         if message is grpc.aio.EOF:
             raise OpenAIError(f"{model}: the stream ended without a final response", 500)
         return api.stream_chunk(message, model)
+
+
+@contextlib.contextmanager
+def _upstream_errors(timeout_message: str) -> Iterator[None]:
+    """A silent or unreachable tritonserver, within the block, as a 503 :class:`OpenAIError`."""
+    try:
+        yield
+    except TimeoutError as e:
+        raise OpenAIError(timeout_message, 503) from e
+    except (aiohttp.ClientError, OSError) as e:
+        raise OpenAIError(
+            f"tritonserver not reachable (restarting?): {type(e).__name__}", 503
+        ) from e
 
 
 def _error(e: OpenAIError) -> web.Response:

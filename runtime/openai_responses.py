@@ -61,14 +61,16 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+def _head(rid: str, kind: str, created: int, model: str) -> dict[str, Any]:
+    """The fields every completion object and chunk starts with (OpenAI's order)."""
+    return {"id": rid, "object": kind, "created": created, "model": model}
+
+
 def chat_completion(
     rid: str, created: int, model: str, text: str, finish: str, use: dict[str, int]
 ) -> dict[str, Any]:
     return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
+        **_head(rid, "chat.completion", created, model),
         "choices": [
             {
                 "index": 0,
@@ -92,10 +94,7 @@ def chat_chunk(
 ) -> dict[str, Any]:
     """A ``chat.completion.chunk``; ``delta=None`` is the usage-only chunk (no choices)."""
     chunk: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
+        **_head(rid, "chat.completion.chunk", created, model),
         "choices": (
             []
             if delta is None
@@ -112,10 +111,7 @@ def text_completion(
 ) -> dict[str, Any]:
     """A ``text_completion`` object (whole, or one streamed chunk when ``use`` is None)."""
     out: dict[str, Any] = {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
+        **_head(rid, "text_completion", created, model),
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
     }
     if use is not None:

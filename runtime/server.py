@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import NoReturn
 
 from tritonforge.headers import ADMIN_HEADER, GRPC_ADMIN_HEADER
@@ -379,12 +378,8 @@ class EmbeddedServer:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
+        """Stop the server, whatever ended the block (an exception propagates)."""
         self.stop()
 
 
