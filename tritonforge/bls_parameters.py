@@ -13,8 +13,8 @@ from typing import Any
 from tritonforge.bls import BlsPlan, Postprocess
 from tritonforge.classify import TOP_K_PARAMETER, check_top_k
 from tritonforge.errors import InvalidInputError, StageUnavailableError, shown
+from tritonforge.pipelines import VARIANT_PARAMETER
 
-VARIANT_PARAMETER = "variant"
 VERSION_PARAMETER = "version"
 FALLBACK_PARAMETER = "fallback"
 NO_FALLBACK = "none"

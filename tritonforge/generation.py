@@ -16,6 +16,7 @@ from typing import Any
 
 from tritonforge.errors import InvalidInputError
 from tritonforge.kv_batch import KVBatch
+from tritonforge.pipelines import VARIANT_PARAMETER
 from tritonforge.sampling import (
     SAMPLING_FIELDS,
     GenerationLimits,
@@ -66,14 +67,12 @@ __all__ = [
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
 FINISH_REASON = "finish_reason"
-# The request parameter that pins a decoder variant (each variant is its own model; a request
-# naming another variant than the model serves is refused, never answered by another decoder).
-VARIANT_PARAMETER = "variant"
 
 
 def check_variant(requested: Any, served: str, model: str) -> None:
     """A request's ``variant`` parameter (None: not pinned) against the variant ``model`` serves;
-    :class:`InvalidInputError` naming the field on a mismatch."""
+    :class:`InvalidInputError` naming the field on a mismatch (each variant is its own model: a
+    request naming another variant is refused, never answered by another decoder)."""
     if requested is None:
         return
     requested = requested.decode() if isinstance(requested, bytes) else str(requested)
