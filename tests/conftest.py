@@ -47,13 +47,8 @@ def pipeline_server() -> Iterator[EmbeddedServer]:
         pytest.fail(
             f"{PIPELINE_REPOSITORY} is not servable (run `make export`):\n" + "\n".join(problems)
         )
-    server = EmbeddedServer(ServerSettings.ephemeral(PIPELINE_REPOSITORY))
-    server.start()
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+    with EmbeddedServer(ServerSettings.ephemeral(PIPELINE_REPOSITORY)) as server:
+        yield server  # started and ready; stopped on the way out
 
 
 @pytest.fixture

@@ -62,13 +62,8 @@ def server(
     settings = ServerSettings.ephemeral(
         repo, extra_args=cache_args(1 << 20), model_control_mode="explicit"
     )
-    server = EmbeddedServer(settings)
-    server.start()
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+    with EmbeddedServer(settings) as server:
+        yield server  # started and ready; stopped on the way out
 
 
 def probabilities(directory: Path) -> np.ndarray:
