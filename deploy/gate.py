@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tritonforge.deploy.errors import DeployError
+
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BASELINE = Path(__file__).resolve().parent / "perf-baseline.json"
@@ -41,7 +43,7 @@ THROUGHPUT_KEYS = ("sentences_per_s", "sent_s")
 PASS, FAIL, SKIP = "pass", "FAIL", "skip"
 
 
-class GateError(Exception):
+class GateError(DeployError):
     """A gate cannot run at all (missing or unreadable baseline/bench file)."""
 
 

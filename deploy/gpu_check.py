@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from tritonforge.deploy.errors import DeployError
+
 log = logging.getLogger(__name__)
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -40,7 +42,7 @@ DEFAULT_MIN_COSINE_INT8 = 0.99
 EXIT_OK, EXIT_PARITY, EXIT_NO_GPU = 0, 1, 2
 
 
-class GpuCheckError(RuntimeError):
+class GpuCheckError(DeployError):
     """Base of this module's errors."""
 
 

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tritonforge.deploy.errors import DeployError
+
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 K8S_VERSION = "v1.31.0"
 K8S_KINDS = (
@@ -32,7 +34,7 @@ K8S_KINDS = (
 COMPOSE_MEMBER = "check_jsonschema/builtin_schemas/vendor/compose-spec.json"
 
 
-class VendorError(RuntimeError):
+class VendorError(DeployError):
     """A wheel or a schema inside it is not where this script expects it."""
 
 

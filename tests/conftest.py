@@ -47,13 +47,8 @@ def pipeline_server() -> Iterator[EmbeddedServer]:
         pytest.fail(
             f"{PIPELINE_REPOSITORY} is not servable (run `make export`):\n" + "\n".join(problems)
         )
-    server = EmbeddedServer(ServerSettings.ephemeral(PIPELINE_REPOSITORY))
-    server.start()
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+    with EmbeddedServer(ServerSettings.ephemeral(PIPELINE_REPOSITORY)) as server:
+        yield server  # started and ready; stopped on the way out
 
 
 @pytest.fixture
@@ -82,43 +77,12 @@ TINY_WORDS = {
 
 @pytest.fixture
 def tiny_bert_dir(tmp_path: Path) -> Path:
-    """A random-initialised 2-layer BERT (hidden 32) with a WordLevel tokenizer.json over a few
-    words, saved like the base model package (config.json, model.safetensors, tokenizer.json,
-    tokenizer_config.json)."""
-    import torch
-    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
-    from tokenizers.models import WordLevel
-    from transformers import BertConfig, BertModel
+    """A random-initialised 2-layer BERT (hidden 32) with a WordLevel tokenizer.json over
+    :data:`TINY_WORDS`, saved like the base model package (:func:`tests.tiny_checkpoints.bert`)."""
+    from tests.tiny_checkpoints import bert
 
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     words = sorted({w for ws in TINY_WORDS.values() for w in ws} | {"the", "is", "a", "it"})
-    vocab = {t: i for i, t in enumerate(specials + words)}
-    tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
-    )
-    out = tmp_path / "tiny-bert"
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    BertModel(config).save_pretrained(out)
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(
-        '{"tokenizer_class": "BertTokenizer", "do_lower_case": true, "unk_token": "[UNK]", '
-        '"sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", '
-        '"mask_token": "[MASK]", "model_max_length": 64}'
-    )
-    return out
+    return bert(tmp_path / "tiny-bert", words)
 
 
 @pytest.fixture

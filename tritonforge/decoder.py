@@ -1,5 +1,5 @@
 """An exported KV-cache decoder (ONNX) run with ONNX Runtime: the step function of
-:class:`tritonforge.generation.Scheduler`. Names and shapes are read from the graph, never
+:class:`tritonforge.scheduler.Scheduler`. Names and shapes are read from the graph, never
 restated: past inputs are ``past_key_values.<i>.key|value`` and presents ``present.<i>.*``."""
 
 from __future__ import annotations

@@ -14,21 +14,13 @@ import numpy as np
 
 from tritonforge.decoder import OrtDecoder
 from tritonforge.errors import InvalidInputError
-from tritonforge.generation import (
-    VARIANT_PARAMETER,
-    ErrorFn,
-    Generation,
-    GenerationLimits,
-    OutputFn,
-    Scheduler,
-    TextStream,
-    check_variant,
-    parse_sampling,
-    render_prompt,
-)
+from tritonforge.generation import check_variant, render_prompt
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
-from tritonforge.pipelines import VARIANT_KEY
+from tritonforge.pipelines import VARIANT_KEY, VARIANT_PARAMETER
+from tritonforge.sampling import GenerationLimits, parse_sampling
+from tritonforge.scheduler import ErrorFn, Generation, OutputFn, Scheduler
+from tritonforge.text_stream import TextStream
 
 
 class GenerateEngine:

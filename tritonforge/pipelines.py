@@ -27,7 +27,14 @@ TOP_PRIORITY = 1
 ROLE_KEY = "tritonforge.role"  # tokenizer | encoder | postprocess | ensemble | bls
 VARIANT_KEY = "tritonforge.variant"  # encoders and ensembles
 LABELS_KEY = "tritonforge.labels"  # classification: JSON list, index order
-PUBLIC_ROLES = ("ensemble", "bls")
+# A pipeline's routes: how a request is orchestrated, by a Triton ensemble (one model per
+# variant) or by the BLS model (one model, the variant a request parameter). The public models'
+# roles are the routes.
+ENSEMBLE_ROUTE, BLS_ROUTE = "ensemble", "bls"
+ROUTES = (ENSEMBLE_ROUTE, BLS_ROUTE)
+PUBLIC_ROLES = ROUTES
+# The request parameter that picks (BLS) or pins (generate) a variant.
+VARIANT_PARAMETER = "variant"
 # Generation models (decoupled ``generate``): one model per variant, grouped by name.
 GENERATOR_ROLE = "generator"
 GENERATOR_KEY = "tritonforge.generator"  # the group: the default variant's model name
@@ -103,9 +110,13 @@ class Pipeline:
     def public_models(self) -> tuple[str, ...]:
         return (*self.ensembles.values(), *((self.bls,) if self.bls else ()))
 
-    def model(self, variant: str = "fp32", bls: bool = False) -> str:
-        """The model to call for ``variant`` (through the BLS when ``bls``)."""
-        if bls:
+    def model(self, variant: str = "fp32", bls: bool = False, *, route: str | None = None) -> str:
+        """The model to call for ``variant`` on ``route`` (one of :data:`ROUTES`; ``bls=True``
+        is ``route="bls"``, the default the ensemble); :class:`KeyError` naming the choices."""
+        route = route or (BLS_ROUTE if bls else ENSEMBLE_ROUTE)
+        if route not in ROUTES:
+            raise KeyError(f"unknown route={route!r}; use one of {list(ROUTES)}")
+        if route == BLS_ROUTE:
             if self.bls is None:
                 raise KeyError(f"pipeline {self.name!r} has no BLS model")
             return self.bls

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from types import TracebackType
 from typing import Any
+
+from tritonforge.closing import Closing
 
 ETA_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit}, {elapsed} elapsed, ~{remaining} left"
 
 
-class Bar:
+class Bar(Closing):
     """``update(n)`` / ``update_to(n)`` move the bar; ``close()`` (or ``with``) ends it."""
 
     def __init__(
@@ -68,14 +69,3 @@ class Bar:
     def close(self) -> None:
         self._redirect.close()
         self.bar.close()
-
-    def __enter__(self) -> Bar:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

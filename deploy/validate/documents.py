@@ -12,10 +12,12 @@ from typing import Any
 import jsonschema
 import yaml
 
+from tritonforge.deploy.errors import DeployError
+
 _VAR = re.compile(r"\$(?:\$|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\})")
 
 
-class DeployCheckError(RuntimeError):
+class DeployCheckError(DeployError):
     """A deployment file is missing or cannot be read at all."""
 
 

@@ -165,16 +165,26 @@ def tensorrt_int8_findings(name: str, model: Any, params: Mapping[str, str]) -> 
     audit); each quantized MatMul/Gemm/Conv takes every input from a DequantizeLinear, an
     activation's DequantizeLinear from a QuantizeLinear, a weight's from a constant int8 tensor.
     """
-    import numpy as np
-    from onnx import numpy_helper
-
     from tritonforge.export.quantize import audit_qdq
 
-    out: list[str] = []
-    graph = model.graph
     counts: dict[str, int] = {}
-    for node in graph.node:
+    for node in model.graph.node:
         counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    out = _int8_source_findings(name, counts, params.get("int8_calibration_table_name"))
+    if not counts.get("QuantizeLinear", 0) + counts.get("DequantizeLinear", 0):
+        return out
+    problems, _ = audit_qdq(model)
+    out += [f"{name}: {p}" for p in problems]
+    graph = _GraphView(model.graph)
+    out += _zero_point_findings(name, graph)
+    return out + _qdq_pair_findings(name, graph)
+
+
+def _int8_source_findings(
+    name: str, counts: Mapping[str, int], calibration: str | None
+) -> list[str]:
+    """What says how to quantize: Q/DQ pairs or a calibration table, never dynamic operators."""
+    out: list[str] = []
     dynamic = {op: n for op, n in sorted(counts.items()) if op in NOT_TENSORRT_INT8}
     if dynamic:
         ops = ", ".join(f"{n} {op}" for op, n in dynamic.items())
@@ -184,7 +194,6 @@ def tensorrt_int8_findings(name: str, model: Any, params: Mapping[str, str]) -> 
             "GPU target's static QDQ graph (`tritonforge export --target gpu`)"
         )
     qdq = counts.get("QuantizeLinear", 0) + counts.get("DequantizeLinear", 0)
-    calibration = params.get("int8_calibration_table_name")
     if not qdq and not calibration:
         out.append(
             f"{name}: precision_mode INT8 but the graph has no Q/DQ node and no "
@@ -195,25 +204,37 @@ def tensorrt_int8_findings(name: str, model: Any, params: Mapping[str, str]) -> 
             f"{name}: int8_calibration_table_name on a Q/DQ graph (ONNX Runtime refuses to "
             "create the session)"
         )
-    if not qdq:
-        return out
-    problems, _ = audit_qdq(model)
-    out += [f"{name}: {p}" for p in problems]
-    constants = {i.name: i for i in graph.initializer}
-    producer = {o: n for n in graph.node for o in n.output}
+    return out
 
-    def const(tensor: str) -> Any:
-        if tensor in constants:
-            return numpy_helper.to_array(constants[tensor])
-        node = producer.get(tensor)
+
+class _GraphView:
+    """An ONNX graph's nodes, each tensor's producer, and its constant value when it has one."""
+
+    def __init__(self, graph: Any) -> None:
+        self.nodes = list(graph.node)
+        self.constants = {i.name: i for i in graph.initializer}
+        self.producer = {o: n for n in graph.node for o in n.output}
+
+    def const(self, tensor: str) -> Any:
+        from onnx import numpy_helper
+
+        if tensor in self.constants:
+            return numpy_helper.to_array(self.constants[tensor])
+        node = self.producer.get(tensor)
         if node is not None and node.op_type == "Constant":
             return numpy_helper.to_array(node.attribute[0].t)
         return None
 
-    for node in graph.node:
+
+def _zero_point_findings(name: str, graph: _GraphView) -> list[str]:
+    """Every Q/DQ node quantizes to signed int8, symmetrically (zero point 0)."""
+    import numpy as np
+
+    out: list[str] = []
+    for node in graph.nodes:
         if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
             continue
-        zp = const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        zp = graph.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if zp is None:
             if node.op_type == "QuantizeLinear":
                 out.append(
@@ -230,11 +251,18 @@ def tensorrt_int8_findings(name: str, model: Any, params: Mapping[str, str]) -> 
                 f"{name}: {node.op_type} {node.name} has a non-zero zero point (TensorRT "
                 "quantizes symmetrically: zero point 0)"
             )
+    return out
+
+
+def _qdq_pair_findings(name: str, graph: _GraphView) -> list[str]:
+    """Each quantized MatMul/Gemm/Conv is fed by a Q/DQ pair (or a constant int8 weight) on
+    every input, and at least one is."""
+    out: list[str] = []
     quantized = 0
-    for node in graph.node:
+    for node in graph.nodes:
         if node.op_type not in QUANTIZABLE:
             continue
-        feeds = [producer.get(i) for i in node.input[:2]]
+        feeds = [graph.producer.get(i) for i in node.input[:2]]
         from_dq = [f is not None and f.op_type == "DequantizeLinear" for f in feeds]
         if not any(from_dq):
             continue
@@ -246,21 +274,28 @@ def tensorrt_int8_findings(name: str, model: Any, params: Mapping[str, str]) -> 
                 "pattern TensorRT fuses into an INT8 layer)"
             )
             continue
-        for dq in feeds:
-            assert dq is not None
-            source = producer.get(dq.input[0])
-            weight = const(dq.input[0])
-            if weight is not None:
-                if weight.dtype != np.int8:
-                    out.append(f"{name}: weight {dq.input[0]} of {node.name} is {weight.dtype}")
-            elif source is None or source.op_type != "QuantizeLinear":
-                out.append(
-                    f"{name}: DequantizeLinear {dq.name} feeding {node.name} is not paired with "
-                    "a QuantizeLinear (nor a constant int8 weight)"
-                )
+        out += [_dequantize_finding(name, node.name, dq, graph) for dq in feeds if dq is not None]
     if not quantized:
         out.append(f"{name}: precision_mode INT8 but no MatMul/Gemm/Conv is fed by Q/DQ pairs")
-    return out
+    return [line for line in out if line]
+
+
+def _dequantize_finding(name: str, consumer: str, dq: Any, graph: _GraphView) -> str:
+    """ "" when the DequantizeLinear ``dq`` reads a constant int8 weight or a QuantizeLinear."""
+    import numpy as np
+
+    weight = graph.const(dq.input[0])
+    if weight is not None:
+        if weight.dtype != np.int8:
+            return f"{name}: weight {dq.input[0]} of {consumer} is {weight.dtype}"
+        return ""
+    source = graph.producer.get(dq.input[0])
+    if source is None or source.op_type != "QuantizeLinear":
+        return (
+            f"{name}: DequantizeLinear {dq.name} feeding {consumer} is not paired with "
+            "a QuantizeLinear (nor a constant int8 weight)"
+        )
+    return ""
 
 
 def quantized_matmuls(model: Any) -> dict[str, tuple[int, int]]:

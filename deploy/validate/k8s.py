@@ -90,7 +90,6 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
         return [f"k8s: expected one Deployment, found {len(deployments)}"]
     dep = deployments[0]
     pod = dep["spec"]["template"]["spec"]
-    labels = dep["spec"]["template"]["metadata"].get("labels", {})
     containers = {c["name"]: c for c in pod["containers"]}
     triton = containers.get("triton")
     if triton is None:
@@ -110,7 +109,21 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
     front_flags = triton_flags(
         front_args([*front.get("command", []), *front.get("args", [])]) or []
     )
-    # liveness: /v2/health/live, or (better, server#8604) an exec canary inference
+    out += _probe_findings(pod, triton, flags, front_flags)
+    out += _container_findings(pod, triton)
+    out += _repository_findings(docs, pod, triton)
+    return out + _service_findings(docs, dep, adapter_rules)
+
+
+def _probe_findings(
+    pod: Mapping[str, Any],
+    triton: Mapping[str, Any],
+    flags: Mapping[str, str],
+    front_flags: Mapping[str, str],
+) -> list[str]:
+    """Liveness (a canary inference, server#8604), the preStop drain and its grace period, and
+    the gRPC startup probe through the front."""
+    out: list[str] = []
     liveness = triton.get("livenessProbe") or {}
     canary = " ".join(str(a) for a in (liveness.get("exec") or {}).get("command", []))
     if (liveness.get("httpGet") or {}).get("path") != "/v2/health/live" and not (
@@ -135,6 +148,13 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
             "k8s: the gRPC startup probe must use the front's --grpc-port (grpc.health.v1 passes "
             "through the front)"
         )
+    return out
+
+
+def _container_findings(pod: Mapping[str, Any], triton: Mapping[str, Any]) -> list[str]:
+    """Triton's GPU and memory limits, non-root, read-only root filesystem, and the emptyDirs
+    it writes to (/tmp, and /dev/shm in memory)."""
+    out: list[str] = []
     limits = (triton.get("resources") or {}).get("limits") or {}
     if int(limits.get("nvidia.com/gpu", 0)) < 1:
         out.append("k8s: triton needs an nvidia.com/gpu limit")
@@ -153,7 +173,15 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
             out.append(
                 f"k8s: {path} needs an emptyDir" + (f" with medium {medium}" if medium else "")
             )
-    repo = mounts.get("/models")
+    return out
+
+
+def _repository_findings(
+    docs: list[dict[str, Any]], pod: Mapping[str, Any], triton: Mapping[str, Any]
+) -> list[str]:
+    """/models: a read-only mount of a PersistentVolumeClaim that the manifests declare."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    repo = {m["mountPath"]: m for m in triton.get("volumeMounts", [])}.get("/models")
     repo_vol = volumes.get(repo["name"]) if repo else None
     if (
         not repo
@@ -161,29 +189,37 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
         or not repo_vol
         or "persistentVolumeClaim" not in repo_vol
     ):
-        out.append("k8s: /models must be a read-only mount of a PersistentVolumeClaim")
-    elif repo_vol["persistentVolumeClaim"]["claimName"] not in {
+        return ["k8s: /models must be a read-only mount of a PersistentVolumeClaim"]
+    if repo_vol["persistentVolumeClaim"]["claimName"] not in {
         d["metadata"]["name"] for d in by_kind(docs, "PersistentVolumeClaim")
     }:
-        out.append("k8s: the model repository's PVC is not among the manifests")
+        return ["k8s: the model repository's PVC is not among the manifests"]
+    return []
+
+
+def _service_findings(
+    docs: list[dict[str, Any]], dep: Mapping[str, Any], adapter_rules: Path
+) -> list[str]:
+    """Every Service selects the Triton pods; one HPA targets the Deployment on served metrics."""
+    out: list[str] = []
+    labels = dep["spec"]["template"]["metadata"].get("labels", {})
     for svc in by_kind(docs, "Service"):
         selector = svc["spec"].get("selector", {})
         if not selector or any(labels.get(k) != v for k, v in selector.items()):
             out.append(f"k8s: Service {svc['metadata']['name']} does not select the Triton pods")
     hpas = by_kind(docs, "HorizontalPodAutoscaler")
     if len(hpas) != 1:
-        out.append(f"k8s: expected one HorizontalPodAutoscaler, found {len(hpas)}")
-    else:
-        hpa = hpas[0]["spec"]
-        if hpa["scaleTargetRef"]["name"] != dep["metadata"]["name"]:
-            out.append("k8s: the HPA does not target the Triton Deployment")
-        served = adapter_metric_aliases(adapter_rules)
-        for metric in hpa.get("metrics", []):
-            if metric["type"] == "Pods" and metric["pods"]["metric"]["name"] not in served:
-                out.append(
-                    f"k8s: HPA metric {metric['pods']['metric']['name']} is not served by any "
-                    f"rule in {adapter_rules.name}"
-                )
+        return [*out, f"k8s: expected one HorizontalPodAutoscaler, found {len(hpas)}"]
+    hpa = hpas[0]["spec"]
+    if hpa["scaleTargetRef"]["name"] != dep["metadata"]["name"]:
+        out.append("k8s: the HPA does not target the Triton Deployment")
+    served = adapter_metric_aliases(adapter_rules)
+    for metric in hpa.get("metrics", []):
+        if metric["type"] == "Pods" and metric["pods"]["metric"]["name"] not in served:
+            out.append(
+                f"k8s: HPA metric {metric['pods']['metric']['name']} is not served by any "
+                f"rule in {adapter_rules.name}"
+            )
     return out
 
 

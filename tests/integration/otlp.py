@@ -13,8 +13,9 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
+
+from tritonforge.closing import Closing
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def parse_export(body: dict[str, Any]) -> list[Span]:
     return spans
 
 
-class OtlpReceiver:
+class OtlpReceiver(Closing):
     """``with OtlpReceiver() as r:`` listens on 127.0.0.1 (free port); ``r.endpoint`` is
     ``host:port``; ``r.spans`` collects what was posted to ``/v1/traces``."""
 
@@ -121,11 +122,6 @@ class OtlpReceiver:
         self._thread.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests import tiny_checkpoints
 from tests.integration.reliability import Load
-from tritonforge.bls import canary_bucket
+from tritonforge.bls_parameters import canary_bucket
 from tritonforge.export.pipeline import Options, export_pipeline
 from tritonforge.export.pipeline_spec import Canary, ModelVersion
 from tritonforge.export.specs.hf import pipeline_from_pretrained
@@ -62,13 +62,8 @@ def server(
     settings = ServerSettings.ephemeral(
         repo, extra_args=cache_args(1 << 20), model_control_mode="explicit"
     )
-    server = EmbeddedServer(settings)
-    server.start()
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+    with EmbeddedServer(settings) as server:
+        yield server  # started and ready; stopped on the way out
 
 
 def probabilities(directory: Path) -> np.ndarray:

@@ -24,7 +24,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.integration.reliability import MINIMAL, linked_repository, text_inputs
-from tritonforge.bls import DEGRADED_METRIC
+from tritonforge.bls_degrade import DEGRADED_METRIC
 from tritonforge.export.tritonconfig import render_pbtxt
 from tritonforge.modelconfig import pbtxt_to_dict
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings

@@ -127,7 +127,7 @@ def test_bls_calls_join_the_callers_trace(traced: tuple[EmbeddedServer, OtlpRece
     """Without a caller span the client sends a fresh traceparent: still one named trace."""
     server, receiver = traced
     plan = build_plan(load_model_config(PIPELINE_REPOSITORY, BLS_MODEL), PIPELINE_REPOSITORY)
-    stages = {plan.routes["fp32"].model}  # the BLS tokenizes itself, then calls the encoder
+    stages = {plan.encoders["fp32"].model}  # the BLS tokenizes itself, then calls the encoder
 
     def send() -> tuple[str, str]:
         with EmbeddingClient(server.grpc_url, "grpc", pipeline="bls", variant="fp32") as client:

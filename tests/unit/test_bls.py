@@ -7,13 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tritonforge.bls import (
-    EncoderRoute,
-    build_plan,
-    plan_encoder_calls,
-    request_variant,
-    split_encoder_output,
-)
+from tritonforge.bls import EncoderTarget, build_plan
+from tritonforge.bls_calls import plan_encoder_calls, split_encoder_output
+from tritonforge.bls_parameters import request_variant
 from tritonforge.errors import InvalidInputError, StageUnavailableError
 from tritonforge.export.pipeline_configs import write_pipeline
 from tritonforge.export.specs import get_pipeline
@@ -21,7 +17,7 @@ from tritonforge.export.tritonconfig import render_pbtxt
 from tritonforge.modelconfig import pbtxt_to_dict
 from tritonforge.repository import load_model_config
 
-ROUTE = EncoderRoute("enc", {"ids": "input_ids", "mask": "attention_mask"}, "emb")
+ENCODER = EncoderTarget("enc", {"ids": "input_ids", "mask": "attention_mask"}, "emb")
 
 
 def tokens(rows: int, length: int, start: int) -> dict[str, np.ndarray]:
@@ -37,13 +33,13 @@ def fake_encoder(inputs: dict[str, np.ndarray]) -> np.ndarray:
 
 def test_equal_shapes_share_one_call_and_every_request_gets_its_own_rows() -> None:
     parts = [(0, tokens(1, 16, 1)), (3, tokens(2, 32, 100)), (5, tokens(3, 16, 500))]
-    calls = plan_encoder_calls(parts, ROUTE)
+    calls = plan_encoder_calls(parts, ENCODER)
     assert sorted(c.size for c in calls) == [2, 4]  # the two 16-token requests are merged
     for call in calls:
         assert set(call.inputs) == {"ids", "mask"}  # renamed to the encoder's inputs
     got = {}
     for call in calls:
-        got.update(split_encoder_output(fake_encoder(call.inputs), call, ROUTE))
+        got.update(split_encoder_output(fake_encoder(call.inputs), call, ENCODER))
     for index, part in parts:
         expected = fake_encoder({"ids": part["input_ids"]})
         np.testing.assert_array_equal(got[index], expected)
@@ -80,8 +76,8 @@ def test_plan_reads_tokenizer_settings_and_marks_unexported_variants(plan_repo: 
     assert plan.tokenizer.path == plan_repo / "tokenizer" / "1" / "tokenizer.json"
     assert plan.tokenizer.max_length == tokenizer.param("max_length", kind=int)
     assert plan.tokenizer.pad_to_multiple_of == tokenizer.param("pad_to_multiple_of", kind=int)
-    assert set(plan.routes) == {"fp32"}
-    assert plan.routes["fp32"].output == "sentence_embedding"
+    assert set(plan.encoders) == {"fp32"}
+    assert plan.encoders["fp32"].output == "sentence_embedding"
     assert set(plan.missing) == {"int8", "torchscript"}
     assert request_variant(None, plan) == "fp32"
     with pytest.raises(StageUnavailableError, match="run `make export`"):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tritonforge.bls import BlsPlan, TokenizerSettings, canary_bucket, request_version
+from tritonforge.bls import BlsPlan, TokenizerSettings
+from tritonforge.bls_parameters import canary_bucket, request_version
 from tritonforge.classify import check_top_k, classify, read_labels, softmax
 from tritonforge.errors import InvalidInputError, ModelConfigError, NumericalError
 from tritonforge.export.quantize import gate_figures, passes
@@ -77,7 +78,7 @@ def _plan(versions: tuple[int, ...], weights: dict[int, int]) -> BlsPlan:
         text_input="text",
         output="logits",
         tokenizer=TokenizerSettings("tok", __import__("pathlib").Path("t.json"), 16, 1),
-        routes={},
+        encoders={},
         default_variant="fp32",
         missing={},
         limits=TextLimits(),

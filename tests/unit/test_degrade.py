@@ -10,18 +10,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tritonforge.bls import (
+from tritonforge.bls import BlsPlan, EncoderTarget, TokenizerSettings
+from tritonforge.bls_degrade import (
     BUSY_GAP_S,
     DEGRADED_METRIC,
-    BlsPlan,
     DegradePolicy,
-    EncoderRoute,
     LoadMonitor,
-    TokenizerSettings,
     degraded_counter,
     refused,
-    request_fallback,
 )
+from tritonforge.bls_parameters import request_fallback
 from tritonforge.errors import InvalidInputError, ModelConfigError, StageUnavailableError
 from tritonforge.export.errors import SpecError
 from tritonforge.export.pipeline_spec import BlsStage, Degrade
@@ -38,7 +36,7 @@ def plan(enabled: bool = False, missing: dict[str, str] | None = None) -> BlsPla
         text_input="text",
         output="embedding",
         tokenizer=TokenizerSettings("tokenizer", Path("tokenizer.json"), 256, 16),
-        routes={v: EncoderRoute(f"enc_{v}", FEEDS, "emb") for v in ("fp32", "int8")},
+        encoders={v: EncoderTarget(f"enc_{v}", FEEDS, "emb") for v in ("fp32", "int8")},
         default_variant="fp32",
         missing=missing or {},
         limits=TextLimits(),

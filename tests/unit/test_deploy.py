@@ -520,19 +520,17 @@ input [{ name: "input_ids" data_type: TYPE_INT64 dims: [-1] }]
 output [{ name: "sentence_embedding" data_type: TYPE_FP32 dims: [4] }]
 instance_group [{ kind: KIND_CPU count: 1 }]
 """
-GPU_CONFIG = """
-name: "enc"
-backend: "onnxruntime"
-max_batch_size: 64
-input [{ name: "input_ids" data_type: TYPE_INT64 dims: [-1] }]
-output [{ name: "sentence_embedding" data_type: TYPE_FP32 dims: [4] }]
-instance_group [{ kind: KIND_GPU count: 1 gpus: [0] }]
+# The same model on a GPU: the instance group, batching and the TensorRT accelerator differ.
+GPU_CONFIG = CPU_CONFIG.replace(
+    "instance_group [{ kind: KIND_CPU count: 1 }]\n",
+    """instance_group [{ kind: KIND_GPU count: 1 gpus: [0] }]
 dynamic_batching { preferred_batch_size: [16, 32, 64] }
 optimization { execution_accelerators { gpu_execution_accelerator: [
   { name: "tensorrt" parameters { key: "precision_mode" value: "FP16" }
                      parameters { key: "trt_engine_cache_path" value: "/tmp/trt" } }
 ] } }
-"""
+""",
+)
 
 
 def _tiny_encoder(path: Path, output_dim: int = 4) -> Path:
@@ -619,15 +617,25 @@ def test_exported_gpu_configs_match_config_and_graph(model_dir: Path) -> None:
 
 
 # -- monitoring queries ----------------------------------------------------------------------------
+# The metrics the dashboard must read, by what its panels show (space-separated names).
+DASHBOARD_METRICS = {
+    "rate, failures, p95 queue and compute": "nv_inference_request_success "
+    "nv_inference_request_failure nv_inference_queue_summary_us "
+    "nv_inference_compute_infer_summary_us",
+    "pending, cache, versions and GPUs": "nv_inference_pending_request_count "
+    "nv_cache_num_hits_per_model nv_cache_num_misses_per_model nv_gpu_utilization "
+    "nv_gpu_memory_used_bytes nv_gpu_memory_total_bytes",
+}
+
+
+@pytest.mark.parametrize("shows", DASHBOARD_METRICS)
+def test_dashboard_reads_the_metrics_of_each_panel_group(shows: str) -> None:
+    assert set(DASHBOARD_METRICS[shows].split()) <= dv.referenced_metrics(dv.dashboard_queries())
+
+
 def test_dashboard_shows_rate_p95_queue_and_compute_and_failures() -> None:
     queries = dv.dashboard_queries()
     assert dv.promql_findings(queries) == []
-    assert {
-        "nv_inference_request_success",
-        "nv_inference_request_failure",
-        "nv_inference_queue_summary_us",
-        "nv_inference_compute_infer_summary_us",
-    } <= dv.referenced_metrics(queries)
     assert any('quantile="0.95"' in q and "queue" in q for q in queries)
     dash = json.loads(dv.DASHBOARD.read_text())
     assert all(t["datasource"]["uid"] == "prometheus" for p in dash["panels"] for t in p["targets"])
@@ -654,14 +662,6 @@ def test_dashboard_means_divide_per_request_durations_by_request_counts() -> Non
 
 def test_dashboard_shows_pending_cache_versions_and_gpus() -> None:
     queries = dv.dashboard_queries()
-    assert {
-        "nv_inference_pending_request_count",
-        "nv_cache_num_hits_per_model",
-        "nv_cache_num_misses_per_model",
-        "nv_gpu_utilization",
-        "nv_gpu_memory_used_bytes",
-        "nv_gpu_memory_total_bytes",
-    } <= dv.referenced_metrics(queries)
     assert any("by (model, version)" in q and "nv_inference_request_success" in q for q in queries)
     dash = json.loads(dv.DASHBOARD.read_text())
     ids = [p["id"] for p in dash["panels"]]

@@ -7,20 +7,11 @@ import numpy as np
 import pytest
 
 from tritonforge.errors import InvalidInputError, StageUnavailableError
-from tritonforge.generation import (
-    FINISH_LENGTH,
-    FINISH_STOP,
-    Generation,
-    GenerationLimits,
-    KVBatch,
-    SamplingParams,
-    Scheduler,
-    TextStream,
-    parse_sampling,
-    render_prompt,
-    sample_next,
-    stop_split,
-)
+from tritonforge.generation import render_prompt
+from tritonforge.kv_batch import KVBatch
+from tritonforge.sampling import GenerationLimits, SamplingParams, parse_sampling, sample_next
+from tritonforge.scheduler import FINISH_LENGTH, FINISH_STOP, Generation, Scheduler
+from tritonforge.text_stream import TextStream, stop_split
 
 LIMITS = GenerationLimits(max_prompt_tokens=64, max_new_tokens_limit=32, default_max_new_tokens=8)
 VOCAB = 11

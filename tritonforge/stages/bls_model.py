@@ -16,18 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonforge.bls import (
-    LoadMonitor,
-    build_plan,
-    call_encoder,
-    degraded_counter,
-    plan_encoder_calls,
-    refused,
+from tritonforge.bls import build_plan
+from tritonforge.bls_calls import call_encoder, plan_encoder_calls, split_encoder_output
+from tritonforge.bls_degrade import LoadMonitor, degraded_counter, refused
+from tritonforge.bls_parameters import (
     request_fallback,
     request_top_k,
     request_variant,
     request_version,
-    split_encoder_output,
 )
 from tritonforge.classify import classify
 from tritonforge.errors import ServingError
@@ -81,16 +77,16 @@ class TritonPythonModel:
         finally:
             self.monitor.end()
 
-    def _run(self, route, batch, version, requests):
+    def _run(self, encoder, batch, version, requests):
         # One call serves several requests: its trace spans go under the first one's.
         trace = requests[batch.members[0].request_index].trace()
         return call_encoder(
-            pb_utils, route, batch.inputs, self.plan.stage_timeout_ms, trace, version
+            pb_utils, encoder, batch.inputs, self.plan.stage_timeout_ms, trace, version
         )
 
     def _execute(self, requests, overloaded):
         responses = [None] * len(requests)
-        by_route = {}
+        by_choice = {}
         top_ks = {}
         for i, request in enumerate(requests):
             try:
@@ -98,12 +94,12 @@ class TritonPythonModel:
             except ServingError as e:
                 responses[i] = error_response(pb_utils, e, self.config.name)
                 continue
-            by_route.setdefault(key, []).append((i, texts))
-        for (requested, version, fallback), members in by_route.items():
+            by_choice.setdefault(key, []).append((i, texts))
+        for (requested, version, fallback), members in by_choice.items():
             variant = requested
             if fallback is not None and overloaded:
                 variant, fallback = fallback, None
-            route = self.plan.routes[variant]
+            encoder = self.plan.encoders[variant]
             texts = [t for _, ts in members for t in ts]
             parts = split_tokens(
                 self.tokenizer.encode(texts),
@@ -111,14 +107,14 @@ class TritonPythonModel:
                 pad_to_multiple_of=self.tokenizer.pad_to_multiple_of,
             )
             indexed = [(i, part) for (i, _), part in zip(members, parts, strict=True)]
-            for batch in plan_encoder_calls(indexed, route):
-                answered, used = route, variant
+            for batch in plan_encoder_calls(indexed, encoder):
+                answered, used = encoder, variant
                 try:
                     try:
-                        out = self._run(route, batch, version, requests)
+                        out = self._run(encoder, batch, version, requests)
                     except Exception as e:
-                        spare = self.plan.routes.get(fallback or "")
-                        if spare is None or spare.inputs != route.inputs or not refused(e):
+                        spare = self.plan.encoders.get(fallback or "")
+                        if spare is None or spare.inputs != encoder.inputs or not refused(e):
                             raise
                         # the default encoder refused (queue full / timed out): degrade
                         answered, used = spare, fallback

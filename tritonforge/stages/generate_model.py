@@ -13,15 +13,10 @@ import numpy as np
 
 from tritonforge.errors import InvalidInputError, ModelConfigError, ServingError
 from tritonforge.generate_engine import GenerateEngine
-from tritonforge.generation import (
-    FINISH_REASON,
-    SAMPLING_FIELDS,
-    TEXT_INPUT,
-    TEXT_OUTPUT,
-    VARIANT_PARAMETER,
-)
+from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 from tritonforge.modelconfig import ModelConfig
-from tritonforge.pipelines import VARIANT_KEY
+from tritonforge.pipelines import VARIANT_KEY, VARIANT_PARAMETER
+from tritonforge.sampling import SAMPLING_FIELDS
 from tritonforge.triton import error_response
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

@@ -9,7 +9,8 @@ import triton_python_backend_utils as pb_utils
 
 from pathlib import Path
 
-from tritonforge.bls import Postprocess, request_top_k
+from tritonforge.bls import Postprocess
+from tritonforge.bls_parameters import request_top_k
 from tritonforge.classify import classify, read_labels
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.triton import encode_response, error_response

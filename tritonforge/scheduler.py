@@ -1,0 +1,271 @@
+"""The in-flight (iteration-level) batch scheduler of text generation: :class:`Generation` is
+one request, :class:`Scheduler` admits, prefills, decodes and retires them over a step function.
+
+The decoder contract (see ``export.decoder.module``)::
+
+    step(input_ids [b, s], attention_mask [b, past + s], position_ids [b, s], past)
+        -> (logits [b, s, vocab], presents)      # past/presents: 2 * layers arrays [b, h, t, d]
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tritonforge.errors import ServingError, StageUnavailableError
+from tritonforge.kv_batch import KVBatch
+from tritonforge.sampling import SamplingParams, sample_next
+from tritonforge.text_stream import TextStream
+
+# The ``finish_reason`` values of the generate convention.
+FINISH_LENGTH, FINISH_STOP = "length", "stop"
+
+StepFn = Callable[
+    [np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]], tuple[np.ndarray, list[np.ndarray]]
+]
+
+
+class CancelledError(ServingError):
+    """The client cancelled the request or went away."""
+
+    code = "CANCELLED"
+
+
+OutputFn = Callable[["Generation", str, str | None], None]
+"""``(sequence, text, finish_reason)``: a chunk; ``finish_reason`` set on the last one only."""
+ErrorFn = Callable[["Generation", ServingError], None]
+
+
+@dataclass(eq=False)
+class Generation:
+    """One request being generated. ``on_output``/``on_error`` are called from the scheduler
+    thread; exactly one of them ends the sequence (a chunk with a finish reason, or an error)."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: TextStream
+    on_output: OutputFn
+    on_error: ErrorFn
+    is_cancelled: Callable[[], bool] = lambda: False
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    tokens: list[int] = field(default_factory=list)
+    finished: bool = False
+    id: int = field(default_factory=itertools.count().__next__)
+    queued_s: float = 0.0  # the scheduler's clock when it was queued
+
+    def finish(self, text: str, reason: str) -> None:
+        if not self.finished:
+            self.finished = True
+            self.on_output(self, text, reason)
+
+    def fail(self, error: ServingError) -> None:
+        if not self.finished:
+            self.finished = True
+            self.on_error(self, error)
+
+
+class Scheduler:
+    """In-flight batching over a step function. :meth:`submit` queues a sequence (bounded);
+    each :meth:`step` admits waiting sequences into free slots (prefilled together), decodes one
+    token for every running sequence, sends the new text, and retires finished or cancelled ones.
+    :meth:`start` runs steps on a background thread until :meth:`close`."""
+
+    def __init__(
+        self,
+        step_fn: StepFn,
+        empty_past: Callable[[int], list[np.ndarray]],
+        eos_ids: Sequence[int],
+        max_running: int,
+        max_queue: int,
+        on_step: Callable[[int, int], None] | None = None,
+        max_prefill_tokens: int = 2048,
+        queue_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
+        after every step (metrics). Requests admitted together are prefilled in one call of at
+        most ``max_prefill_tokens`` padded tokens (a long prompt is prefilled alone). A sequence
+        still waiting for a slot ``queue_timeout_s`` after :meth:`submit` ends with
+        :class:`StageUnavailableError` (None: it waits as long as it takes)."""
+        if queue_timeout_s is not None and queue_timeout_s <= 0:
+            raise ValueError(f"queue_timeout_s must be > 0, got {queue_timeout_s}")
+        self.queue_timeout_s, self.clock = queue_timeout_s, clock
+        self.max_prefill_tokens = max_prefill_tokens
+        self.step_fn, self.empty_past = step_fn, empty_past
+        self.on_step = on_step
+        self.eos_ids = frozenset(eos_ids)
+        self.max_running, self.max_queue = max_running, max_queue
+        self.waiting: deque[Generation] = deque()
+        self.batch = KVBatch()
+        self.cond = threading.Condition()
+        self.closed = False
+        self.thread: threading.Thread | None = None
+        self.steps = 0
+        self.batch_sizes: list[int] = []
+
+    # -- producer side -------------------------------------------------------------------
+    def submit(self, seq: Generation) -> None:
+        """Queue ``seq``; :class:`StageUnavailableError` when the queue is full or closed."""
+        with self.cond:
+            if self.closed:
+                raise StageUnavailableError("generate: the server is shutting down")
+            if len(self.waiting) >= self.max_queue:
+                raise StageUnavailableError(
+                    f"generate: overloaded ({len(self.batch)} running, {len(self.waiting)} "
+                    f"queued, max_queue {self.max_queue}); retry later"
+                )
+            seq.queued_s = self.clock()
+            self.waiting.append(seq)
+            self.cond.notify()
+
+    def load(self) -> tuple[int, int]:
+        """``(running, waiting)``."""
+        with self.cond:
+            return len(self.batch), len(self.waiting)
+
+    # -- the loop ------------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._loop, name="generate-scheduler", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.closed and not self.waiting and not self.batch.rows:
+                    self.cond.wait()
+                if self.closed:
+                    return
+            self.step()
+
+    def close(self, reason: str = "generate: the server is shutting down") -> None:
+        """Stop the loop; every queued and running sequence ends with UNAVAILABLE."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+        with self.cond:
+            pending = [*self.waiting, *self.batch.rows]
+            self.waiting.clear()
+        self.batch = KVBatch()
+        for seq in pending:
+            seq.fail(StageUnavailableError(reason))
+
+    def run_until_idle(self) -> None:
+        """Step on the calling thread until nothing is queued or running (tests, export, bench)."""
+        while self.waiting or self.batch.rows:
+            self.step()
+
+    def step(self) -> None:
+        try:
+            self._retire_cancelled()
+            self._expire_queued()
+            self._admit()
+            if self.batch.rows:
+                self._decode()
+        except Exception as e:  # a failed step ends the running sequences, never the loop
+            import traceback
+
+            traceback.print_exc()
+            error = ServingError(f"generate: decoder step failed ({type(e).__name__}: {e})")
+            for seq in self.batch.rows:
+                seq.fail(error)
+            self.batch = KVBatch()
+        self.steps += 1
+        if self.on_step is not None:
+            self.on_step(*self.load())
+
+    def _retire_cancelled(self) -> None:
+        with self.cond:
+            for seq in [s for s in self.waiting if s.is_cancelled()]:
+                self.waiting.remove(seq)
+                seq.fail(CancelledError("generate: request cancelled"))
+        gone = [i for i, s in enumerate(self.batch.rows) if s.is_cancelled()]
+        for i in gone:
+            self.batch.rows[i].fail(CancelledError("generate: request cancelled"))
+        self.batch.remove(gone)
+
+    def _expire_queued(self) -> None:
+        """End the sequences that waited ``queue_timeout_s`` for a slot: a clean refusal in
+        bounded time instead of an answer after everything queued ahead of them."""
+        if self.queue_timeout_s is None:
+            return
+        expired: list[Generation] = []
+        with self.cond:
+            now = self.clock()
+            while self.waiting and now - self.waiting[0].queued_s >= self.queue_timeout_s:
+                expired.append(self.waiting.popleft())  # FIFO: the oldest are first
+            running, queued = len(self.batch), len(self.waiting)
+        for seq in expired:
+            seq.fail(
+                StageUnavailableError(
+                    f"generate: overloaded: queued longer than queue_timeout_s {self.queue_timeout_s:g} s "
+                    f"({running} running, {queued} queued); retry later"
+                )
+            )
+
+    def _admit(self) -> None:
+        """Prefill the sequences that fit (free slots, ``max_prefill_tokens`` padded tokens) in
+        one left-padded call, emit each one's first token, and join them to the batch."""
+        admitted: list[Generation] = []
+        with self.cond:
+            while self.waiting and len(self.batch) + len(admitted) < self.max_running:
+                width = max(len(s.prompt_ids) for s in [*admitted, self.waiting[0]])
+                if admitted and width * (len(admitted) + 1) > self.max_prefill_tokens:
+                    break
+                admitted.append(self.waiting.popleft())
+        if not admitted:
+            return
+        lengths = [len(s.prompt_ids) for s in admitted]
+        width = max(lengths)
+        ids = np.zeros((len(admitted), width), np.int64)
+        mask = np.zeros_like(ids)
+        positions = np.zeros_like(ids)
+        for i, (seq, n) in enumerate(zip(admitted, lengths, strict=True)):
+            ids[i, width - n :] = seq.prompt_ids
+            mask[i, width - n :] = 1
+            positions[i, width - n :] = np.arange(n)
+        try:
+            logits, presents = self.step_fn(ids, mask, positions, self.empty_past(len(admitted)))
+        except Exception as e:
+            for seq in admitted:
+                seq.fail(ServingError(f"generate: prefill failed ({type(e).__name__}: {e})"))
+            return
+        for i, (seq, n) in enumerate(zip(admitted, lengths, strict=True)):
+            token = self._emit(seq, logits[i, -1])
+            if not seq.finished:
+                row = [p[i : i + 1, :, width - n :] for p in presents]
+                self.batch.add(seq, row, n, token)
+
+    def _decode(self) -> None:
+        b = self.batch
+        mask = np.concatenate([b.mask, np.ones((len(b), 1), np.int64)], 1)
+        logits, presents = self.step_fn(b.last[:, None], mask, b.positions[:, None], b.past)
+        b.past, b.mask = presents, mask
+        b.positions = b.positions + 1
+        self.batch_sizes.append(len(b))
+        for i, seq in enumerate(b.rows):
+            b.last[i] = self._emit(seq, logits[i, -1])
+        b.remove([i for i, s in enumerate(b.rows) if s.finished])
+
+    def _emit(self, seq: Generation, logits: np.ndarray) -> int:
+        """Sample, record and stream one token; finish the sequence when it is done."""
+        token = sample_next(logits, seq.params, seq.rng)
+        if token in self.eos_ids:
+            seq.finish(seq.stream.finish(), FINISH_STOP)
+            return token
+        seq.tokens.append(token)
+        chunk = seq.stream.push(token)
+        if seq.stream.stopped:
+            seq.finish(chunk, FINISH_STOP)
+        elif len(seq.tokens) >= seq.params.max_new_tokens:
+            seq.finish(chunk + seq.stream.finish(), FINISH_LENGTH)
+        elif chunk:
+            seq.on_output(seq, chunk, None)
+        return token
