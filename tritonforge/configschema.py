@@ -4,9 +4,11 @@ Every config.pbtxt tritonforge writes (encoders and their ``configs/gpu.pbtxt``,
 postprocess, ensembles, BLS, the decoupled ``generate`` model) is a :class:`TritonConfig` built
 by the export and rendered by :func:`render_pbtxt` (or :func:`render_compact` for the hand-laid
 ``generate`` config). Both go through Triton's ``model_config_pb2``: a config that does not fit
-the schema fails at export time with the field named. The one parser is
-:mod:`tritonforge.modelconfig` (``pbtxt_to_dict`` + ``ModelConfig``), whose :class:`TensorSpec`
-is also the tensor type here, so what is written and what is read share one definition.
+the schema fails at export time with the field named. The one parser reads text with the same
+schema (:func:`tritonforge.modelconfig.pbtxt_to_dict`) into Triton's JSON form, from which
+:func:`from_json` builds the typed config and ``ModelConfig.from_json`` the serving view models
+read (Triton hands them that JSON form); :class:`TensorSpec` is the tensor type of both, so what
+is written and what is read share one definition.
 
 Why here, in the core: :class:`QueueLimits` (the queue knobs, declared once) and the dataclasses
 are plain data used by the export specs; the core is imported inside Triton's Python stub, whose
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tritonforge.errors import ModelConfigError
-from tritonforge.modelconfig import TensorSpec
+from tritonforge.modelconfig import ModelConfig, TensorSpec, pbtxt_to_dict
 
 Params = tuple[tuple[str, str], ...]
 
@@ -262,6 +264,97 @@ class TritonConfig:
         if self.warmup:
             out["model_warmup"] = [w.to_json() for w in self.warmup]
         return out
+
+
+def _pairs(obj: Mapping[str, Any] | None) -> Params:
+    return tuple((str(k), str(v)) for k, v in (obj or {}).items())
+
+
+def _batching_from_json(obj: Mapping[str, Any]) -> DynamicBatching:
+    policy = obj.get("default_queue_policy")
+    return DynamicBatching(
+        int(obj.get("max_queue_delay_microseconds", 0)),
+        tuple(int(b) for b in obj.get("preferred_batch_size", [])),
+        int(obj.get("priority_levels", 0)),
+        None
+        if policy is None
+        else QueuePolicy(
+            int(policy.get("max_queue_size", 0)),
+            int(policy.get("default_timeout_microseconds", 0)),
+            str(policy.get("timeout_action", "REJECT")),
+            bool(policy.get("allow_timeout_override", False)),
+        ),
+    )
+
+
+def _optimization_from_json(obj: Mapping[str, Any]) -> Optimization:
+    accelerators = (obj.get("execution_accelerators") or {}).get("gpu_execution_accelerator", [])
+    return Optimization(
+        tuple(Accelerator(str(a["name"]), _pairs(a.get("parameters"))) for a in accelerators),
+        bool((obj.get("cuda") or {}).get("graphs", False)),
+    )
+
+
+def _warmup_from_json(obj: Mapping[str, Any]) -> Warmup:
+    inputs = tuple(
+        WarmupInput(
+            str(k),
+            str(v.get("data_type", "")),
+            tuple(int(d) for d in v.get("dims", [])),
+            str(v.get("input_data_file", "")),
+        )
+        for k, v in (obj.get("inputs") or {}).items()
+    )
+    return Warmup(str(obj.get("name", "")), inputs, int(obj.get("batch_size", 0)))
+
+
+def _step_from_json(obj: Mapping[str, Any]) -> EnsembleStep:
+    return EnsembleStep(
+        str(obj["model_name"]),
+        _pairs(obj.get("input_map")),
+        _pairs(obj.get("output_map")),
+        int(obj.get("model_version", -1)),
+    )
+
+
+def _version_policy_from_json(obj: Mapping[str, Any] | None) -> VersionPolicy | None:
+    if obj is None:
+        return None
+    return VersionPolicy(tuple(int(v) for v in (obj.get("specific") or {}).get("versions", [])))
+
+
+def from_json(obj: Mapping[str, Any]) -> TritonConfig:
+    """The typed config of Triton's JSON form (``pbtxt_to_dict`` of a config.pbtxt, or the
+    ``args["model_config"]`` a Python model gets); parts tritonforge does not use are dropped."""
+    batching, optimization = obj.get("dynamic_batching"), obj.get("optimization")
+    return TritonConfig(
+        name=str(obj.get("name", "")),
+        max_batch_size=int(obj.get("max_batch_size", 0)),
+        inputs=tuple(TensorSpec.from_json(t) for t in obj.get("input", [])),
+        outputs=tuple(TensorSpec.from_json(t) for t in obj.get("output", [])),
+        backend=str(obj.get("backend", "")),
+        platform=str(obj.get("platform", "")),
+        default_model_filename=str(obj.get("default_model_filename", "")),
+        version_policy=_version_policy_from_json(obj.get("version_policy")),
+        instance_groups=tuple(
+            InstanceGroup(int(g.get("count", 1)), str(g.get("kind", "KIND_AUTO")))
+            for g in obj.get("instance_group", [])
+        ),
+        parameters=tuple(ModelConfig.from_json(obj).parameters.items()),
+        dynamic_batching=None if batching is None else _batching_from_json(batching),
+        ensemble_steps=tuple(
+            _step_from_json(s) for s in (obj.get("ensemble_scheduling") or {}).get("step", [])
+        ),
+        decoupled=bool((obj.get("model_transaction_policy") or {}).get("decoupled", False)),
+        response_cache=bool((obj.get("response_cache") or {}).get("enable", False)),
+        optimization=None if optimization is None else _optimization_from_json(optimization),
+        warmup=tuple(_warmup_from_json(w) for w in obj.get("model_warmup", [])),
+    )
+
+
+def parse_pbtxt(text: str) -> TritonConfig:
+    """The typed config of config.pbtxt text, parsed with Triton's schema (needs tritonclient)."""
+    return from_json(pbtxt_to_dict(text))
 
 
 def to_message(config: TritonConfig | Mapping[str, Any]) -> Any:
