@@ -1,7 +1,8 @@
 """config.pbtxt derived from the exported artifact, and the check that keeps configs honest.
 
-Configs are built as Triton's JSON form, rendered through ``model_config_pb2`` (so they always
-parse), and cross-checked against the graph they serve: names, dtypes, ranks, batch axis.
+Configs are built as typed :class:`~tritonforge.configschema.TritonConfig` (the one model-config
+layer), rendered through ``model_config_pb2`` (so they always parse), and cross-checked against
+the graph they serve: names, dtypes, ranks, batch axis.
 """
 
 from __future__ import annotations
@@ -241,11 +242,6 @@ def build_config(
     """Triton's JSON form of :func:`encoder_config` (same arguments)."""
     config = encoder_config(name, backend, filename, io, spec, warmup, gpu, quantized, int8_method)
     return config.to_json()
-
-
-def priorities(levels: int) -> dict[str, int]:
-    """Triton's priority levels: level 1 is served first; unmarked requests get the last."""
-    return {"priority_levels": levels, "default_priority_level": levels}
 
 
 def render_pbtxt(config: TritonConfig | Mapping[str, Any]) -> str:
