@@ -8,10 +8,11 @@ the graph they serve: names, dtypes, ranks, batch axis.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 import numpy as np
 
@@ -40,6 +41,7 @@ from tritonforge.modelconfig import TRITON_TO_NUMPY, TensorSpec, pbtxt_to_dict, 
 from tritonforge.pipelines import PIPELINE_KEY, ROLE_KEY, TASK_KEY, VARIANT_KEY
 
 GPU_CONFIG = Path("configs") / "gpu.pbtxt"
+P = ParamSpec("P")
 LABEL_FILE = "labels.txt"
 
 
@@ -228,20 +230,18 @@ def encoder_config(
     )
 
 
-def build_config(
-    name: str,
-    backend: str,
-    filename: str,
-    io: ArtifactIO,
-    spec: ExportSpec,
-    warmup: Inputs | None,
-    gpu: bool = False,
-    quantized: bool = False,
-    int8_method: str = "",
-) -> dict[str, Any]:
-    """Triton's JSON form of :func:`encoder_config` (same arguments)."""
-    config = encoder_config(name, backend, filename, io, spec, warmup, gpu, quantized, int8_method)
-    return config.to_json()
+def _json_form(build: Callable[P, TritonConfig]) -> Callable[P, dict[str, Any]]:
+    """``build`` returning Triton's JSON form of its config instead (same parameters)."""
+
+    @functools.wraps(build)
+    def json_form(*args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
+        return build(*args, **kwargs).to_json()
+
+    return json_form
+
+
+# Triton's JSON form of :func:`encoder_config` (same arguments), for callers that edit dicts.
+build_config = _json_form(encoder_config)
 
 
 def render_pbtxt(config: TritonConfig | Mapping[str, Any]) -> str:
