@@ -19,7 +19,7 @@ inside the renderers only. Module-level imports stay stdlib (+ the core).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tritonforge.errors import ModelConfigError
@@ -229,7 +229,7 @@ class TritonConfig:
     decoupled: bool = False
     response_cache: bool = False
     optimization: Optimization | None = None
-    warmup: tuple[Warmup, ...] = field(default=())
+    warmup: tuple[Warmup, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """Triton's JSON form (what ``ModelConfig.from_json`` and ``render_pbtxt`` read)."""
