@@ -16,16 +16,25 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
+from tritonforge.configschema import (
+    DynamicBatching,
+    EnsembleStep,
+    InstanceGroup,
+    Params,
+    QueueLimits,
+    TritonConfig,
+    params,
+    render_pbtxt,
+)
 from tritonforge.errors import ModelConfigError
 from tritonforge.export.errors import ExportError
 from tritonforge.export.pipeline_spec import PipelineSpec
-from tritonforge.export.tritonconfig import LABEL_FILE, priorities, render_pbtxt
+from tritonforge.export.tritonconfig import LABEL_FILE
 from tritonforge.integrity import sha256_file, write_sidecar
-from tritonforge.modelconfig import ModelConfig
+from tritonforge.modelconfig import ModelConfig, TensorSpec
 from tritonforge.pipelines import (
     LABELS_KEY,
     PIPELINE_KEY,
@@ -51,28 +60,12 @@ def stage_files(model: str, kind: str) -> dict[str, bytes]:
     return {f"{model}/1/model.py": stage_source(kind).read_bytes()}
 
 
-def _params(values: Mapping[str, object]) -> dict[str, dict[str, str]]:
-    return {k: {"string_value": str(v)} for k, v in values.items()}
+def _tensor(t: TensorSpec, name: str | None = None) -> TensorSpec:
+    return TensorSpec(name or t.name, t.data_type, t.dims)
 
 
-def _queue(
-    max_queue_delay_us: int, max_queue_size: int, timeout_us: int, priority_levels: int = 0
-) -> dict[str, Any]:
-    batching: dict[str, Any] = {"max_queue_delay_microseconds": max_queue_delay_us}
-    if priority_levels > 0:
-        batching.update(priorities(priority_levels))
-    if max_queue_size > 0:
-        batching["default_queue_policy"] = {
-            "max_queue_size": max_queue_size,
-            "timeout_action": "REJECT",
-            "default_timeout_microseconds": timeout_us,
-            "allow_timeout_override": True,
-        }
-    return batching
-
-
-def _tensor(t: Any, name: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"name": name or t.name, "data_type": t.data_type, "dims": list(t.dims), **extra}
+def _text_input(spec: PipelineSpec) -> tuple[TensorSpec, ...]:
+    return (TensorSpec(spec.input_name, "TYPE_STRING", (1,)),)
 
 
 def exported_variants(spec: PipelineSpec, repo: Path) -> list[str]:
@@ -97,40 +90,35 @@ def _public(spec: PipelineSpec) -> dict[str, object]:
     return extra
 
 
-def tokenizer_config(spec: PipelineSpec, encoder: ModelConfig) -> dict[str, Any]:
+def tokenizer_config(spec: PipelineSpec, encoder: ModelConfig) -> TritonConfig:
     t, names = spec.tokenizer, spec.names
     pad = next(i.pad_value for i in spec.encoder.inputs if i.name == "input_ids")
-    return {
-        "name": names.tokenizer(),
-        "backend": "python",
-        "max_batch_size": spec.encoder.max_batch,
-        "input": [{"name": spec.input_name, "data_type": "TYPE_STRING", "dims": [1]}],
-        # The fp32 encoder's inputs, by name (torchscript encoders are fed by position).
-        "output": [
-            {"name": i.name, "data_type": i.data_type, "dims": [-1]} for i in encoder.inputs
-        ],
-        "dynamic_batching": _queue(
-            t.max_queue_delay_us, t.max_queue_size, t.queue_timeout_us, spec.priority_levels
-        ),
-        "instance_group": [{"count": t.instance_count, "kind": "KIND_CPU"}],
-        "parameters": _params(
-            {
-                **_marks(spec, "tokenizer"),
-                "tokenizer_file": TOKENIZER_FILE,
-                "max_length": spec.encoder.max_length,
-                # Requests are padded (masked) to a multiple of this many tokens so requests of
-                # similar length share a shape, which Triton's batcher needs (docs/performance.md).
-                "pad_to_multiple_of": t.pad_to_multiple_of,
-                "pad_id": pad if pad is not None else 0,
-                "encoder_model": encoder.name,
-                "max_items": spec.limits.max_items,
-                "max_text_bytes": spec.limits.max_text_bytes,
-            }
-        ),
+    settings = {
+        **_marks(spec, "tokenizer"),
+        "tokenizer_file": TOKENIZER_FILE,
+        "max_length": spec.encoder.max_length,
+        # Requests are padded (masked) to a multiple of this many tokens so requests of
+        # similar length share a shape, which Triton's batcher needs (docs/performance.md).
+        "pad_to_multiple_of": t.pad_to_multiple_of,
+        "pad_id": pad if pad is not None else 0,
+        "encoder_model": encoder.name,
+        "max_items": spec.limits.max_items,
+        "max_text_bytes": spec.limits.max_text_bytes,
     }
+    return TritonConfig(
+        name=names.tokenizer(),
+        backend="python",
+        max_batch_size=spec.encoder.max_batch,
+        inputs=_text_input(spec),
+        # The fp32 encoder's inputs, by name (torchscript encoders are fed by position).
+        outputs=tuple(TensorSpec(i.name, i.data_type, (-1,)) for i in encoder.inputs),
+        dynamic_batching=DynamicBatching.of(t, spec.priority_levels),
+        instance_groups=(InstanceGroup(t.instance_count),),
+        parameters=params(settings),
+    )
 
 
-def postprocess_config(spec: PipelineSpec, encoder: ModelConfig) -> dict[str, Any]:
+def postprocess_config(spec: PipelineSpec, encoder: ModelConfig) -> TritonConfig:
     assert spec.classification is not None
     logits = encoder.outputs[0]
     classes = len(spec.classification.labels)
@@ -139,86 +127,86 @@ def postprocess_config(spec: PipelineSpec, encoder: ModelConfig) -> dict[str, An
             f"{encoder.name!r} output {logits.name!r} has dims {list(logits.dims)}, but the "
             f"pipeline has {classes} labels"
         )
-    return {
-        "name": spec.names.postprocess(),
-        "backend": "python",
-        "max_batch_size": spec.encoder.max_batch,
-        "input": [{"name": "logits", "data_type": logits.data_type, "dims": [classes]}],
-        "output": _classification_outputs(classes, label_file=True),
-        "dynamic_batching": _queue(0, 0, 0, spec.priority_levels),
-        "instance_group": [{"count": spec.classification.instance_count, "kind": "KIND_CPU"}],
-        "parameters": _params({**_marks(spec, "postprocess"), "top_k": spec.classification.top_k}),
-    }
+    unqueued = QueueLimits(max_queue_size=0, queue_timeout_us=0)
+    return TritonConfig(
+        name=spec.names.postprocess(),
+        backend="python",
+        max_batch_size=spec.encoder.max_batch,
+        inputs=(TensorSpec("logits", logits.data_type, (classes,)),),
+        outputs=_classification_outputs(classes, label_file=True),
+        dynamic_batching=DynamicBatching.of(unqueued, spec.priority_levels),
+        instance_groups=(InstanceGroup(spec.classification.instance_count),),
+        parameters=params({**_marks(spec, "postprocess"), "top_k": spec.classification.top_k}),
+    )
 
 
-def _classification_outputs(classes: int, label_file: bool) -> list[dict[str, Any]]:
-    probabilities: dict[str, Any] = {"name": "probabilities", "data_type": "TYPE_FP32"}
-    probabilities["dims"] = [classes]
-    if label_file:
-        probabilities["label_filename"] = LABEL_FILE
-    return [
-        {"name": "label", "data_type": "TYPE_STRING", "dims": [1]},
-        {"name": "score", "data_type": "TYPE_FP32", "dims": [1]},
-        probabilities,
-        {"name": "top_labels", "data_type": "TYPE_STRING", "dims": [-1]},
-        {"name": "top_scores", "data_type": "TYPE_FP32", "dims": [-1]},
-    ]
+def _classification_outputs(classes: int, label_file: bool) -> tuple[TensorSpec, ...]:
+    return (
+        TensorSpec("label", "TYPE_STRING", (1,)),
+        TensorSpec("score", "TYPE_FP32", (1,)),
+        TensorSpec(
+            "probabilities",
+            "TYPE_FP32",
+            (classes,),
+            label_filename=LABEL_FILE if label_file else "",
+        ),
+        TensorSpec("top_labels", "TYPE_STRING", (-1,)),
+        TensorSpec("top_scores", "TYPE_FP32", (-1,)),
+    )
 
 
-def public_outputs(spec: PipelineSpec, encoder: ModelConfig) -> list[dict[str, Any]]:
+def public_outputs(spec: PipelineSpec, encoder: ModelConfig) -> tuple[TensorSpec, ...]:
     if spec.classification is not None:
         return _classification_outputs(len(spec.classification.labels), label_file=True)
-    return [_tensor(encoder.outputs[0], spec.output_name)]
+    return (_tensor(encoder.outputs[0], spec.output_name),)
+
+
+def _same(names: Iterable[str]) -> Params:
+    return tuple((n, n) for n in names)
+
+
+def ensemble_steps(
+    spec: PipelineSpec, tokenizer: ModelConfig, encoder: ModelConfig
+) -> tuple[EnsembleStep, ...]:
+    """tokenizer -> encoder (-> postprocess for a classifier)."""
+    mapping = feed_mapping(tokenizer.outputs, encoder)  # encoder input -> tokenizer output
+    logits = "logits" if spec.classification is not None else spec.output_name
+    steps = [
+        EnsembleStep(
+            tokenizer.name,
+            ((tokenizer.inputs[0].name, spec.input_name),),
+            _same(t.name for t in tokenizer.outputs),
+        ),
+        EnsembleStep(encoder.name, tuple(mapping.items()), ((encoder.outputs[0].name, logits),)),
+    ]
+    if spec.classification is not None:
+        outputs = _classification_outputs(0, False)
+        steps.append(
+            EnsembleStep(
+                spec.names.postprocess(), (("logits", "logits"),), _same(o.name for o in outputs)
+            )
+        )
+    return tuple(steps)
 
 
 def ensemble_config(
     spec: PipelineSpec, variant: str, tokenizer: ModelConfig, encoder: ModelConfig
-) -> dict[str, Any]:
-    names = spec.names
-    mapping = feed_mapping(tokenizer.outputs, encoder)  # encoder input -> tokenizer output
-    encoder_out = encoder.outputs[0].name
-    steps: list[dict[str, Any]] = [
-        {
-            "model_name": tokenizer.name,
-            "model_version": -1,
-            "input_map": {tokenizer.inputs[0].name: spec.input_name},
-            "output_map": {t.name: t.name for t in tokenizer.outputs},
-        },
-        {
-            "model_name": encoder.name,
-            "model_version": -1,
-            "input_map": dict(mapping),
-            "output_map": {
-                encoder_out: "logits" if spec.classification is not None else spec.output_name
-            },
-        },
-    ]
-    if spec.classification is not None:
-        steps.append(
-            {
-                "model_name": names.postprocess(),
-                "model_version": -1,
-                "input_map": {"logits": "logits"},
-                "output_map": {o["name"]: o["name"] for o in _classification_outputs(0, False)},
-            }
-        )
-    return {
-        "name": names.ensemble(variant),
-        "platform": "ensemble",
-        "max_batch_size": spec.encoder.max_batch,
-        "input": [{"name": spec.input_name, "data_type": "TYPE_STRING", "dims": [1]}],
-        "output": public_outputs(spec, encoder),
-        "ensemble_scheduling": {"step": steps},
-        "parameters": _params({**_marks(spec, "ensemble", variant), **_public(spec)}),
-    }
+) -> TritonConfig:
+    return TritonConfig(
+        name=spec.names.ensemble(variant),
+        platform="ensemble",
+        max_batch_size=spec.encoder.max_batch,
+        inputs=_text_input(spec),
+        outputs=public_outputs(spec, encoder),
+        ensemble_steps=ensemble_steps(spec, tokenizer, encoder),
+        parameters=params({**_marks(spec, "ensemble", variant), **_public(spec)}),
+    )
 
 
-def bls_config(
-    spec: PipelineSpec, variants: list[str], tokenizer: ModelConfig, encoder: ModelConfig
-) -> dict[str, Any]:
+def _bls_params(spec: PipelineSpec, variants: list[str], tokenizer: ModelConfig) -> Params:
     b, names = spec.bls, spec.names
     assert b is not None
-    params: dict[str, object] = {
+    settings: dict[str, object] = {
         **_marks(spec, "bls"),
         **_public(spec),
         # BLS targets (the lint checks they exist): the tokenizer whose file and settings are
@@ -234,28 +222,35 @@ def bls_config(
         "degrade_max_queue_delay_ms": b.degrade.max_queue_delay_ms,
     }
     if spec.classification is not None:
-        params["postprocess_model"] = names.postprocess()
-    outputs = public_outputs(spec, encoder)
+        settings["postprocess_model"] = names.postprocess()
     if len(spec.versions) > 1:
-        params["versions"] = ",".join(str(v.number) for v in spec.versions)
+        settings["versions"] = ",".join(str(v.number) for v in spec.versions)
         if spec.canary is not None:
-            params["version_weights"] = ",".join(f"{v}={p}" for v, p in spec.canary.weights)
+            settings["version_weights"] = ",".join(f"{v}={p}" for v, p in spec.canary.weights)
+    return params(settings)
+
+
+def bls_config(
+    spec: PipelineSpec, variants: list[str], tokenizer: ModelConfig, encoder: ModelConfig
+) -> TritonConfig:
+    b = spec.bls
+    assert b is not None
+    outputs = list(public_outputs(spec, encoder))
+    if len(spec.versions) > 1:
         # which version answered, per text (the request's choice or the canary split)
-        outputs.append({"name": "model_version", "data_type": "TYPE_INT32", "dims": [1]})
+        outputs.append(TensorSpec("model_version", "TYPE_INT32", (1,)))
     # which variant answered, per text (the request's, or the degraded one)
-    outputs.append({"name": "variant", "data_type": "TYPE_STRING", "dims": [1]})
-    return {
-        "name": names.bls(),
-        "backend": "python",
-        "max_batch_size": spec.encoder.max_batch,
-        "input": [{"name": spec.input_name, "data_type": "TYPE_STRING", "dims": [1]}],
-        "output": outputs,
-        "dynamic_batching": _queue(
-            b.max_queue_delay_us, b.max_queue_size, b.queue_timeout_us, spec.priority_levels
-        ),
-        "instance_group": [{"count": b.instance_count, "kind": "KIND_CPU"}],
-        "parameters": _params(params),
-    }
+    outputs.append(TensorSpec("variant", "TYPE_STRING", (1,)))
+    return TritonConfig(
+        name=spec.names.bls(),
+        backend="python",
+        max_batch_size=spec.encoder.max_batch,
+        inputs=_text_input(spec),
+        outputs=tuple(outputs),
+        dynamic_batching=DynamicBatching.of(b, spec.priority_levels),
+        instance_groups=(InstanceGroup(b.instance_count),),
+        parameters=_bls_params(spec, variants, tokenizer),
+    )
 
 
 def generate_files(spec: PipelineSpec, repo: Path) -> dict[str, bytes]:
@@ -273,12 +268,11 @@ def generate_files(spec: PipelineSpec, repo: Path) -> dict[str, bytes]:
     header = HEADER.format(spec=spec.name).encode()
     files: dict[str, bytes] = {}
 
-    def put(config: dict[str, Any], kind: str | None = None) -> ModelConfig:
-        name = config["name"]
-        files[f"{name}/config.pbtxt"] = header + render_pbtxt(config).encode()
+    def put(config: TritonConfig, kind: str | None = None) -> ModelConfig:
+        files[f"{config.name}/config.pbtxt"] = header + render_pbtxt(config).encode()
         if kind is not None:
-            files.update(stage_files(name, kind))
-        return ModelConfig.from_json(config)
+            files.update(stage_files(config.name, kind))
+        return ModelConfig.from_json(config.to_json())
 
     tokenizer = put(tokenizer_config(spec, fp32), "tokenizer")
     files[f"{tokenizer.name}/1/{TOKENIZER_FILE}"] = spec.tokenizer_file.read_bytes()

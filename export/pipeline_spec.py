@@ -14,20 +14,19 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritonforge.configschema import QueueLimits
 from tritonforge.export.errors import SpecError
 from tritonforge.export.spec import ExportSpec
 from tritonforge.pipelines import TASKS, VARIANTS, StageNames
 
 
 @dataclass(frozen=True)
-class TokenizerStage:
+class TokenizerStage(QueueLimits):
     """The tokenizer model (Python backend): batching, padding bucket, overload policy."""
 
     pad_to_multiple_of: int = 16
     instance_count: int = 1
-    max_queue_delay_us: int = 0
-    max_queue_size: int = 128
-    queue_timeout_us: int = 10_000_000
+    max_queue_size: int = field(default=128, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -48,13 +47,11 @@ class Degrade:
 
 
 @dataclass(frozen=True)
-class BlsStage:
+class BlsStage(QueueLimits):
     """The BLS orchestrator (Python backend): tokenizes itself, one encoder call per shape."""
 
     instance_count: int = 2
-    max_queue_delay_us: int = 0
-    max_queue_size: int = 32
-    queue_timeout_us: int = 10_000_000
+    max_queue_size: int = field(default=32, kw_only=True)
     stage_timeout_ms: int = 30_000
     default_variant: str = "fp32"
     degrade: Degrade = field(default_factory=Degrade)

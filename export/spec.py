@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from tritonforge.configschema import QueueLimits
+
 Inputs = dict[str, np.ndarray]
 ExampleFn = Callable[[Sequence[int], np.random.Generator], Inputs]
 """``(lengths, rng) -> inputs``: one row per length, padded to ``max(lengths)``."""
@@ -149,8 +151,16 @@ class GraphOptimization:
 
 
 @dataclass(frozen=True)
-class Serving:
-    """Triton config knobs; the exporter derives names, dtypes and dims from the graph."""
+class Serving(QueueLimits):
+    """Triton config knobs; the exporter derives names, dtypes and dims from the graph.
+
+    The queue knobs (:class:`QueueLimits`) are the CPU configs'. CPU: no batching delay and no
+    preferred sizes. Batching pays little on a CPU (cost grows with the rows), so a lone request
+    must not wait for a batch that is not coming; requests already queued when the instance frees
+    up are still merged (docs/performance.md). Overload protection: at most ``max_queue_size``
+    requests wait; the excess is refused at once (UNAVAILABLE) and none waits longer than the
+    timeout (0 = unbounded queue).
+    """
 
     fp32_name: str
     int8_name: str | None = None
@@ -160,18 +170,10 @@ class Serving:
     versions: tuple[int, ...] = (1,)  # served side by side (version_policy specific)
     response_cache: bool = False  # Triton's response cache (keyed by model version and inputs)
     priority_levels: int = 0  # filled in by the PipelineSpec (Triton priority levels)
-    # CPU: no batching delay and no preferred sizes. Batching pays little on a CPU (cost grows
-    # with the rows), so a lone request must not wait for a batch that is not coming; requests
-    # already queued when the instance frees up are still merged (docs/performance.md).
     preferred_batch_sizes: tuple[int, ...] = ()
-    max_queue_delay_us: int = 0
     # ONNX Runtime session config entries for the CPU configs. Spinning intra-op threads steal
     # the cores the Python stages and the Triton core need (measured: 24 -> 16 CPU ms/request).
     session_config: tuple[tuple[str, str], ...] = (("session.intra_op.allow_spinning", "0"),)
-    # Overload protection: at most this many requests wait; the excess is refused at once
-    # (UNAVAILABLE) and none waits longer than the timeout (0 = unbounded queue).
-    max_queue_size: int = 64
-    queue_timeout_us: int = 10_000_000
     instance_count: int = 1
     intra_op_threads: int = 2
     inter_op_threads: int = 1

@@ -1,18 +1,33 @@
 """config.pbtxt derived from the exported artifact, and the check that keeps configs honest.
 
-Configs are built as Triton's JSON form, rendered through ``model_config_pb2`` (so they always
-parse), and cross-checked against the graph they serve: names, dtypes, ranks, batch axis.
+Configs are built as typed :class:`~tritonforge.configschema.TritonConfig` (the one model-config
+layer), rendered through ``model_config_pb2`` (so they always parse), and cross-checked against
+the graph they serve: names, dtypes, ranks, batch axis.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 import numpy as np
 
+from tritonforge import configschema
+from tritonforge.configschema import (
+    Accelerator,
+    DynamicBatching,
+    InstanceGroup,
+    Optimization,
+    TritonConfig,
+    VersionPolicy,
+    Warmup,
+    WarmupInput,
+    params,
+)
 from tritonforge.errors import ModelConfigError
 from tritonforge.export.onnx_checks import Dim, graph_io
 from tritonforge.export.spec import (
@@ -22,10 +37,11 @@ from tritonforge.export.spec import (
     Inputs,
     Serving,
 )
-from tritonforge.modelconfig import TRITON_TO_NUMPY, pbtxt_to_dict, triton_dtype_of
+from tritonforge.modelconfig import TRITON_TO_NUMPY, TensorSpec, pbtxt_to_dict, triton_dtype_of
 from tritonforge.pipelines import PIPELINE_KEY, ROLE_KEY, TASK_KEY, VARIANT_KEY
 
 GPU_CONFIG = Path("configs") / "gpu.pbtxt"
+P = ParamSpec("P")
 LABEL_FILE = "labels.txt"
 
 
@@ -78,37 +94,14 @@ def _config_dims(t: IOTensor, batched: bool) -> list[int]:
     return [d if isinstance(d, int) else -1 for d in dims]
 
 
-def _params(values: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    return {k: {"string_value": v} for k, v in values.items()}
-
-
-def build_config(
-    name: str,
-    backend: str,
-    filename: str,
-    io: ArtifactIO,
-    spec: ExportSpec,
-    warmup: Inputs | None,
-    gpu: bool = False,
-    quantized: bool = False,
-    int8_method: str = "",
-) -> dict[str, Any]:
-    """Triton's JSON form of the config for one artifact (CPU, or GPU with ``gpu=True``).
-
-    A quantized graph TensorRT cannot build as INT8 (``int8_method`` not in
-    :data:`TENSORRT_INT8_METHODS`, e.g. dynamic MatMulInteger) gets a GPU config equal to its CPU
-    one: on a GPU host that variant stays on the host's CPU rather than being handed to TensorRT.
-    """
-    if gpu and quantized and int8_method not in TENSORRT_INT8_METHODS:
-        gpu = False
-    serving = spec.serving or Serving(fp32_name=name)
-    batched = spec.max_batch > 0
-    pad_names = {t.name: t.pad_value for t in spec.inputs if t.pad_value is not None}
+def _encoder_params(
+    name: str, backend: str, io: ArtifactIO, spec: ExportSpec, serving: Serving, gpu: bool
+) -> dict[str, str]:
+    """``parameters`` of an encoder: padding, threads, session config and pipeline marks."""
     torchscript = backend == "pytorch"
     rename = torchscript_names(spec) if torchscript else {t.name: t.name for t in spec.inputs}
-    params: dict[str, str] = {
-        "pad_values": ",".join(f"{rename[k]}={v}" for k, v in pad_names.items()),
-    }
+    pads = ((t.name, t.pad_value) for t in spec.inputs if t.pad_value is not None)
+    params: dict[str, str] = {"pad_values": ",".join(f"{rename[k]}={v}" for k, v in pads)}
     if torchscript:
         params["axis_names"] = ";".join(
             f"{t.name}:" + ",".join(d if isinstance(d, str) else "-" for d in t.dims)
@@ -139,113 +132,122 @@ def build_config(
                 VARIANT_KEY: variant,
             }
         )
+    return params
+
+
+def _tensors(
+    tensors: Sequence[IOTensor], batched: bool, label_filename: str = ""
+) -> tuple[TensorSpec, ...]:
+    return tuple(
+        TensorSpec(
+            t.name,
+            triton_dtype_of(t.dtype),
+            tuple(_config_dims(t, batched)),
+            label_filename=label_filename,
+        )
+        for t in tensors
+    )
+
+
+def _batching(serving: Serving, max_batch: int, gpu: bool) -> DynamicBatching:
     preferred = serving.gpu_preferred_batch_sizes if gpu else serving.preferred_batch_sizes
-    config: dict[str, Any] = {
-        "name": name,
-        "backend": backend,
-        "max_batch_size": spec.max_batch,
-        "default_model_filename": filename,
-        "input": [
-            {
-                "name": t.name,
-                "data_type": triton_dtype_of(t.dtype),
-                "dims": _config_dims(t, batched),
-            }
-            for t in io.inputs
-        ],
-        "output": [
-            {
-                "name": t.name,
-                "data_type": triton_dtype_of(t.dtype),
-                "dims": _config_dims(t, batched),
-                # a classifier's logits name their classes (Triton's classification extension);
-                # the pipeline writes the file next to the config
-                **({"label_filename": LABEL_FILE} if serving.task == "classification" else {}),
-            }
-            for t in io.outputs
-        ],
-        "version_policy": (
-            {"latest": {"num_versions": 1}}
-            if serving.versions == (1,)
-            else {"specific": {"versions": list(serving.versions)}}
-        ),
-        "instance_group": [
-            {
-                "count": serving.gpu_instance_count if gpu else serving.instance_count,
-                "kind": "KIND_GPU" if gpu else "KIND_CPU",
-            }
-        ],
-        "parameters": _params(params),
+    delay_us = serving.gpu_max_queue_delay_us if gpu else serving.max_queue_delay_us
+    return dataclasses.replace(
+        DynamicBatching.of(serving, serving.priority_levels, delay_us),
+        preferred_batch_sizes=tuple(b for b in preferred if b <= max_batch),
+    )
+
+
+def _tensorrt(serving: Serving, quantized: bool) -> Optimization:
+    """TensorRT inside ONNX Runtime, engines cached on disk; no CUDA graphs."""
+    precision = "INT8" if quantized else ("FP16" if serving.gpu_fp16 else "FP32")
+    settings = {
+        "precision_mode": precision,
+        "max_workspace_size_bytes": str(serving.gpu_max_workspace_bytes),
+        "trt_engine_cache_enable": "1",
+        "trt_engine_cache_path": "/tmp/trt_cache",
     }
-    if serving.response_cache:
-        config["response_cache"] = {"enable": True}
-    if batched:
-        config["dynamic_batching"] = {
-            "max_queue_delay_microseconds": serving.gpu_max_queue_delay_us
-            if gpu
-            else serving.max_queue_delay_us,
-        }
-        if serving.priority_levels > 0:
-            config["dynamic_batching"].update(priorities(serving.priority_levels))
-        if any(b <= spec.max_batch for b in preferred):
-            config["dynamic_batching"]["preferred_batch_size"] = [
-                b for b in preferred if b <= spec.max_batch
-            ]
-        if serving.max_queue_size > 0:
-            config["dynamic_batching"]["default_queue_policy"] = {
-                "max_queue_size": serving.max_queue_size,
-                "timeout_action": "REJECT",
-                "default_timeout_microseconds": serving.queue_timeout_us,
-                "allow_timeout_override": True,
-            }
-    if gpu and backend == "onnxruntime":
-        precision = "INT8" if quantized else ("FP16" if serving.gpu_fp16 else "FP32")
-        config["optimization"] = {
-            "execution_accelerators": {
-                "gpu_execution_accelerator": [
-                    {
-                        "name": "tensorrt",
-                        "parameters": {
-                            "precision_mode": precision,
-                            "max_workspace_size_bytes": str(serving.gpu_max_workspace_bytes),
-                            "trt_engine_cache_enable": "1",
-                            "trt_engine_cache_path": "/tmp/trt_cache",
-                        },
-                    }
-                ]
-            },
-            "cuda": {"graphs": False},
-        }
-    if warmup is not None:
-        config["model_warmup"] = [
-            {
-                "name": "real_sample",
-                "batch_size": 1,
-                "inputs": {
-                    rename[k]: {
-                        "data_type": triton_dtype_of(v.dtype),
-                        "dims": [int(d) for d in (v.shape[1:] if batched else v.shape)],
-                        "input_data_file": rename[k],
-                    }
-                    for k, v in warmup.items()
-                },
-            }
-        ]
-    return config
+    return Optimization((Accelerator("tensorrt", params(settings)),), cuda_graphs=False)
 
 
-def priorities(levels: int) -> dict[str, int]:
-    """Triton's priority levels: level 1 is served first; unmarked requests get the last."""
-    return {"priority_levels": levels, "default_priority_level": levels}
+def _warmup(warmup: Inputs, rename: Mapping[str, str], batched: bool) -> Warmup:
+    """One real sample (batch 1), read from the raw files :func:`write_warmup_files` writes."""
+    return Warmup(
+        "real_sample",
+        tuple(
+            WarmupInput(
+                rename[k],
+                triton_dtype_of(v.dtype),
+                tuple(int(d) for d in (v.shape[1:] if batched else v.shape)),
+                rename[k],
+            )
+            for k, v in warmup.items()
+        ),
+    )
 
 
-def render_pbtxt(config: Mapping[str, Any]) -> str:
-    """Render Triton's JSON form as protobuf text (validated by ``model_config_pb2``)."""
-    from google.protobuf import json_format, text_format
-    from tritonclient.grpc import model_config_pb2
+def encoder_config(
+    name: str,
+    backend: str,
+    filename: str,
+    io: ArtifactIO,
+    spec: ExportSpec,
+    warmup: Inputs | None,
+    gpu: bool = False,
+    quantized: bool = False,
+    int8_method: str = "",
+) -> TritonConfig:
+    """The typed config of one artifact (CPU, or GPU with ``gpu=True``).
 
-    msg = json_format.ParseDict(dict(config), model_config_pb2.ModelConfig())
-    return str(text_format.MessageToString(msg))
+    A quantized graph TensorRT cannot build as INT8 (``int8_method`` not in
+    :data:`TENSORRT_INT8_METHODS`, e.g. dynamic MatMulInteger) gets a GPU config equal to its CPU
+    one: on a GPU host that variant stays on the host's CPU rather than being handed to TensorRT.
+    """
+    if gpu and quantized and int8_method not in TENSORRT_INT8_METHODS:
+        gpu = False
+    serving = spec.serving or Serving(fp32_name=name)
+    batched = spec.max_batch > 0
+    torchscript = backend == "pytorch"
+    rename = torchscript_names(spec) if torchscript else {t.name: t.name for t in spec.inputs}
+    # a classifier's logits name their classes (Triton's classification extension); the
+    # pipeline writes the file next to the config
+    labels = LABEL_FILE if serving.task == "classification" else ""
+    count = serving.gpu_instance_count if gpu else serving.instance_count
+    return TritonConfig(
+        name=name,
+        backend=backend,
+        max_batch_size=spec.max_batch,
+        default_model_filename=filename,
+        inputs=_tensors(io.inputs, batched),
+        outputs=_tensors(io.outputs, batched, labels),
+        version_policy=VersionPolicy.serving(serving.versions),
+        instance_groups=(InstanceGroup(count, "KIND_GPU" if gpu else "KIND_CPU"),),
+        parameters=params(_encoder_params(name, backend, io, spec, serving, gpu)),
+        response_cache=serving.response_cache,
+        dynamic_batching=_batching(serving, spec.max_batch, gpu) if batched else None,
+        optimization=_tensorrt(serving, quantized) if gpu and backend == "onnxruntime" else None,
+        warmup=(_warmup(warmup, rename, batched),) if warmup is not None else (),
+    )
+
+
+def _json_form(build: Callable[P, TritonConfig]) -> Callable[P, dict[str, Any]]:
+    """``build`` returning Triton's JSON form of its config instead (same parameters)."""
+
+    @functools.wraps(build)
+    def json_form(*args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
+        return build(*args, **kwargs).to_json()
+
+    return json_form
+
+
+# Triton's JSON form of :func:`encoder_config` (same arguments), for callers that edit dicts.
+build_config = _json_form(encoder_config)
+
+
+def render_pbtxt(config: TritonConfig | Mapping[str, Any]) -> str:
+    """Render a config (typed, or Triton's JSON form) as protobuf text, validated by
+    ``model_config_pb2`` (:func:`tritonforge.configschema.render_pbtxt`)."""
+    return configschema.render_pbtxt(config)
 
 
 def write_warmup_files(warmup: Inputs, directory: Path, rename: Mapping[str, str]) -> None:
