@@ -1,4 +1,4 @@
-"""loadtest.ramp's plain functions: the ramp plan, the per-second rows and the report."""
+"""loadtest.reliability.ramp's plain functions: the ramp plan, the per-second rows and the report."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from tritonforge.loadtest import ramp as ramp_module
-from tritonforge.loadtest.ramp import (
+from tritonforge.loadtest.reliability import ramp as ramp_module
+from tritonforge.loadtest.reliability.ramp import (
     RampPlan,
     gate,
     parse_model_metrics,
