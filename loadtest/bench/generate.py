@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tritonforge.loadtest.bench.cli import baseline_service
+from tritonforge.loadtest.bench.services import baseline_service
 from tritonforge.logs import run_main
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.progress import Bar

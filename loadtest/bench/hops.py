@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from tritonforge.loadtest import corpus
-from tritonforge.loadtest.bench.cli import model_stats, stats_delta, tree_cpu_s
+from tritonforge.loadtest.bench.runners import model_stats, stats_delta, tree_cpu_s
 from tritonforge.loadtest.discovered import pipelines, stage_model
 from tritonforge.logs import run_main
 from tritonforge.pipelines import Pipeline

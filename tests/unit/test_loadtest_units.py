@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from tritonforge.loadtest import corpus
-from tritonforge.loadtest.bench.cli import EMPTY_SUMMARY, Cell, Target, aggregate, analyse, table
+from tritonforge.loadtest.bench.aggregation import aggregate, analyse
+from tritonforge.loadtest.bench.cells import EMPTY_SUMMARY, Cell, Target
+from tritonforge.loadtest.bench.report import table
 from tritonforge.loadtest.slo import (
     SloThresholds,
     ValidationError,
@@ -179,7 +181,7 @@ def test_bench_loads_classifiers_with_perf_analyzer_too_on_their_discovered_inpu
     ensembles as well; each text goes in as the pipeline's own input."""
     import argparse
 
-    from tritonforge.loadtest.bench.cli import targets_from
+    from tritonforge.loadtest.bench.cells import targets_from
     from tritonforge.pipelines import Pipeline
 
     pipeline = Pipeline("reviews", "classification", {"fp32": "reviews"}, None, (), "review", ())
@@ -206,7 +208,7 @@ def test_bench_process_never_imports_locust() -> None:
     import sys
 
     code = (
-        "import sys; import loadtest.bench.cli as b; b.machine(); "
+        "import sys; import loadtest.bench.cli; import loadtest.bench.runners as b; b.machine(); "
         "print('gevent' in sys.modules or 'locust' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
