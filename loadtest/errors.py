@@ -8,3 +8,7 @@ from tritonforge.errors import TritonforgeError
 
 class LoadtestError(TritonforgeError):
     """A load test, bench or reliability run cannot go on; the message says what to do."""
+
+
+class StreamError(LoadtestError):
+    """A streamed generation answered an error (an error event, or a status other than 200)."""

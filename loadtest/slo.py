@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from tritonforge.loadtest.errors import LoadtestError
+
 
 @dataclass(frozen=True)
 class SloThresholds:
@@ -95,7 +97,7 @@ NORM_TOLERANCE = 1e-3
 SUM_TOLERANCE = 1e-3
 
 
-class ValidationError(Exception):
+class ValidationError(LoadtestError):
     """The server answered 200 but the answer breaks the pipeline's contract."""
 
 

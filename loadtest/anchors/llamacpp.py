@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tritonforge.loadtest.errors import LoadtestError
 from tritonforge.logs import run_main
 
 # named, not __name__: run as `python -m` that is __main__, which logging leaves at warning
@@ -66,7 +67,7 @@ CMAKE_FLAGS = (
 QUANTS = ("f32", "q8_0")
 
 
-class LlamaCppError(Exception):
+class LlamaCppError(LoadtestError):
     """llama.cpp could not be fetched, built, converted or started."""
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from tritonforge.loadtest.errors import LoadtestError
+
 log = logging.getLogger(__name__)
 
 # precision -> builder flags (int4: blocks of 32, int8 compute: accuracy level 4)
@@ -29,7 +31,7 @@ PRECISIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-class OrtGenAIError(Exception):
+class OrtGenAIError(LoadtestError):
     """ONNX Runtime GenAI is missing or its model could not be built."""
 
 

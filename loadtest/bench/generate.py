@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from tritonforge.loadtest.bench.services import baseline_service
+from tritonforge.loadtest.errors import StreamError
 from tritonforge.logs import run_main
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.progress import Bar
@@ -250,7 +251,7 @@ def openai_stream(url: str, model: str, timeout_s: float = 300) -> StreamFn:
                 if line.startswith(b"data: {"):
                     event = json.loads(line[6:])
                     if "error" in event:
-                        raise RuntimeError(str(event["error"]))
+                        raise StreamError(str(event["error"]))
                     for choice in event.get("choices", []):
                         text = (choice.get("delta") or {}).get("content")
                         if text:

@@ -13,11 +13,16 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 
 from tritonforge.loadtest.bench import classify as classify_bench
+from tritonforge.loadtest.errors import LoadtestError
 from tritonforge.loadtest.locust import LOCUST_DIR
 from tritonforge.pipelines import Pipeline
 from tritonforge.runtime.server import free_port
 
 log = logging.getLogger(__name__)
+
+
+class ServiceNotReadyError(LoadtestError):
+    """A baseline service did not answer ``/health`` in time."""
 
 
 def _wait_http(url: str, timeout_s: float) -> None:
@@ -27,7 +32,9 @@ def _wait_http(url: str, timeout_s: float) -> None:
             if response.status == 200:
                 return
         time.sleep(0.5)
-    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
+    raise ServiceNotReadyError(
+        f"{url} did not answer within {timeout_s:.0f} s: see the service's output above"
+    )
 
 
 @contextlib.contextmanager

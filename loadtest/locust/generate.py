@@ -25,6 +25,7 @@ from locust import HttpUser, events, task
 from locust.env import Environment
 
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
+from tritonforge.loadtest.errors import StreamError
 from tritonforge.loadtest.generate_slo import GenerationSlos, StreamSample, check, summarize
 
 log = logging.getLogger("tritonforge.loadtest.generate")
@@ -93,14 +94,14 @@ class OpenAIChatStreamUser(HttpUser):
 def _v2_text(event: dict[str, Any]) -> tuple[str, bool]:
     """(text, final) of a ``generate_stream`` event."""
     if "error" in event:
-        raise RuntimeError(str(event["error"]))
+        raise StreamError(str(event["error"]))
     return str(event.get(TEXT_OUTPUT) or ""), bool(event.get(FINISH_REASON))
 
 
 def _v1_text(event: dict[str, Any]) -> tuple[str, bool]:
     """(text, final) of a ``chat.completion.chunk``."""
     if "error" in event:
-        raise RuntimeError(str(event["error"]))
+        raise StreamError(str(event["error"]))
     choice = (event.get("choices") or [{}])[0]
     return str((choice.get("delta") or {}).get("content") or ""), bool(choice.get("finish_reason"))
 
@@ -123,7 +124,7 @@ def _measure(
             path, json=body, headers=headers, stream=True, name=name, catch_response=True
         ) as response:
             if response.status_code != 200:
-                raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+                raise StreamError(f"HTTP {response.status_code}: {response.text[:200]}")
             for line in response.iter_lines():
                 if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
                     continue

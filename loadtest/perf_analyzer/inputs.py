@@ -29,6 +29,7 @@ import numpy as np
 
 from tritonforge.env import env_str
 from tritonforge.loadtest import corpus
+from tritonforge.loadtest.errors import LoadtestError
 from tritonforge.loadtest.perf_analyzer.tool import TOOL_DIR, binary
 from tritonforge.logs import run_main
 from tritonforge.modelconfig import ModelConfig
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 ADMIN_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
 
 
-class PerfInputError(Exception):
+class PerfInputError(LoadtestError):
     """An input cannot be generated, perf_analyzer is missing, or no server answers."""
 
 

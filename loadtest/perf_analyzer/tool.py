@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tritonforge.loadtest.errors import LoadtestError
+
 WHEEL = "tritonclient==2.51.0"
 TOOL_DIR = Path(
     os.environ.get("TRITONFORGE_PERF_ANALYZER_DIR", Path(sys.prefix) / "tools/perf_analyzer")
@@ -28,7 +30,7 @@ TOOL_DIR = Path(
 _LIBS = {"libb64.so.0d": "libb64-*.so.0d", "libcudart.so.12": "libcudart-*.so.12*"}
 
 
-class PerfAnalyzerError(Exception):
+class PerfAnalyzerError(LoadtestError):
     """perf_analyzer is missing or failed; the message says how to get it or what it printed."""
 
 

@@ -32,11 +32,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tritonforge.loadtest.errors import LoadtestError
 from tritonforge.loadtest.locust import RAMP_LOCUSTFILE
 from tritonforge.loadtest.slo import SloThresholds
 
 OUTCOMES = ("fp32", "int8", "refused", "breaker_open", "failed")
 LOCUSTFILE = RAMP_LOCUSTFILE
+
+
+class RampError(LoadtestError):
+    """A ramp plan or its results are not usable; the message names what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -50,9 +55,9 @@ class RampPlan:
 
     def __post_init__(self) -> None:
         if not 1 <= self.base_users <= self.peak_users:
-            raise ValueError(f"need 1 <= base_users <= peak_users, got {self}")
+            raise RampError(f"need 1 <= base_users <= peak_users, got {self}")
         if self.ramp_s < 0 or self.peak_s <= 0:
-            raise ValueError(f"ramp_s must be >= 0 and peak_s > 0, got {self}")
+            raise RampError(f"ramp_s must be >= 0 and peak_s > 0, got {self}")
 
     @property
     def duration_s(self) -> float:
@@ -163,7 +168,7 @@ def _report(results: Mapping[str, object], name: str) -> dict[str, float]:
     run = results.get(name)
     summary = run.get("report") if isinstance(run, dict) else None
     if not isinstance(summary, dict):
-        raise ValueError(f"the ramp results have no {name!r} report")
+        raise RampError(f"the ramp results have no {name!r} report")
     return summary
 
 

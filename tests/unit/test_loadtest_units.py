@@ -213,3 +213,30 @@ def test_bench_process_never_imports_locust() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_every_loadtest_exception_derives_from_loadtest_error() -> None:
+    """One base per package (issue #21): each exception class in loadtest/ reaches
+    ``LoadtestError`` (itself a ``TritonforgeError``) through loadtest's own classes, never a
+    bare builtin. Read from the source: importing the locustfiles would patch this process."""
+    import ast
+    from pathlib import Path
+
+    from tritonforge.errors import TritonforgeError
+    from tritonforge.loadtest.errors import LoadtestError
+
+    assert issubclass(LoadtestError, TritonforgeError)
+    root = Path(__file__).resolve().parents[2] / "loadtest"
+    bases: dict[str, list[str]] = {}
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Error"):
+                bases[node.name] = [ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases]
+    assert bases.pop("LoadtestError") == ["TritonforgeError"]
+
+    def reaches(name: str) -> bool:
+        return name == "LoadtestError" or any(reaches(b) for b in bases.get(name, []))
+
+    for name, parents in bases.items():
+        assert parents and all(p in bases or p == "LoadtestError" for p in parents), name
+        assert reaches(name), name
