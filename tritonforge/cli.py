@@ -69,7 +69,7 @@ COMMANDS: dict[str, Command] = {
         "tritonforge.loadtest.reliability.soak", "bounded leak soak (RSS and /dev/shm curves)"
     ),
     "chaos": Command(
-        "tritonforge.loadtest.reliability.chaos",
+        "tritonforge.loadtest.reliability.chaos.cli",
         "bounded chaos run: traffic + stub kills, floods, SSE, ...",
     ),
     "perf": Command(
