@@ -31,6 +31,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,36 +137,139 @@ def grpc_arrays(model: str, arrays: dict[str, np.ndarray]) -> tuple[str, list[An
     return model, tensors
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
-    import tritonclient.grpc as grpcclient
+@dataclass(frozen=True)
+class Subject:
+    """The measured pipeline: its ensemble, tokenizer and encoder models, as served."""
 
+    repo: Path
+    pipeline: Pipeline
+    ensemble: str
+    tokenizer_model: str
+    encoder_model: str
+    encoder_config: Any
+    tokenizer: TextTokenizer
+
+    @property
+    def models(self) -> list[str]:
+        return [self.ensemble, self.tokenizer_model, self.encoder_model]
+
+
+def subject(args: argparse.Namespace) -> Subject:
+    """``--pipeline-name`` (else the first embedding pipeline) at ``--variant``."""
     repo = Path(args.model_repository)
     pipeline: Pipeline = (
         pipelines(repo)[args.pipeline_name]
         if args.pipeline_name
         else next(p for p in pipelines(repo).values() if p.task == "embedding")
     )
-    ensemble = pipeline.ensembles[args.variant]
     tokenizer_model = stage_model(repo, pipeline, "tokenizer")
     encoder_model = stage_model(repo, pipeline, "encoder", args.variant)
     assert tokenizer_model and encoder_model, f"{pipeline.name}: no tokenizer/encoder stage"
-    encoder_config = load_model_config(repo, encoder_model)
     pad_to = load_model_config(repo, tokenizer_model).param("pad_to_multiple_of", 1, int)
-    tokenizer: TextTokenizer = served_tokenizer(repo / tokenizer_model, pad_to_multiple_of=pad_to)
+    return Subject(
+        repo=repo,
+        pipeline=pipeline,
+        ensemble=pipeline.ensembles[args.variant],
+        tokenizer_model=tokenizer_model,
+        encoder_model=encoder_model,
+        encoder_config=load_model_config(repo, encoder_model),
+        tokenizer=served_tokenizer(repo / tokenizer_model, pad_to_multiple_of=pad_to),
+    )
+
+
+def _stage_ms(delta: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per model, the mean ms per count of each statistics stage."""
+    return {
+        m: {
+            key: v.get(f"{key}_ns", 0.0) / max(1.0, v.get(f"{key}_count", 0.0)) / 1e6
+            for key in ("queue", "compute_input", "compute_infer", "compute_output")
+        }
+        for m, v in delta.items()
+    }
+
+
+def _served_calls(
+    sub: Subject, clients: dict[str, Any], texts: list[str], ids: list[dict[str, Any]]
+) -> dict[str, Callable[[str, int], object]]:
+    """The server calls, by hop: ``call(path, text index)``."""
+    field = sub.pipeline.input
+    return {
+        "ready": lambda p, i: clients[p].is_server_ready(),
+        "tokenizer": lambda p, i: clients[p].infer(
+            *grpc_text(sub.tokenizer_model, field, texts[i])
+        ),
+        "encoder": lambda p, i: clients[p].infer(*grpc_arrays(sub.encoder_model, ids[i])),
+        "ensemble": lambda p, i: clients[p].infer(*grpc_text(sub.ensemble, field, texts[i])),
+    }
+
+
+def _in_process_calls(
+    sub: Subject, texts: list[str], ids: list[dict[str, Any]]
+) -> dict[str, Callable[[int], object]]:
+    """The in-process calls, by hop: the served tokenizer and the encoder graph two ways."""
+    fed = {i.name for i in sub.encoder_config.inputs}
+    filename = sub.encoder_config.default_model_filename or "model.onnx"
+    onnx = sub.repo / sub.encoder_model / "1" / filename
+    sessions = {
+        label: encoder_session(onnx, dict(sub.encoder_config.parameters), served)
+        for label, served in (("served options", True), ("ORT defaults", False))
+    }
+
+    def graph(session: Any) -> Callable[[int], object]:
+        return lambda i: session.run(None, {k: v for k, v in ids[i].items() if k in fed})
+
+    return {
+        "tokenize (served settings)": lambda i: sub.tokenizer.encode([texts[i]]),
+        **{f"encoder graph ({label})": graph(s) for label, s in sessions.items()},
+    }
+
+
+def _time_served(
+    name: str,
+    fn: Callable[[str, int], object],
+    servers: dict[str, EmbeddedServer],
+    requests: int,
+    n_texts: int,
+    hop: Callable[[str, str], Hop],
+) -> dict[str, Any]:
+    """``requests`` calls of ``fn`` alternating the paths; per path, the server-side costs."""
+    before = {p: model_stats(s.http_url, s.admin_headers) for p, s in servers.items()}
+    cpu0 = {p: tree_cpu_s(s.pid) for p, s in servers.items()}
+    stubs0 = {p: stub_cpu_s(s) for p, s in servers.items()}
+    for k in range(requests):
+        i = k % n_texts
+        for p in PATHS:
+            hop(name, p).call(lambda f=fn, p=p, i=i: f(p, i))  # type: ignore[misc]
+    per_call: dict[str, Any] = {}
+    for p, s in servers.items():
+        stubs1 = stub_cpu_s(s)
+        per_call[f"{name}/{p}"] = {
+            "tritonserver_tree_cpu_ms": (tree_cpu_s(s.pid) - cpu0[p]) * 1e3 / requests,
+            "stub_cpu_ms": {
+                m: (v - stubs0[p].get(m, 0.0)) * 1e3 / requests for m, v in stubs1.items()
+            },
+            "stats": _stage_ms(stats_delta(before[p], model_stats(s.http_url, s.admin_headers))),
+        }
+    return per_call
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import tritonclient.grpc as grpcclient
+
+    sub = subject(args)
     texts = corpus.generate()[: args.texts]
     hops: dict[tuple[str, str], Hop] = {}
 
     def hop(name: str, path: str) -> Hop:
         return hops.setdefault((name, path), Hop(name, path))
 
-    models = [ensemble, tokenizer_model, encoder_model]
     result: dict[str, Any] = {
-        "pipeline": pipeline.name,
-        "ensemble": ensemble,
+        "pipeline": sub.pipeline.name,
+        "ensemble": sub.ensemble,
         "load_average_at_start": os.getloadavg(),
     }
     with contextlib.ExitStack() as stack:
-        root = stack.enter_context(trimmed_repository(repo, models))
+        root = stack.enter_context(trimmed_repository(sub.repo, sub.models))
         servers = {
             path: stack.enter_context(
                 EmbeddedServer(ServerSettings.ephemeral(root, front=path == "front"))
@@ -177,33 +281,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         clients = {p: grpcclient.InferenceServerClient(s.grpc_url) for p, s in servers.items()}
         ids = []
         for text in texts:  # the served tokenizer's own output feeds the encoder-alone calls
-            out = clients["direct"].infer(*grpc_text(tokenizer_model, pipeline.input, text))
-            ids.append({o.name: out.as_numpy(o.name) for o in encoder_config.inputs})
-        fed = {i.name for i in encoder_config.inputs}
-        onnx = repo / encoder_model / "1" / (encoder_config.default_model_filename or "model.onnx")
-        sessions = {
-            label: encoder_session(onnx, dict(encoder_config.parameters), served)
-            for label, served in (("served options", True), ("ORT defaults", False))
-        }
-
-        calls: dict[str, Callable[[str, int], object]] = {
-            "ready": lambda p, i: clients[p].is_server_ready(),
-            "tokenizer": lambda p, i: clients[p].infer(
-                *grpc_text(tokenizer_model, pipeline.input, texts[i])
-            ),
-            "encoder": lambda p, i: clients[p].infer(*grpc_arrays(encoder_model, ids[i])),
-            "ensemble": lambda p, i: clients[p].infer(
-                *grpc_text(ensemble, pipeline.input, texts[i])
-            ),
-        }
-
-        def graph(session: Any) -> Callable[[int], object]:
-            return lambda i: session.run(None, {k: v for k, v in ids[i].items() if k in fed})
-
-        inproc: dict[str, Callable[[int], object]] = {
-            "tokenize (served settings)": lambda i: tokenizer.encode([texts[i]]),
-            **{f"encoder graph ({label})": graph(s) for label, s in sessions.items()},
-        }
+            out = clients["direct"].infer(*grpc_text(sub.tokenizer_model, sub.pipeline.input, text))
+            ids.append({o.name: out.as_numpy(o.name) for o in sub.encoder_config.inputs})
+        calls = _served_calls(sub, clients, texts, ids)
+        inproc = _in_process_calls(sub, texts, ids)
         for name in calls:  # warm-up
             for p in PATHS:
                 for i in range(min(10, len(texts))):
@@ -213,33 +294,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 warm(i)
         per_call: dict[str, Any] = {}
         for name, fn in calls.items():
-            before = {p: model_stats(s.http_url, s.admin_headers) for p, s in servers.items()}
-            cpu0 = {p: tree_cpu_s(s.pid) for p, s in servers.items()}
-            stubs0 = {p: stub_cpu_s(s) for p, s in servers.items()}
-            for k in range(args.requests):
-                i = k % len(texts)
-                for p in PATHS:
-                    hop(name, p).call(lambda f=fn, p=p, i=i: f(p, i))  # type: ignore[misc]
-            for p, s in servers.items():
-                n = args.requests
-                stubs1 = stub_cpu_s(s)
-                per_call[f"{name}/{p}"] = {
-                    "tritonserver_tree_cpu_ms": (tree_cpu_s(s.pid) - cpu0[p]) * 1e3 / n,
-                    "stub_cpu_ms": {
-                        m: (v - stubs0[p].get(m, 0.0)) * 1e3 / n for m, v in stubs1.items()
-                    },
-                    "stats": {
-                        m: {
-                            key: v.get(f"{key}_ns", 0.0)
-                            / max(1.0, v.get(f"{key}_count", 0.0))
-                            / 1e6
-                            for key in ("queue", "compute_input", "compute_infer", "compute_output")
-                        }
-                        for m, v in stats_delta(
-                            before[p], model_stats(s.http_url, s.admin_headers)
-                        ).items()
-                    },
-                }
+            per_call |= _time_served(name, fn, servers, args.requests, len(texts), hop)
         # In-process last, each by itself: a spinning session keeps its threads busy after a run
         # and would tax whatever runs next.
         for label, f in inproc.items():
