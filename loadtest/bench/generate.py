@@ -322,7 +322,7 @@ def targets(
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m tritonforge.loadtest.bench.generate", description=__doc__
     )
@@ -342,7 +342,98 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rounds", type=int, default=1, help="interleaved rounds of the served cells (medians)"
     )
     p.add_argument("--out", type=Path, default=Path("reports/bench_generate.json"))
-    args = p.parse_args(argv)
+    return p
+
+
+@dataclass
+class Measure:
+    """Measures a target at every ``--concurrency`` (after a warm-up) into :attr:`cells`."""
+
+    args: argparse.Namespace
+    count: Callable[[str], int]
+    bar: Bar
+    cells: list[Cell] = field(default_factory=list)
+
+    def __call__(self, target: str, stream: StreamFn, rnd: int = 0) -> None:
+        args = self.args
+        for _ in stream(PROMPTS[0], 4):  # warm-up (first-call costs are not measured)
+            pass
+        for c in args.concurrency:
+            cell = run_cell(
+                target, stream, self.count, c, args.requests_per_client, args.max_tokens
+            )
+            cell.round = rnd
+            log.info(
+                f"    {target} x{c}: {cell.tokens_per_s:.1f} tokens/s, TTFT p50 {cell.ttft_p50_ms:.0f} ms"
+            )
+            self.cells.append(cell)
+            self.bar.update()
+
+
+def _measure_served(
+    args: argparse.Namespace, measure: Measure, group: Any, variants: list[str], model_dir: Path
+) -> None:
+    """The served variants over gRPC (interleaved rounds) and ``/v1`` on one embedded server."""
+    models = [group.model(v) for v in variants]
+    settings = ServerSettings.ephemeral(
+        args.model_repository, model_control_mode="explicit", load_models=models
+    )
+    server = EmbeddedServer(settings)
+    server.start()
+    try:
+        server.wait_ready()
+        # Interleaved: every round measures every variant, so a load swing on the shared
+        # machine hits both alike.
+        for rnd in range(args.rounds if "triton" not in args.skip else 0):
+            for v, model in zip(variants, models, strict=True):
+                measure(f"triton {v}", client_stream(server.grpc_url, "grpc", model=model), rnd)
+        if "triton-v1" not in args.skip:
+            measure("triton-v1", openai_stream(server.http_url, model_dir.name))
+    finally:
+        server.stop()
+
+
+def _measure_all(
+    args: argparse.Namespace, measure: Measure, group: Any, variants: list[str], model_dir: Path
+) -> float:
+    """Every target not ``--skip``ped; the in-process prefill ms (NaN when not measured)."""
+    prefill_ms = float("nan")
+    if "inprocess" not in args.skip or "triton" not in args.skip:
+        stream, engine, prefill_ms = inprocess_target(model_dir)
+        log.info(
+            f"    in-process prefill of a {len(engine.prompt_ids(PROMPTS[0], True))}-token prompt: {prefill_ms:.1f} ms"
+        )
+        if "inprocess" not in args.skip:
+            measure("inprocess", stream)
+        engine.close()
+    if "fastapi" not in args.skip:
+        with fastapi_generate_service() as url:
+            measure("fastapi", client_stream(url, "http"))
+    if "triton" not in args.skip or "triton-v1" not in args.skip:
+        _measure_served(args, measure, group, variants, model_dir)
+    return prefill_ms
+
+
+def _print_report(
+    args: argparse.Namespace, cells: list[Cell], variants: list[str], goals: list[dict[str, Any]]
+) -> None:
+    print()
+    print_table(cells)
+    by = {(c.target, c.concurrency): c for c in cells}
+    for v in variants:
+        for c in args.concurrency:
+            base, other = by.get(("triton fp32", c)), by.get((f"triton {v}", c))
+            if v != "fp32" and base and other:
+                print(
+                    f"  triton {v} / fp32 tokens/s at {c}: {other.tokens_per_s / base.tokens_per_s:.2f}x"
+                )
+    print()
+    for g in goals:
+        print(f"  {'MET ' if g['met'] else 'MISS'} {g['target']}: {g['value']} (goal {g['goal']})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from tritonforge.pipelines import generators_from_repository
 
     group = generators_from_repository(args.model_repository)["generate"]
@@ -357,8 +448,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     load = os.getloadavg()
     log.info(f"==> [bench generate] load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    cells: list[Cell] = []
-    prefill_ms = float("nan")
     # On a terminal: a bar over every cell (target x concurrency), with its ETA.
     measured = [t for t in ("inprocess", "fastapi") if t not in args.skip]
     served_cells = 0 if "triton" in args.skip else len(variants) * args.rounds
@@ -366,66 +455,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     bar = Bar(
         "bench generate", (len(measured) + served_cells) * len(args.concurrency), unit="cells"
     )
-
-    def measure(target: str, stream: StreamFn, rnd: int = 0) -> None:
-        for _ in stream(PROMPTS[0], 4):  # warm-up (first-call costs are not measured)
-            pass
-        for c in args.concurrency:
-            cell = run_cell(target, stream, count, c, args.requests_per_client, args.max_tokens)
-            cell.round = rnd
-            log.info(
-                f"    {target} x{c}: {cell.tokens_per_s:.1f} tokens/s, TTFT p50 {cell.ttft_p50_ms:.0f} ms"
-            )
-            cells.append(cell)
-            bar.update()
-
-    if "inprocess" not in args.skip or "triton" not in args.skip:
-        stream, engine, prefill_ms = inprocess_target(model_dir)
-        log.info(
-            f"    in-process prefill of a {len(engine.prompt_ids(PROMPTS[0], True))}-token prompt: {prefill_ms:.1f} ms"
-        )
-        if "inprocess" not in args.skip:
-            measure("inprocess", stream)
-        engine.close()
-    if "fastapi" not in args.skip:
-        with fastapi_generate_service() as url:
-            measure("fastapi", client_stream(url, "http"))
-    if "triton" not in args.skip or "triton-v1" not in args.skip:
-        models = [group.model(v) for v in variants]
-        settings = ServerSettings.ephemeral(
-            args.model_repository, model_control_mode="explicit", load_models=models
-        )
-        server = EmbeddedServer(settings)
-        server.start()
-        try:
-            server.wait_ready()
-            # Interleaved: every round measures every variant, so a load swing on the shared
-            # machine hits both alike.
-            for rnd in range(args.rounds if "triton" not in args.skip else 0):
-                for v, model in zip(variants, models, strict=True):
-                    measure(f"triton {v}", client_stream(server.grpc_url, "grpc", model=model), rnd)
-            if "triton-v1" not in args.skip:
-                measure("triton-v1", openai_stream(server.http_url, model_dir.name))
-        finally:
-            server.stop()
+    measure = Measure(args, count, bar)
+    prefill_ms = _measure_all(args, measure, group, variants, model_dir)
     bar.close()
-    cells = median_cells(cells)
-    print()
-    print_table(cells)
+    cells = median_cells(measure.cells)
     goals = targets(
         cells, prefill_ms, max(args.concurrency), served=f"triton {group.default_variant}"
     )
-    by = {(c.target, c.concurrency): c for c in cells}
-    for v in variants:
-        for c in args.concurrency:
-            base, other = by.get(("triton fp32", c)), by.get((f"triton {v}", c))
-            if v != "fp32" and base and other:
-                print(
-                    f"  triton {v} / fp32 tokens/s at {c}: {other.tokens_per_s / base.tokens_per_s:.2f}x"
-                )
-    print()
-    for g in goals:
-        print(f"  {'MET ' if g['met'] else 'MISS'} {g['target']}: {g['value']} (goal {g['goal']})")
+    _print_report(args, cells, variants, goals)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
