@@ -212,7 +212,7 @@ def chart(cells: Sequence[Cell], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m tritonforge.loadtest.bench.generate_llamacpp", description=__doc__
     )
@@ -230,7 +230,92 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--out", type=Path, default=None, help="JSON (default build/bench_llamacpp.json)"
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def _triton_targets(
+    args: argparse.Namespace,
+    group: Any,
+    variants: Sequence[str],
+    servers: list[Any],
+    report_ppl: dict[str, float],
+) -> list[Target]:
+    """Every served variant on one embedded Triton (appended to ``servers`` to stop)."""
+    models = {v: group.model(v) for v in variants}
+    settings = ServerSettings.ephemeral(
+        args.model_repository, model_control_mode="explicit", load_models=list(models.values())
+    )
+    triton = EmbeddedServer(settings)
+    triton.start()
+    servers.append(triton)
+    triton.wait_ready()
+    out = []
+    for v, model in models.items():
+        stream = client_stream(triton.grpc_url, "grpc", model=model)
+        out.append(Target(f"triton {v}", stream, tuple(args.concurrency), report_ppl.get(v)))
+    return out
+
+
+def _llamacpp_targets(
+    args: argparse.Namespace,
+    layout: llamacpp.Layout,
+    notes: list[str],
+    servers: list[Any],
+    prompt_ids: Callable[[str], list[int]],
+) -> list[Target]:
+    """A llama-server per quantization when llama.cpp is built (each appended to ``servers``);
+    why not in ``notes`` otherwise."""
+    if args.no_llamacpp:
+        notes.append("llama.cpp: skipped (--no-llamacpp)")
+        return []
+    if not layout.built():
+        notes.append(
+            f"llama.cpp: not built under {layout.home} (run `make llamacpp`); "
+            f"ratios vs {ANCHOR} not computed"
+        )
+        return []
+    out = []
+    for quant in llamacpp.QUANTS:
+        srv = llamacpp.LlamaServer(
+            layout, quant, parallel=max(16, *args.concurrency), poll=args.llamacpp_poll
+        )
+        try:
+            srv.start()
+        except llamacpp.LlamaCppError as e:
+            notes.append(f"llama.cpp {quant}: could not start: {e}")
+            continue
+        servers.append(srv)
+        out.append(
+            Target(
+                f"llama.cpp {quant}",
+                llamacpp_stream(srv.url, prompt_ids),
+                tuple(args.concurrency),
+                note="perplexity not computed (llama-perplexity is not built)",
+            )
+        )
+    return out
+
+
+def _print_report(
+    cells: list[Cell], quality: dict[str, Any], notes: list[str], variants: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Print the notes, the table and the goals of each served variant; the goals."""
+    print()
+    for n in notes:
+        print(f"  note: {n}")
+    print_table(cells, quality)
+    goals: list[dict[str, Any]] = []
+    for v in variants:
+        goals += evaluate(cells, f"triton {v}")
+    print()
+    for g in goals:
+        mark = {True: "MET ", False: "MISS", None: "n/a "}[g["met"]]
+        print(f"  {mark} {g['target']}: {g['ratio']} (goal {g['goal']})")
+    return goals
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     out = args.out or args.build_dir / "bench_llamacpp.json"
     from tokenizers import Tokenizer
 
@@ -258,50 +343,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info(f"==> [bench llama.cpp] load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     layout = llamacpp.Layout(args.build_dir)
     notes: list[str] = []
-    targets: list[Target] = []
     servers: list[Any] = []
     report_ppl = _export_perplexity(args.model_repository, group, variants)
     t_start = time.perf_counter()
     try:
-        models = {v: group.model(v) for v in variants}
-        settings = ServerSettings.ephemeral(
-            args.model_repository, model_control_mode="explicit", load_models=list(models.values())
-        )
-        triton = EmbeddedServer(settings)
-        triton.start()
-        servers.append(triton)
-        triton.wait_ready()
-        for v, model in models.items():
-            stream = client_stream(triton.grpc_url, "grpc", model=model)
-            targets.append(
-                Target(f"triton {v}", stream, tuple(args.concurrency), report_ppl.get(v))
-            )
-        if args.no_llamacpp:
-            notes.append("llama.cpp: skipped (--no-llamacpp)")
-        elif not layout.built():
-            notes.append(
-                f"llama.cpp: not built under {layout.home} (run `make llamacpp`); "
-                f"ratios vs {ANCHOR} not computed"
-            )
-        else:
-            for quant in llamacpp.QUANTS:
-                srv = llamacpp.LlamaServer(
-                    layout, quant, parallel=max(16, *args.concurrency), poll=args.llamacpp_poll
-                )
-                try:
-                    srv.start()
-                except llamacpp.LlamaCppError as e:
-                    notes.append(f"llama.cpp {quant}: could not start: {e}")
-                    continue
-                servers.append(srv)
-                targets.append(
-                    Target(
-                        f"llama.cpp {quant}",
-                        llamacpp_stream(srv.url, prompt_ids),
-                        tuple(args.concurrency),
-                        note="perplexity not computed (llama-perplexity is not built)",
-                    )
-                )
+        targets = _triton_targets(args, group, variants, servers, report_ppl)
+        targets += _llamacpp_targets(args, layout, notes, servers, prompt_ids)
         targets += _genai_targets(args, layout, notes, prompt_ids, tokenizer)
         texts: dict[str, dict[str, str]] = {}
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -311,17 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             srv.stop()
     quality = _quality(targets, texts, ids, count)
     cells = median_cells(cells)
-    print()
-    for n in notes:
-        print(f"  note: {n}")
-    print_table(cells, quality)
-    goals: list[dict[str, Any]] = []
-    for v in variants:
-        goals += evaluate(cells, f"triton {v}")
-    print()
-    for g in goals:
-        mark = {True: "MET ", False: "MISS", None: "n/a "}[g["met"]]
-        print(f"  {mark} {g['target']}: {g['ratio']} (goal {g['goal']})")
+    goals = _print_report(cells, quality, notes, variants)
     counts = {q["tokens_per_request"] for q in quality.values() if q.get("tokens_per_request")}
     report = {
         "load_average": load,
