@@ -18,13 +18,13 @@ from tritonforge.client.generate import GenerateClient
 from tritonforge.loadtest.reliability.soak import growth_per_10k, measure
 from tritonforge.logs import run_main
 from tritonforge.progress import Bar
-from tritonforge.runtime.server import serving
+from tritonforge.runtime.server import EmbeddedServer, serving
 
 log = logging.getLogger(__name__)
 PROMPTS = ("Hi", "Name a fruit.", "What is 2 + 2?", "Say something kind about Mondays.")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m tritonforge.loadtest.reliability.soak_generate", description=__doc__
     )
@@ -35,51 +35,79 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=20)
     p.add_argument("--max-growth-mb", type=float, default=50.0)
     p.add_argument("--out", type=Path, default=Path("reports/soak_generate.json"))
-    args = p.parse_args(argv)
-    done = [0]
-    errors: list[str] = []
-    lock = threading.Lock()
+    return p
+
+
+class Workers:
+    """``concurrency`` threads sharing ``generations`` short generations; failures counted."""
+
+    def __init__(self, client: GenerateClient, args: argparse.Namespace) -> None:
+        self.client, self.args = client, args
+        self.done = 0
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self.work, args=(k,)) for k in range(args.concurrency)
+        ]
+
+    def work(self, k: int) -> None:
+        args = self.args
+        i = k
+        while True:
+            with self.lock:
+                if self.done >= args.generations:
+                    return
+                self.done += 1
+            try:
+                self.client.generate(
+                    PROMPTS[i % len(PROMPTS)], stream=False, max_tokens=args.max_tokens
+                )
+            except Exception as e:  # counted; the soak goes on
+                self.errors.append(f"{type(e).__name__}: {e}")
+            i += args.concurrency
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def alive(self) -> bool:
+        return any(t.is_alive() for t in self.threads)
+
+
+def soak(
+    server: EmbeddedServer, args: argparse.Namespace
+) -> tuple[Workers, list[tuple[int, dict[str, float]]], float]:
+    """Run the generations against ``server``, sampling RSS every ``generations / samples``; the
+    workers, the RSS curve and the window in seconds."""
+    workers = Workers(GenerateClient(server.grpc_url, protocol="grpc", timeout_s=60), args)
+    curve: list[tuple[int, dict[str, float]]] = []
+    t0 = time.monotonic()
+    workers.start()
+    step = max(1, args.generations // args.samples)
+    next_sample = 0
+    bar = Bar("soak generate", args.generations, unit="generations", leave=False)
+    while workers.alive():
+        bar.update_to(workers.done)
+        if workers.done >= next_sample:
+            curve.append((workers.done, measure(server)[0]))
+            next_sample += step
+            log.info(
+                f"    {workers.done:>6} generations: "
+                + ", ".join(f"{k} {v:.0f} MB" for k, v in curve[-1][1].items())
+            )
+        time.sleep(0.2)
+    bar.close()
+    curve.append((workers.done, measure(server)[0]))
+    return workers, curve, time.monotonic() - t0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     with serving(
         args.model_repository, model_control_mode="explicit", load_models=["generate"]
     ) as s:
-        client = GenerateClient(s.grpc_url, protocol="grpc", timeout_s=60)
-
-        def work(k: int) -> None:
-            i = k
-            while True:
-                with lock:
-                    if done[0] >= args.generations:
-                        return
-                    done[0] += 1
-                try:
-                    client.generate(
-                        PROMPTS[i % len(PROMPTS)], stream=False, max_tokens=args.max_tokens
-                    )
-                except Exception as e:  # counted; the soak goes on
-                    errors.append(f"{type(e).__name__}: {e}")
-                i += args.concurrency
-
-        curve: list[tuple[int, dict[str, float]]] = []
-        threads = [threading.Thread(target=work, args=(k,)) for k in range(args.concurrency)]
-        t0 = time.monotonic()
-        for t in threads:
-            t.start()
-        step = max(1, args.generations // args.samples)
-        next_sample = 0
-        bar = Bar("soak generate", args.generations, unit="generations", leave=False)
-        while any(t.is_alive() for t in threads):
-            bar.update_to(done[0])
-            if done[0] >= next_sample:
-                curve.append((done[0], measure(s)[0]))
-                next_sample += step
-                log.info(
-                    f"    {done[0]:>6} generations: "
-                    + ", ".join(f"{k} {v:.0f} MB" for k, v in curve[-1][1].items())
-                )
-            time.sleep(0.2)
-        bar.close()
-        curve.append((done[0], measure(s)[0]))
-        window_s = time.monotonic() - t0
+        workers, curve, window_s = soak(s, args)
+    done, errors = [workers.done], workers.errors
     half = curve[len(curve) // 2 :]
     growth = {
         name: growth_per_10k([n for n, _ in half], [r[name] for _, r in half])
