@@ -5,10 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
 from tritonforge.loadtest.errors import LoadtestError
+
+
+class AsDict:
+    """``as_dict()`` of a dataclass record (what the reports write)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,7 @@ def check_slos(
 
 
 @dataclass(frozen=True)
-class Summary:
+class Summary(AsDict):
     """Exact statistics of one measured window (successful requests only for latencies)."""
 
     requests: int
@@ -58,9 +66,6 @@ class Summary:
     p95_ms: float
     p99_ms: float
     mean_ms: float
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
 
 
 def summarize(

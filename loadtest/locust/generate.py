@@ -26,7 +26,7 @@ from locust.env import Environment
 
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 from tritonforge.loadtest.errors import StreamError
-from tritonforge.loadtest.generate_slo import GenerationSlos, StreamSample, check, summarize
+from tritonforge.loadtest.slo_generate import GenerationSlos, StreamSample, check, summarize
 
 log = logging.getLogger("tritonforge.loadtest.generate")
 PROMPTS = (

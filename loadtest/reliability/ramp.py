@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tritonforge.loadtest.errors import LoadtestError
 from tritonforge.loadtest.locust import RAMP_LOCUSTFILE
-from tritonforge.loadtest.slo import SloThresholds
+from tritonforge.loadtest.slo import AsDict, SloThresholds
 
 OUTCOMES = ("fp32", "int8", "refused", "breaker_open", "failed")
 LOCUSTFILE = RAMP_LOCUSTFILE
@@ -99,7 +99,7 @@ def per_second(
 
 
 @dataclass(frozen=True)
-class RampReport:
+class RampReport(AsDict):
     """What one ramp run proves: shares of all requests, and the p99 of the answered ones."""
 
     requests: int
@@ -113,9 +113,6 @@ class RampReport:
     p99_ms: float
     slo_p99_ms: float
     p99_ok: bool
-
-    def as_dict(self) -> dict[str, float | int | bool]:
-        return asdict(self)
 
 
 def report(samples: Sequence[tuple[float, float, str]], slo_p99_ms: float) -> RampReport:

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
+from tritonforge.loadtest.slo import AsDict
 from tritonforge.text import TextTokenizer, served_tokenizer
 
 
 @dataclass(frozen=True)
-class InProcessResult:
+class InProcessResult(AsDict):
     variant: str
     batch: int
     calls: int
@@ -29,9 +30,6 @@ class InProcessResult:
     p99_ms: float
     padded_token_share: float
     """Share of the tokens fed to the model that are padding."""
-
-    def as_dict(self) -> dict[str, float | int | str]:
-        return asdict(self)
 
 
 def repository_tokenizer(model_repository: Path) -> TextTokenizer:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tritonforge.loadtest.generate_slo import GenerationSlos, StreamSample, check, summarize
+from tritonforge.loadtest.slo_generate import GenerationSlos, StreamSample, check, summarize
 
 
 def test_summary_and_breaches_are_named() -> None:

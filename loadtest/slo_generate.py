@@ -5,9 +5,11 @@ import), shared by the generation locustfile and tested directly."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
+
+from tritonforge.loadtest.slo import AsDict
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class GenerationSlos:
 
 
 @dataclass(frozen=True)
-class StreamSummary:
+class StreamSummary(AsDict):
     requests: int
     failures: int
     window_s: float
@@ -40,9 +42,6 @@ class StreamSummary:
     itl_p95_ms: float
     latency_p50_ms: float
     latency_p99_ms: float
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
 
 
 def _pct(values: Sequence[float], q: float) -> float:
