@@ -24,7 +24,7 @@ from pathlib import Path
 from tritonforge.client.discovery import ORCHESTRATIONS
 from tritonforge.client.settings import normalize_url
 from tritonforge.env import env_float
-from tritonforge.loadtest.locust import EMBED_LOCUSTFILE
+from tritonforge.loadtest.locust import CLASSIFY_LOCUSTFILE, EMBED_LOCUSTFILE
 from tritonforge.loadtest.locust.options import check_environment
 from tritonforge.logs import run_main
 from tritonforge.runtime.server import serving
@@ -38,7 +38,7 @@ USER_CLASSES["both"] = USER_CLASSES["http"] + USER_CLASSES["grpc"]
 TASK_USERS = {
     "embedding": (LOCUSTFILE, USER_CLASSES),
     "classification": (
-        LOCUSTFILE.with_name("classify_locustfile.py"),
+        CLASSIFY_LOCUSTFILE,
         {
             "http": ["TritonClassifyHttpUser"],
             "grpc": ["TritonClassifyGrpcUser"],
