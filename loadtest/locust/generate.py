@@ -28,7 +28,7 @@ from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 from tritonforge.loadtest.errors import StreamError
 from tritonforge.loadtest.slo_generate import GenerationSlos, StreamSample, check, summarize
 
-log = logging.getLogger("tritonforge.loadtest.generate")
+log = logging.getLogger("tritonforge.loadtest.locust.generate")
 PROMPTS = (
     "What is the capital of France?",
     "Explain how a bicycle works.",
