@@ -3,6 +3,7 @@
 - :class:`JsonHttpUser`: POST a JSON body per request (any HTTP API: the FastAPI anchors,
   OpenAI's ``/v1``); hooks :meth:`~JsonHttpUser.setup` (path, name), :meth:`~JsonHttpUser.payload`
   (texts -> body) and :meth:`~JsonHttpUser.check` (answer JSON -> raise on a bad answer);
+- :class:`FastApiAnchorUser`: the FastAPI anchors' ``{"texts": [...]}`` requests;
 - :class:`TritonHttpUser` / :class:`TritonGrpcUser`: a discovered pipeline's model over KServe-v2
   JSON / ``tritonclient.grpc``; the task gives :attr:`TritonTask.pipeline_task` (what discovery looks
   for), :meth:`TritonTask.outputs` and one :meth:`TritonTask.validate` for both protocols (it
@@ -110,6 +111,17 @@ class JsonHttpUser(FastHttpUser):
             catch_response=True,
         ) as response:
             check_json(response, lambda answer: self.check(answer, len(texts)))
+
+
+class FastApiAnchorUser(JsonHttpUser):
+    """A FastAPI anchor service: POST ``{"texts": [...]}`` to the path in option
+    :attr:`path_option`; the task gives :attr:`name` and :meth:`check`."""
+
+    abstract = True
+    path_option: ClassVar[str] = "embed_path"
+
+    def setup(self) -> None:
+        self.path = getattr(self.environment.parsed_options, self.path_option)
 
 
 class TritonTask:

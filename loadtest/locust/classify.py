@@ -47,16 +47,16 @@ class TritonClassifyGrpcUser(ClassifyTask, base.TritonGrpcUser):
     """Calls the classifier's ``ModelInfer`` through tritonclient.grpc (``events.request``)."""
 
 
-class FastApiPredictUser(base.JsonHttpUser):
+class FastApiPredictUser(base.FastApiAnchorUser):
     """The first seed's baseline: POST ``{"texts": [...]}`` to ``--predict-path``; answers are
     ``{"predictions": [label, ...], "probabilities": [[...], ...], "labels": [...]}``."""
 
     name = "http fastapi predict"
+    path_option = "predict_path"
 
     def setup(self) -> None:
-        options = self.environment.parsed_options
-        self.path = options.predict_path
-        self.known = [x for x in options.labels.split(",") if x]
+        super().setup()
+        self.known = [x for x in self.environment.parsed_options.labels.split(",") if x]
 
     def check(self, answer: Any, rows: int) -> None:
         validate_classification(

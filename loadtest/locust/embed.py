@@ -82,15 +82,15 @@ class OpenAIEmbeddingsUser(base.JsonHttpUser):
         validate(array, rows, self.pipeline.dim)
 
 
-class FastApiUser(base.JsonHttpUser):
+class FastApiUser(base.FastApiAnchorUser):
     """The baseline: POST ``{"texts": [...]}`` to the FastAPI service's ``--embed-path``."""
 
     name = "http fastapi"
+    path_option = "embed_path"
 
     def setup(self) -> None:
-        options = self.environment.parsed_options
-        self.path = options.embed_path
-        self.dim = options.dim
+        super().setup()
+        self.dim = self.environment.parsed_options.dim
 
     def check(self, answer: Any, rows: int) -> None:
         array = np.asarray(answer["embeddings"], dtype=np.float32)
