@@ -240,3 +240,51 @@ def test_every_loadtest_exception_derives_from_loadtest_error() -> None:
     for name, parents in bases.items():
         assert parents and all(p in bases or p == "LoadtestError" for p in parents), name
         assert reaches(name), name
+
+
+def test_task_hooks_validate_answers_whatever_the_protocol() -> None:
+    """The task hooks of the base users (issue #21 item 5): one validator per task reads the
+    answer through ``fetch``, so the HTTP (JSON) and gRPC (numpy) users share it. In a subprocess:
+    importing Locust patches the process for gevent."""
+    import subprocess
+    import sys
+
+    code = """
+from types import SimpleNamespace as NS
+import numpy as np
+from tritonforge.loadtest.locust import base, classify, embed
+from tritonforge.loadtest.slo import ValidationError
+
+task = embed.EmbedTask()
+task.pipeline = NS(outputs=[NS(name="embedding")], dim=2)
+rows = np.array([[0.6, 0.8], [1.0, 0.0]], np.float32)
+answer = {"outputs": [{"name": "embedding", "shape": [2, 2], "data": rows.ravel().tolist()}]}
+task.validate(lambda name, dtype=np.float32: base.triton_output(answer, name, dtype), 2)
+sizes = []
+task.validate(base._sized(lambda name: rows, sizes), 2)
+assert sizes == [rows.nbytes], sizes
+try:
+    task.validate(base._sized(lambda name: rows, []), 3)
+    raise SystemExit("3 rows expected, 2 accepted")
+except ValidationError:
+    pass
+try:
+    task.validate(base._sized(lambda name: None, []), 2)
+    raise SystemExit("a missing output accepted")
+except ValidationError:
+    pass
+
+task = classify.ClassifyTask()
+task.pipeline = NS(labels=["neg", "pos"])
+probs = {"probabilities": np.array([[0.2, 0.8]], np.float32), "label": np.array([[b"pos"]])}
+task.validate(base._sized(probs.__getitem__, []), 1)
+probs["label"] = np.array([[b"neg"]])
+try:
+    task.validate(base._sized(probs.__getitem__, []), 1)
+    raise SystemExit("a label that is not the most probable accepted")
+except ValidationError:
+    pass
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
