@@ -41,14 +41,19 @@ class Fetch(Protocol):
 
 
 def triton_body(
-    pipeline: Pipeline, texts: list[str], outputs: list[str], parameters: dict[str, Any]
+    pipeline: Pipeline,
+    texts: list[str],
+    outputs: list[str],
+    parameters: dict[str, Any],
+    binary: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """KServe-v2 JSON: the pipeline's text input, ``outputs`` as JSON, request ``parameters``."""
+    """KServe-v2 JSON: the pipeline's text input, ``outputs`` as JSON (those in ``binary`` as
+    binary data), request ``parameters``."""
     body: dict[str, Any] = {
         "inputs": [
             {"name": pipeline.input, "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}
         ],
-        "outputs": [{"name": n, "parameters": {"binary_data": False}} for n in outputs],
+        "outputs": [{"name": n, "parameters": {"binary_data": n in binary}} for n in outputs],
     }
     if parameters:
         body["parameters"] = parameters

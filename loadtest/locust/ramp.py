@@ -31,6 +31,7 @@ from locust import FastHttpUser, LoadTestShape, User, constant, constant_through
 from locust.env import Environment
 
 from tritonforge.loadtest.locust import common as locust_common
+from tritonforge.loadtest.locust.base import triton_body
 from tritonforge.loadtest.locust.common import bounded_network_timeout, discovered, next_texts
 from tritonforge.loadtest.reliability.ramp import RampPlan, per_second, report
 
@@ -119,8 +120,11 @@ class RampHttpUser(FastHttpUser):
         pipeline = discovered(self.environment, "embedding")
         assert pipeline.bls is not None, f"pipeline {pipeline.name!r} has no BLS"
         self.path = f"/v2/models/{pipeline.bls}/infer"
-        self.input = pipeline.input
+        self.pipeline = pipeline
         self.outputs = [pipeline.outputs[0].name, "variant"]
+        # the embedding as binary, as tritonclient asks for it (JSON floats would cost the
+        # server and this load generator CPU that a real client does not spend)
+        self.binary = frozenset(self.outputs[:1])
         self.params = {"fallback": options.ramp_fallback}
         self.n = options.texts_per_request
 
@@ -133,17 +137,7 @@ class RampHttpUser(FastHttpUser):
 
     def _embed(self) -> None:
         texts = next_texts(self.n)
-        body = {
-            "inputs": [
-                {"name": self.input, "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}
-            ],
-            # the embedding as binary, as tritonclient asks for it (JSON floats would cost the
-            # server and this load generator CPU that a real client does not spend)
-            "outputs": [
-                {"name": n, "parameters": {"binary_data": n != "variant"}} for n in self.outputs
-            ],
-            "parameters": self.params,
-        }
+        body = triton_body(self.pipeline, texts, self.outputs, self.params, self.binary)
         start = time.perf_counter()
         response = self.client.post(self.path, data=json.dumps(body), name="ramp bls")
         if response.status_code == 200:
