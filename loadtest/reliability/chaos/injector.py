@@ -16,20 +16,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from tritonforge.loadtest.reliability.chaos import outcomes
 from tritonforge.loadtest.reliability.chaos.outcomes import (
-    CLEAN,
-    HUNG,
-    LOST,
-    OK,
-    SHED,
     ChaosReport,
     Kill,
     Outcome,
     PipelineReport,
     back_after_s,
-    gates,
-    longest_gap_s,
-    outcome_kind,
 )
 from tritonforge.loadtest.reliability.chaos.probes import (
     MALFORMED,
@@ -115,7 +108,7 @@ class Chaos:
         with self._lock:
             self._inflight[n] = (target, started)
         text = f"chaos request {n}: the quick brown fox"
-        kind, error = OK, ""
+        kind, error = outcomes.OK, ""
         if target.decoupled:
             tensor = text_tensor(grpcclient, target.input, text, batched=False)
             kind, error = stream_once(
@@ -133,18 +126,21 @@ class Chaos:
             except Exception as e:  # every failure is classified below
                 status = getattr(e, "status", lambda: None)()
                 error = f"{type(e).__name__}: {status or ''} {e}"[:300]
-                kind = outcome_kind(error)
-                if kind in (HUNG, LOST):  # a fresh connection for the next request
+                kind = outcomes.outcome_kind(error)
+                if kind in (
+                    outcomes.HUNG,
+                    outcomes.LOST,
+                ):  # a fresh connection for the next request
                     for client in self._clients():
                         with contextlib.suppress(Exception):
                             client.close()
                     del self._local.grpc
         if (
-            kind == CLEAN
+            kind == outcomes.CLEAN
             and classify_failure(error) == OVERLOADED
             and self.flooded_during(target.pipeline, started, self.now())
         ):
-            kind = SHED
+            kind = outcomes.SHED
         with self._lock:
             if self._inflight.pop(n, None) is None:
                 return  # already reported hung: the run ended without it
@@ -192,7 +188,7 @@ class Chaos:
             for future in [pool.submit(c) for c in calls]:
                 kind, error = future.result()
                 self._count(fault, kind)
-                if kind in (LOST, HUNG):
+                if kind in (outcomes.LOST, outcomes.HUNG):
                     log.warning("chaos: %s: %s %s", fault, kind, error)
 
     def _decoupled(self) -> list[Target]:
@@ -212,7 +208,7 @@ class Chaos:
             os.kill(pid, signal.SIGSEGV)
         with self._lock:
             self.kills.append(kill)
-        self._count("sigsegv", OK)
+        self._count("sigsegv", outcomes.OK)
 
     def flood(self) -> None:
         import tritonclient.grpc as grpcclient
@@ -346,13 +342,13 @@ class Chaos:
             for target, started in self._inflight.values():
                 error = "no outcome by the end of the run"
                 self.outcomes.append(
-                    Outcome(target.pipeline, target.model, started, now, HUNG, error)
+                    Outcome(target.pipeline, target.model, started, now, outcomes.HUNG, error)
                 )
             self._inflight.clear()
         for name, thread in self._faults:
             if thread.is_alive():
                 log.warning("chaos: fault %s still running at the end: counted hung", name)
-                self._count(name, HUNG)
+                self._count(name, outcomes.HUNG)
 
     def report(self, duration_s: float) -> ChaosReport:
         report = ChaosReport(duration_s=duration_s, rate_per_s=self.rate_per_s)
@@ -363,14 +359,16 @@ class Chaos:
             p = report.pipelines.setdefault(o.pipeline, PipelineReport())
             p.sent += 1
             setattr(p, o.kind, getattr(p, o.kind) + 1)
-            if o.kind != OK:
+            if o.kind != outcomes.OK:
                 key = f"{o.model}: {o.error[:120]}"
                 p.errors[key] = p.errors.get(key, 0) + 1
         for name, p in report.pipelines.items():
             p.stub_killed = name in killed
             p.flooded = name in self.flooded
             models = {o.model for o in self.outcomes if o.pipeline == name}
-            gaps = [longest_gap_s([o for o in self.outcomes if o.model == m]) for m in models]
+            gaps = [
+                outcomes.longest_gap_s([o for o in self.outcomes if o.model == m]) for m in models
+            ]
             p.longest_unavailable_s = round(max(gaps, default=0.0), 2)
         for i, kill in enumerate(self.kills):
             until = self.kills[i + 1].at_s if i + 1 < len(self.kills) else self.now()
@@ -418,5 +416,5 @@ def run_chaos(
         if supervisor is not None:
             supervisor.stop()
         server.stop()
-    report.breaches = gates(report, min_ok_ratio, max_recovery_s)
+    report.breaches = outcomes.gates(report, min_ok_ratio, max_recovery_s)
     return report
