@@ -82,30 +82,30 @@ test-integration: $(STAMP)  ## integration tests only (real embedded Triton)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 bench: export  ## throughput/latency tables: in-process limit vs FastAPI vs Triton pipelines (Locust + perf_analyzer); generation vs llama.cpp and ONNX Runtime GenAI
-	@$(PY) -m tritonforge.loadtest.perf_analyzer path >/dev/null 2>&1 || $(PY) -m tritonforge.loadtest.perf_analyzer install
+	@$(PY) -m tritonforge.loadtest.perf_analyzer.tool path >/dev/null 2>&1 || $(PY) -m tritonforge.loadtest.perf_analyzer.tool install
 	$(TF) bench --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
-	$(PY) -m tritonforge.loadtest.bench_generate --model-repository $(REPO)
+	$(PY) -m tritonforge.loadtest.bench.generate --model-repository $(REPO)
 	@$(PY) -c "import onnxruntime_genai, sentencepiece" 2>/dev/null || $(PY) -m pip install -c constraints.txt onnxruntime-genai sentencepiece
 	@$(MAKE) --no-print-directory llamacpp || echo "==> llama.cpp could not be built: the next section reports ours only"
-	$(PY) -m tritonforge.loadtest.bench_llamacpp --model-repository $(REPO)
+	$(PY) -m tritonforge.loadtest.bench.generate_llamacpp --model-repository $(REPO)
 
 llamacpp: $(STAMP)  ## bench only: build llama.cpp (llama-server, llama-quantize) and SmolLM2 f32/q8_0 GGUFs into build/llama.cpp (each step skipped when present)
-	nice -n 10 $(PY) -m tritonforge.loadtest.llamacpp build
+	nice -n 10 $(PY) -m tritonforge.loadtest.anchors.llamacpp build
 
 loadtest: export  ## bounded Locust run with SLO gates (embedded server, or URL=host:8000 of a running one)
 	$(TF) loadtest --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
 
 loadtest-generate: export  ## bounded Locust run of streaming generation users (TTFT/ITL SLO gates)
-	$(PY) -m tritonforge.loadtest.generate_run --model-repository $(REPO) $(if $(URL),--url $(URL))
+	$(PY) -m tritonforge.loadtest.locust.run_generate --model-repository $(REPO) $(if $(URL),--url $(URL))
 
 soak: export  ## bounded leak soak (RSS and /dev/shm curves)
 	$(TF) soak --model-repository $(REPO)
-	$(PY) -m tritonforge.loadtest.soak_generate --model-repository $(REPO)
+	$(PY) -m tritonforge.loadtest.reliability.soak_generate --model-repository $(REPO)
 
 chaos: export  ## bounded chaos run (DURATION_S, default 600): traffic over every pipeline while stubs are SIGSEGVed, generate flooded, SSE opened and cancelled; gates on lost/hung requests, recovery and server restarts
 	$(TF) chaos --model-repository $(REPO) --duration-s $(or $(DURATION_S),600)
 ramp: export  ## a peak 3x the saturation rate for 60 s, degradation off/on and through the client's breaker
-	$(PY) -m tritonforge.loadtest.ramp --model-repository $(REPO) --out build/ramp.json
+	$(PY) -m tritonforge.loadtest.reliability.ramp --model-repository $(REPO) --out build/ramp.json
 
 deploy-check: $(STAMP)  ## offline checks of docker-compose.yml, deploy/k8s, GPU configs and image pins
 	$(TF) deploy-check
@@ -114,7 +114,7 @@ gpu-check: $(STAMP)  ## on a GPU host with onnxruntime-gpu: exported ONNX encode
 	$(TF) gpu-check --model-repository $(REPO)
 
 perf: $(STAMP)  ## perf_analyzer input data for every public model + perf_analyzer against a running server (GRPC_URL=host:8001; admin key from TRITONFORGE_ADMIN_KEY)
-	@$(PY) -m tritonforge.loadtest.perf_analyzer path >/dev/null || $(PY) -m tritonforge.loadtest.perf_analyzer install
+	@$(PY) -m tritonforge.loadtest.perf_analyzer.tool path >/dev/null || $(PY) -m tritonforge.loadtest.perf_analyzer.tool install
 	$(TF) perf --model-repository $(REPO) $(if $(GRPC_URL),--url $(GRPC_URL))
 
 gate: export  ## CI gates: served == PyTorch for every pipeline, GPU parity (skips without a GPU), bench ratios vs deploy/perf-baseline.json (BENCH_JSON=... skips the bench run)

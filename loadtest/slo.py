@@ -5,8 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
+
+from tritonforge.loadtest.errors import LoadtestError
+
+
+class AsDict:
+    """``as_dict()`` of a dataclass record (what the reports write)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
 
 
 @dataclass(frozen=True)
@@ -44,7 +54,7 @@ def check_slos(
 
 
 @dataclass(frozen=True)
-class Summary:
+class Summary(AsDict):
     """Exact statistics of one measured window (successful requests only for latencies)."""
 
     requests: int
@@ -56,9 +66,6 @@ class Summary:
     p95_ms: float
     p99_ms: float
     mean_ms: float
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
 
 
 def summarize(
@@ -95,7 +102,7 @@ NORM_TOLERANCE = 1e-3
 SUM_TOLERANCE = 1e-3
 
 
-class ValidationError(Exception):
+class ValidationError(LoadtestError):
     """The server answered 200 but the answer breaks the pipeline's contract."""
 
 

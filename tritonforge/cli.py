@@ -72,15 +72,19 @@ COMMANDS: dict[str, Command] = {
         "call a running server (embed, classify, similarity, health, pipelines)",
     ),
     "bench": Command(
-        "tritonforge.loadtest.bench", "throughput/latency table (ratios against baselines)"
+        "tritonforge.loadtest.bench.cli", "throughput/latency table (ratios against baselines)"
     ),
-    "loadtest": Command("tritonforge.loadtest.run", "bounded Locust run with SLO gates"),
-    "soak": Command("tritonforge.loadtest.soak", "bounded leak soak (RSS and /dev/shm curves)"),
+    "loadtest": Command("tritonforge.loadtest.locust.run", "bounded Locust run with SLO gates"),
+    "soak": Command(
+        "tritonforge.loadtest.reliability.soak", "bounded leak soak (RSS and /dev/shm curves)"
+    ),
     "chaos": Command(
-        "tritonforge.loadtest.chaos", "bounded chaos run: traffic + stub kills, floods, SSE, ..."
+        "tritonforge.loadtest.reliability.chaos.cli",
+        "bounded chaos run: traffic + stub kills, floods, SSE, ...",
     ),
     "perf": Command(
-        "tritonforge.loadtest.perf_inputs", "perf_analyzer input data + run against a server"
+        "tritonforge.loadtest.perf_analyzer.inputs",
+        "perf_analyzer input data + run against a server",
     ),
     "gate": Command(
         "tritonforge.deploy.gate", "CI gates: model consistency, hardware, perf baseline"

@@ -62,7 +62,7 @@ def module_file(module: str, root: Path) -> list[Path]:
 
 
 def loadtest_code(
-    entry: Path = PROJECT_ROOT / "loadtest" / "locustfile.py",
+    entry: Path = PROJECT_ROOT / "loadtest" / "locust" / "embed.py",
     root: Path = PROJECT_ROOT,
     first_party: frozenset[str] = frozenset({"client", "loadtest", "tritonforge"}),
 ) -> ContainerCode:

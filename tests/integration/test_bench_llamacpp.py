@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import PIPELINE_REPOSITORY, PROJECT_ROOT
-from tritonforge.loadtest import llamacpp
+from tritonforge.loadtest.anchors import llamacpp
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -23,7 +23,7 @@ def bench(tmp_path: Path, build_dir: Path, *extra: str) -> tuple[dict[str, Any],
     out = tmp_path / "bench.json"
     done = subprocess.run(
         [
-            sys.executable, "-m", "tritonforge.loadtest.bench_llamacpp",
+            sys.executable, "-m", "tritonforge.loadtest.bench.generate_llamacpp",
             "--model-repository", str(PIPELINE_REPOSITORY), "--build-dir", str(build_dir),
             "--out", str(out), *TINY, *extra,
         ],

@@ -10,7 +10,8 @@ import pytest
 
 from tests.conftest import PIPELINE_REPOSITORY
 from tests.integration.reliability import linked_repository
-from tritonforge.loadtest.chaos import FAULTS, print_report, run_chaos
+from tritonforge.loadtest.reliability.chaos.injector import FAULTS, run_chaos
+from tritonforge.loadtest.reliability.chaos.outcomes import print_report
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import model_names
 

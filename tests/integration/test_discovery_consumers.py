@@ -25,7 +25,7 @@ def test_classification_load_test_discovers_the_pipeline_and_gates_slos(
     env.pop("TRITONFORGE_MODEL_REPOSITORY", None)
     done = subprocess.run(
         [
-            sys.executable, "-m", "tritonforge.loadtest.run", "--task", "classification",
+            sys.executable, "-m", "tritonforge.loadtest.locust.run", "--task", "classification",
             "--url", byo_server.http_url, "--grpc-url", byo_server.grpc_url,
             "--reports-dir", str(tmp_path), "--users", "2", "--duration-s", "6",
             "--texts-per-request", "3",
@@ -47,7 +47,7 @@ def test_an_unknown_variant_fails_the_run_naming_it(
 ) -> None:
     done = subprocess.run(
         [
-            sys.executable, "-m", "tritonforge.loadtest.run", "--task", "classification",
+            sys.executable, "-m", "tritonforge.loadtest.locust.run", "--task", "classification",
             "--url", byo_server.http_url, "--grpc-url", byo_server.grpc_url,
             "--reports-dir", str(tmp_path), "--users", "1", "--duration-s", "2",
             "--protocol", "http", "--variant", "int8", "--model-repository", str(byo_repository),
@@ -117,7 +117,7 @@ def test_bench_measures_the_classifier_against_fastapi_predict_and_in_process(
 def test_the_predict_baseline_refuses_a_checkpoint_that_is_not_the_exported_one(
     byo_repository: Path, byo_checkpoints: dict[str, tuple[Path, str]]
 ) -> None:
-    from tritonforge.loadtest.classify_bench import baseline_for
+    from tritonforge.loadtest.bench.classify import baseline_for
     from tritonforge.pipelines import from_repository
 
     sentiment = from_repository(byo_repository)["sentiment"]

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def loadtest(server: EmbeddedServer, reports: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
-            sys.executable, "-m", "tritonforge.loadtest.run",
+            sys.executable, "-m", "tritonforge.loadtest.locust.run",
             "--url", server.http_url, "--grpc-url", server.grpc_url,
             "--reports-dir", str(reports), "--users", "2", "--duration-s", "8", *args,
         ],
@@ -127,10 +127,10 @@ def test_a_server_that_never_answers_fails_requests_instead_of_stalling_the_run(
     threading.Thread(target=accept, daemon=True).start()
     port = listener.getsockname()[1]
     samples = tmp_path / "samples.json"
-    from tritonforge.loadtest.run import locust_command
+    from tritonforge.loadtest.locust.run import locust_command
 
     command = locust_command(
-        locustfile=PROJECT_ROOT / "loadtest" / "locustfile.py",
+        locustfile=PROJECT_ROOT / "loadtest" / "locust" / "embed.py",
         user_classes=[user_class],
         host=f"http://127.0.0.1:{port}",
         users=2,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_degrade import degrading_repository
-from tritonforge.loadtest.ramp import OUTCOMES, RampPlan, gate, locust_ramp
-from tritonforge.loadtest.ramp import main as ramp_main
+from tritonforge.loadtest.reliability.ramp import OUTCOMES, RampPlan, gate, locust_ramp
+from tritonforge.loadtest.reliability.ramp import main as ramp_main
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -81,7 +81,7 @@ def test_ramp_through_the_client_with_its_breaker(
 def test_the_ramp_runs_both_ways_and_exits_non_zero_when_its_gate_is_breached(
     tiny_queue_server: EmbeddedServer, tmp_path: Path
 ) -> None:
-    """``python -m tritonforge.loadtest.ramp`` end to end with a tiny plan (the saturation rate
+    """``python -m tritonforge.loadtest.reliability.ramp`` end to end with a tiny plan (the saturation rate
     given, so no measuring run): off, on and the client ramp are reported, the gate's verdict is
     in the JSON, and an SLO no answer can meet breaches it (exit code 1, the p99 named)."""
     out = tmp_path / "ramp.json"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PIPELINE_REPOSITORY
-from tritonforge.loadtest import perf_inputs
-from tritonforge.loadtest.perf_analyzer import binary
+from tritonforge.loadtest.perf_analyzer import inputs as perf_inputs
+from tritonforge.loadtest.perf_analyzer.tool import binary
 from tritonforge.repository import load_model_config
 from tritonforge.runtime.server import EmbeddedServer
 from tritonforge.runtime.supervisor import public_models

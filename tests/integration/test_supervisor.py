@@ -28,7 +28,8 @@ import tritonclient.grpc as grpcclient
 from tests.conftest import PIPELINE_REPOSITORY
 from tests.integration.reliability import Load, linked_repository, text_inputs
 from tritonforge.generation import TEXT_INPUT
-from tritonforge.loadtest.chaos import OK, stream_once
+from tritonforge.loadtest.reliability.chaos.outcomes import OK
+from tritonforge.loadtest.reliability.chaos.probes import stream_once
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings

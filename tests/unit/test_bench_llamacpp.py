@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.loadtest import llamacpp, ortgenai
-from tritonforge.loadtest.bench_generate import Cell
-from tritonforge.loadtest.bench_llamacpp import ANCHOR, GOALS, agreement, decode_tok_s, evaluate
+from tritonforge.loadtest.anchors import llamacpp, ortgenai
+from tritonforge.loadtest.bench.generate import Cell
+from tritonforge.loadtest.bench.generate_llamacpp import (
+    ANCHOR,
+    GOALS,
+    agreement,
+    decode_tok_s,
+    evaluate,
+)
 
 
 def cell(target: str, conc: int, tok_s: float, ttft_ms: float, itl_ms: float) -> Cell:

@@ -3,7 +3,7 @@ tests/integration/test_chaos.py)."""
 
 from __future__ import annotations
 
-from tritonforge.loadtest.chaos import (
+from tritonforge.loadtest.reliability.chaos.outcomes import (
     CLEAN,
     HUNG,
     LOST,

@@ -115,25 +115,25 @@ def _front() -> object:
 
 
 def _bench() -> object:
-    from tritonforge.loadtest.bench import main
+    from tritonforge.loadtest.bench.cli import main
 
     return main(["--help"])
 
 
 def _loadtest() -> object:
-    from tritonforge.loadtest.run import main
+    from tritonforge.loadtest.locust.run import main
 
     return main(["--help"])
 
 
 def _locust_options() -> object:
-    from tritonforge.loadtest.locust_options import check_environment
+    from tritonforge.loadtest.locust.options import check_environment
 
     return check_environment()
 
 
 def _fastapi() -> object:
-    from tritonforge.loadtest.fastapi_app import main
+    from tritonforge.loadtest.anchors.fastapi.embed import main
 
     return main(["--help"])
 

@@ -1,10 +1,10 @@
-"""``loadtest.hops``: the per-hop breakdown's repository trimming and report."""
+"""``loadtest.bench.hops``: the per-hop breakdown's repository trimming and report."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tritonforge.loadtest.hops import Hop, report, trimmed_repository
+from tritonforge.loadtest.bench.hops import Hop, report, trimmed_repository
 
 
 def test_trimmed_repository_holds_only_the_named_models(tmp_path: Path) -> None:

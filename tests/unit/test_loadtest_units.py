@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from tritonforge.loadtest import corpus
-from tritonforge.loadtest.bench import EMPTY_SUMMARY, Cell, Target, aggregate, analyse, table
+from tritonforge.loadtest.bench.aggregation import aggregate, analyse
+from tritonforge.loadtest.bench.cells import EMPTY_SUMMARY, Cell, Target
+from tritonforge.loadtest.bench.report import table
 from tritonforge.loadtest.slo import (
     SloThresholds,
     ValidationError,
@@ -179,7 +181,7 @@ def test_bench_loads_classifiers_with_perf_analyzer_too_on_their_discovered_inpu
     ensembles as well; each text goes in as the pipeline's own input."""
     import argparse
 
-    from tritonforge.loadtest.bench import targets_from
+    from tritonforge.loadtest.bench.cells import targets_from
     from tritonforge.pipelines import Pipeline
 
     pipeline = Pipeline("reviews", "classification", {"fp32": "reviews"}, None, (), "review", ())
@@ -206,8 +208,83 @@ def test_bench_process_never_imports_locust() -> None:
     import sys
 
     code = (
-        "import sys; import loadtest.bench as b; b.machine(); "
+        "import sys; import loadtest.bench.cli; import loadtest.bench.runners as b; b.machine(); "
         "print('gevent' in sys.modules or 'locust' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_every_loadtest_exception_derives_from_loadtest_error() -> None:
+    """One base per package (issue #21): each exception class in loadtest/ reaches
+    ``LoadtestError`` (itself a ``TritonforgeError``) through loadtest's own classes, never a
+    bare builtin. Read from the source: importing the locustfiles would patch this process."""
+    import ast
+    from pathlib import Path
+
+    from tritonforge.errors import TritonforgeError
+    from tritonforge.loadtest.errors import LoadtestError
+
+    assert issubclass(LoadtestError, TritonforgeError)
+    root = Path(__file__).resolve().parents[2] / "loadtest"
+    bases: dict[str, list[str]] = {}
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Error"):
+                bases[node.name] = [ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases]
+    assert bases.pop("LoadtestError") == ["TritonforgeError"]
+
+    def reaches(name: str) -> bool:
+        return name == "LoadtestError" or any(reaches(b) for b in bases.get(name, []))
+
+    for name, parents in bases.items():
+        assert parents and all(p in bases or p == "LoadtestError" for p in parents), name
+        assert reaches(name), name
+
+
+def test_task_hooks_validate_answers_whatever_the_protocol() -> None:
+    """The task hooks of the base users (issue #21 item 5): one validator per task reads the
+    answer through ``fetch``, so the HTTP (JSON) and gRPC (numpy) users share it. In a subprocess:
+    importing Locust patches the process for gevent."""
+    import subprocess
+    import sys
+
+    code = """
+from types import SimpleNamespace as NS
+import numpy as np
+from tritonforge.loadtest.locust import base, classify, embed
+from tritonforge.loadtest.slo import ValidationError
+
+task = embed.EmbedTask()
+task.pipeline = NS(outputs=[NS(name="embedding")], dim=2)
+rows = np.array([[0.6, 0.8], [1.0, 0.0]], np.float32)
+answer = {"outputs": [{"name": "embedding", "shape": [2, 2], "data": rows.ravel().tolist()}]}
+task.validate(lambda name, dtype=np.float32: base.triton_output(answer, name, dtype), 2)
+sizes = []
+task.validate(base._sized(lambda name: rows, sizes), 2)
+assert sizes == [rows.nbytes], sizes
+try:
+    task.validate(base._sized(lambda name: rows, []), 3)
+    raise SystemExit("3 rows expected, 2 accepted")
+except ValidationError:
+    pass
+try:
+    task.validate(base._sized(lambda name: None, []), 2)
+    raise SystemExit("a missing output accepted")
+except ValidationError:
+    pass
+
+task = classify.ClassifyTask()
+task.pipeline = NS(labels=["neg", "pos"])
+probs = {"probabilities": np.array([[0.2, 0.8]], np.float32), "label": np.array([[b"pos"]])}
+task.validate(base._sized(probs.__getitem__, []), 1)
+probs["label"] = np.array([[b"neg"]])
+try:
+    task.validate(base._sized(probs.__getitem__, []), 1)
+    raise SystemExit("a label that is not the most probable accepted")
+except ValidationError:
+    pass
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

@@ -367,7 +367,7 @@ def test_the_demos_split_line_counts_each_version() -> None:
 def test_bench_adds_v1_cells_for_embedding_ensembles_only() -> None:
     import argparse
 
-    from tritonforge.loadtest.bench import OPENAI, targets_from
+    from tritonforge.loadtest.bench.cells import OPENAI, targets_from
     from tritonforge.pipelines import discover
 
     args = argparse.Namespace(

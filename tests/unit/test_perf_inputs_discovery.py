@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tritonforge.loadtest import perf_inputs
+from tritonforge.loadtest.perf_analyzer import inputs as perf_inputs
 
 CONFIGS = {
     "classify": """

@@ -69,7 +69,7 @@ def test_shared_bar_moves_to_a_total_and_restores_the_log_handlers(
         assert bar.n == 4
         bar.update_to(25)  # capped at the total
         assert bar.n == 10
-        logging.getLogger("tritonforge.loadtest.soak").info("a sample line")
+        logging.getLogger("tritonforge.loadtest.reliability.soak").info("a sample line")
     assert logging.getLogger().handlers == handlers
     err = capsys.readouterr().err
     assert "a sample line\n" in err and "soak: 100%" in err and "left" in err

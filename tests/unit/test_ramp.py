@@ -1,4 +1,4 @@
-"""loadtest.ramp's plain functions: the ramp plan, the per-second rows and the report."""
+"""loadtest.reliability.ramp's plain functions: the ramp plan, the per-second rows and the report."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import argparse
 
 import pytest
 
-from tritonforge.loadtest import ramp as ramp_module
-from tritonforge.loadtest.ramp import (
+from tritonforge.loadtest.reliability import ramp as ramp_module
+from tritonforge.loadtest.reliability.ramp import (
+    RampError,
     RampPlan,
     gate,
     parse_model_metrics,
@@ -23,9 +24,9 @@ def test_plan_ramps_linearly_then_holds_the_peak_then_stops() -> None:
     assert [plan.users_at(t) for t in (0.0, 5.0, 9.9, 10.0, 14.9)] == [2, 7, 12, 12, 12]
     assert plan.users_at(15.0) is None and plan.duration_s == 15.0
     assert RampPlan(3, 3, 0.0, 1.0).users_at(0.0) == 3  # no ramp: straight to the peak
-    with pytest.raises(ValueError, match="base_users"):
+    with pytest.raises(RampError, match="base_users"):
         RampPlan(5, 4, 1.0, 1.0)
-    with pytest.raises(ValueError, match="peak_s"):
+    with pytest.raises(RampError, match="peak_s"):
         RampPlan(1, 4, 1.0, 0.0)
 
 
@@ -87,7 +88,7 @@ def test_the_gate_names_each_breach() -> None:
     off_degraded = gate({"degrade_off": _run(10, 4, 1, 0), "degrade_on": _run(10, 0, 10, 0)})
     assert any("off answered 1 requests from int8" in b for b in off_degraded)
     assert any("never passed capacity" in b for b in off_degraded)
-    with pytest.raises(ValueError, match="degrade_on"):
+    with pytest.raises(RampError, match="degrade_on"):
         gate({"degrade_off": _run(10, 4, 0, 6)})
 
 

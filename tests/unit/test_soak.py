@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tritonforge.loadtest.soak import growth_per_10k
+from tritonforge.loadtest.reliability.soak import growth_per_10k
 
 
 def test_flat_memory_is_no_growth() -> None:

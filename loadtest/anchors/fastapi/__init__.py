@@ -1,0 +1,1 @@
+"""FastAPI + uvicorn services as users typically write them, one module per task."""

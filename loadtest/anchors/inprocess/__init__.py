@@ -1,0 +1,1 @@
+"""In-process limits (no server), one module per task."""

