@@ -3,14 +3,17 @@
 Everything the client raises derives from :class:`ClientError`. tritonclient's
 ``InferenceServerException`` (and raw socket/aiohttp/gevent errors) are translated by
 :func:`client.retry.translate` and chained with ``raise ... from e``. ``attempts`` says how many
-times the call was tried before giving up (1 means "not retried").
+times the call was tried before giving up (1 means "not retried"). :class:`ClientError` is the
+client package's base under the project root :class:`tritonforge.errors.TritonforgeError`.
 """
 
 from __future__ import annotations
 
+from tritonforge.errors import TritonforgeError
 
-class ClientError(Exception):
-    """Base class of every error the embedding client raises."""
+
+class ClientError(TritonforgeError):
+    """Base class of every error the embedding, classification and generation clients raise."""
 
     transient: bool = False
 
