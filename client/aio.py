@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tritonforge.client.core import BaseClient, Call, Flow, awaitable, step
-from tritonforge.client.retry import call_with_retry_async, translate
+from tritonforge.client.core import BaseClient, Call, awaitable
+from tritonforge.client.retry import call_with_retry_async
 
 
 class AsyncEmbeddingClient(BaseClient):
@@ -35,31 +35,14 @@ class AsyncEmbeddingClient(BaseClient):
         return self._client
 
     async def _send(self, call: Call) -> Any:
-        method = getattr(self._connect(), call.method)
-
-        def attempt(remaining_s: float) -> Any:
-            return method(*call.args, **self._call_kwargs(call, remaining_s))
-
+        attempt = self._attempt(self._connect(), call)
         if not call.retried:
-            try:
-                return await attempt(self.settings.timeout_s)
-            except BaseException as e:
-                raise translate(e, call.context) from e
+            return await attempt(self.settings.timeout_s)
         return await call_with_retry_async(
             attempt, self.policy, breaker=self.breaker, context=call.context
         )
 
-    async def _run(self, flow: Flow[Any]) -> Any:
-        reply: tuple[bool, Any] = (True, None)
-        while True:
-            more, value = step(flow, reply)
-            if not more:
-                return value
-            try:
-                reply = (True, await self._send(value))
-            except BaseException as e:
-                reply = (False, e)
-
+    configs = awaitable(BaseClient.configs_flow)
     pipelines = awaitable(BaseClient.pipelines_flow)
     resolve = awaitable(BaseClient.resolve_flow)
     embed = awaitable(BaseClient.embed_flow)

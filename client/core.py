@@ -4,10 +4,11 @@ the blocking and the asyncio client.
 
 Each API call is a *flow*: a generator that yields the tritonclient :class:`Call` it needs and
 receives its result (or has the translated :class:`ClientError` thrown in), then returns the
-answer. A shell only sends calls: :class:`client.sync.EmbeddingClient` with
-:func:`client.retry.call_with_retry`, :class:`client.aio.AsyncEmbeddingClient` with its asyncio
-twin; :func:`blocking` and :func:`awaitable` make a shell's public methods from the flows, so the
-two clients cannot drift apart.
+answer. :meth:`BaseClient._drive` runs a flow (once, for both clients); a shell only sends calls
+(``_send``): :class:`client.sync.EmbeddingClient` with :func:`client.retry.call_with_retry`,
+:class:`client.aio.AsyncEmbeddingClient` with its asyncio twin. :func:`blocking` and
+:func:`awaitable` make a shell's public methods from the flows, so the two clients cannot drift
+apart.
 
 ``route`` is the orchestration a call goes through (``ensemble`` | ``bls``); ``pipeline=`` is its
 old name, still accepted everywhere (the *pipeline* is what the server serves, picked by ``name``).
@@ -16,7 +17,7 @@ old name, still accepted everywhere (the *pipeline* is what the server serves, p
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -26,6 +27,7 @@ import numpy as np
 from tritonforge.client import classification
 from tritonforge.client.breaker import CircuitBreaker
 from tritonforge.client.classification import Classification
+from tritonforge.client.coroutines import finish
 from tritonforge.client.discovery import (
     admin_headers,
     configured_repository,
@@ -42,6 +44,7 @@ from tritonforge.client.errors import (
     ModelNotFoundError,
 )
 from tritonforge.client.settings import ClientSettings
+from tritonforge.client.status import translate
 from tritonforge.client.wire import (
     check_texts,
     chunks,
@@ -106,16 +109,6 @@ def settings_from(settings: ClientSettings | None, overrides: dict[str, Any]) ->
     return ClientSettings(**merged)
 
 
-def step(flow: Flow[T], reply: tuple[bool, Any]) -> tuple[bool, Any]:
-    """Advance ``flow`` by one reply ``(ok, result or error)``: ``(True, call)`` for the next
-    call, ``(False, answer)`` when it is done (its errors propagate)."""
-    ok, value = reply
-    try:
-        return True, flow.send(value) if ok else flow.throw(value)
-    except StopIteration as done:
-        return False, done.value
-
-
 class BaseClient:
     """What the embedding/classification clients share; a subclass sends the calls.
 
@@ -154,6 +147,33 @@ class BaseClient:
 
     def _open(self) -> None:
         """Set up the transport (the shell's; the core sends nothing)."""
+
+    def _check_call(self) -> None:
+        """Refuse a call the shell cannot make (the blocking client: from another thread)."""
+
+    async def _send(self, call: Call) -> Any:
+        """The result of ``call`` (retried unless a probe); raises what it raised, translated."""
+        raise NotImplementedError
+
+    def _attempt(self, transport: Any, call: Call) -> Callable[[float], Any]:
+        """``call`` on ``transport`` as one attempt ``fn(remaining_s)`` of the retry loop."""
+        method = getattr(transport, call.method)
+        return lambda remaining_s: method(*call.args, **self._call_kwargs(call, remaining_s))
+
+    async def _drive(self, flow: Flow[T]) -> T:
+        """Run ``flow``: send each call it yields, reply with the result or throw the error in."""
+        self._check_call()
+        result: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                call = flow.send(result) if error is None else flow.throw(error)
+            except StopIteration as done:
+                return done.value
+            try:
+                result, error = await self._send(call), None
+            except BaseException as e:
+                error = e
 
     # -- request building -------------------------------------------------------------------------
     def _context(self, model: str | None = None) -> str:
@@ -308,8 +328,11 @@ class BaseClient:
     def _probe_flow(self, method: str, *args: str) -> Flow[bool]:
         try:
             answer = yield Call(method, args, {}, self._context(), retried=False)
-        except ConnectionFailedError:
-            return False
+        except BaseException as e:
+            err = translate(e, self._context())
+            if isinstance(err, ConnectionFailedError):
+                return False
+            raise err from e
         return bool(answer)
 
     def is_live_flow(self) -> Flow[bool]:
@@ -351,25 +374,24 @@ class BaseClient:
 def blocking(
     flow: Callable[Concatenate[C, P], Flow[T]],
 ) -> Callable[Concatenate[C, P], T]:
-    """A blocking client method from a core flow (sent by the client's ``_run``)."""
+    """A blocking client method from a core flow: its ``_send`` blocks, so the drive never
+    suspends and :func:`finish` runs it here."""
 
     @functools.wraps(flow)
     def method(self: C, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        run: Callable[[Flow[T]], T] = self._run  # type: ignore[attr-defined]
-        return run(flow(self, *args, **kwargs))
+        return finish(self._drive(flow(self, *args, **kwargs)))
 
     return _named(method, flow)
 
 
 def awaitable(
     flow: Callable[Concatenate[C, P], Flow[T]],
-) -> Callable[Concatenate[C, P], Awaitable[T]]:
+) -> Callable[Concatenate[C, P], Coroutine[Any, Any, T]]:
     """An asyncio client method (a coroutine function) from a core flow."""
 
     @functools.wraps(flow)
     async def method(self: C, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        run: Callable[[Flow[T]], Awaitable[T]] = self._run  # type: ignore[attr-defined]
-        return await run(flow(self, *args, **kwargs))
+        return await self._drive(flow(self, *args, **kwargs))
 
     return _named(method, flow)
 

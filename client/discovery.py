@@ -136,9 +136,11 @@ def choose(pipelines: Mapping[str, Pipeline], task: str, name: str | None = None
 
 
 def check_orchestration(orchestration: str) -> str:
+    """``orchestration`` (a call's ``route``; ``pipeline`` is its old name) if it is one."""
     if orchestration not in ORCHESTRATIONS:
         raise InvalidRequestError(
-            f"unknown pipeline={orchestration!r}; expected one of {ORCHESTRATIONS}"
+            f"unknown route={orchestration!r} (old name: pipeline=); expected one of "
+            f"{ORCHESTRATIONS}"
         )
     return orchestration
 
@@ -147,7 +149,7 @@ def route(pipeline: Pipeline, orchestration: str, variant: str) -> tuple[str, di
     """Model name and request parameters for ``variant`` of ``pipeline`` through ``orchestration``
     (``ensemble``: one model per variant; ``bls``: one model, the variant a request parameter).
 
-    :class:`InvalidRequestError` names the field (``pipeline`` / ``variant``) and the choices.
+    :class:`InvalidRequestError` names the field (``route`` / ``variant``) and the choices.
     """
     check_orchestration(orchestration)
     if orchestration == "bls":

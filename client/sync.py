@@ -18,13 +18,11 @@ from tritonforge.client.core import (
     SETTING_ARGS,
     BaseClient,
     Call,
-    Flow,
     blocking,
     settings_from,
-    step,
 )
 from tritonforge.client.errors import ClientError
-from tritonforge.client.retry import call_with_retry, translate
+from tritonforge.client.retry import call_with_retry
 
 __all__ = ["SETTING_ARGS", "EmbeddingClient", "settings_from"]  # the last two: old homes
 
@@ -43,36 +41,21 @@ class EmbeddingClient(BaseClient):
         else:
             self._client = self._module.InferenceServerClient(s.address)
 
-    def _send(self, call: Call) -> Any:
-        method = getattr(self._client, call.method)
-
-        def attempt(remaining_s: float) -> Any:
-            return method(*call.args, **self._call_kwargs(call, remaining_s))
-
-        if not call.retried:
-            try:
-                return attempt(self.settings.timeout_s)
-            except BaseException as e:
-                raise translate(e, call.context) from e
-        return call_with_retry(attempt, self.policy, breaker=self.breaker, context=call.context)
-
-    def _run(self, flow: Flow[Any]) -> Any:
+    def _check_call(self) -> None:
         if threading.get_ident() != self._owner:
-            flow.close()
             raise ClientError(
                 "EmbeddingClient used from a thread other than the one that created it; "
                 "tritonclient's HTTP client is gevent-based: create one client per thread"
             )
-        reply: tuple[bool, Any] = (True, None)
-        while True:
-            more, value = step(flow, reply)
-            if not more:
-                return value
-            try:
-                reply = (True, self._send(value))
-            except BaseException as e:
-                reply = (False, e)
 
+    async def _send(self, call: Call) -> Any:
+        # blocks (never suspends): the blocking methods run the core's drive with finish()
+        attempt = self._attempt(self._client, call)
+        if not call.retried:
+            return attempt(self.settings.timeout_s)
+        return call_with_retry(attempt, self.policy, breaker=self.breaker, context=call.context)
+
+    configs = blocking(BaseClient.configs_flow)
     pipelines = blocking(BaseClient.pipelines_flow)
     resolve = blocking(BaseClient.resolve_flow)
     embed = blocking(BaseClient.embed_flow)

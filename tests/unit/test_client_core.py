@@ -127,7 +127,7 @@ def test_sync_and_async_send_the_same_requests_and_decode_the_same_answers() -> 
     infers = [kw for m, _, kw in one.calls if m == "infer"]
     assert len(infers) == 2  # batch_size 3: two requests
     assert infers[0]["parameters"] == {"variant": "fp32"}
-    assert ("embed_bls",) == next(a for m, a, _ in one.calls if m == "infer")
+    assert next(a for m, a, _ in one.calls if m == "infer") == ("embed_bls",)
 
 
 def test_probes_are_not_retried_and_a_refused_connection_reads_false() -> None:
