@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tritonforge.client.core import SETTING_ARGS
 from tritonforge.client.errors import ClientError
 from tritonforge.client.settings import PROTOCOLS, ROUTES
 from tritonforge.client.sync import EmbeddingClient
@@ -64,17 +65,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _client(args: argparse.Namespace) -> EmbeddingClient:
-    return EmbeddingClient(
-        url=args.url,
-        protocol=args.protocol,
-        timeout_s=args.timeout_s,
-        max_attempts=args.max_attempts,
-        deadline_s=args.deadline_s,
-        variant=args.variant,
-        route=args.route,
-        name=args.name,
-        repository=args.repository,
-    )
+    """A client from the flags named like its settings (unset ones: the environment's)."""
+    return EmbeddingClient(**{k: getattr(args, k, None) for k in SETTING_ARGS})
 
 
 def _describe(c: EmbeddingClient, task: str = "embedding") -> dict[str, Any]:

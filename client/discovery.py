@@ -21,7 +21,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tritonforge.client.errors import ClientError, InvalidRequestError, ModelNotFoundError
+from tritonforge.client.errors import (
+    ClientError,
+    DiscoveryError,  # re-exported: its old home
+    InvalidRequestError,
+    ModelNotFoundError,
+)
 from tritonforge.env import env_str
 from tritonforge.pipelines import PIPELINE_KEY, Pipeline, StageNames, discover, from_repository
 
@@ -31,10 +36,6 @@ NAME_ENV = "TRITONFORGE_PIPELINE_NAME"
 DEFAULT_REPOSITORY = Path("model_repository")
 ORCHESTRATIONS = ("ensemble", "bls")
 VARIANT_PARAMETER = "variant"  # the BLS's request parameter (tritonforge.bls)
-
-
-class DiscoveryError(ClientError):
-    """No pipeline facts could be read (configs refused and no repository on disk)."""
 
 
 def admin_headers(protocol: str, admin_key: str | None) -> dict[str, str]:

@@ -77,5 +77,10 @@ class ServerError(ClientError):
     """The server failed while handling the request (HTTP 500, gRPC INTERNAL): see its log."""
 
 
+class DiscoveryError(ClientError):
+    """No pipeline facts could be read (configs refused and no repository on disk): the message
+    says which setting gives the client access (the admin key or the repository)."""
+
+
 class ResponseError(ClientError):
     """The server answered, but the answer is not what the model contract promises."""

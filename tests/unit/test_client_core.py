@@ -176,3 +176,19 @@ def test_a_client_belongs_to_its_thread() -> None:
     thread.start()
     thread.join()
     assert "create one client per thread" in str(errors[0])
+
+
+def test_cli_route_flag_and_its_old_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from tritonforge.client import cli
+
+    parser = argparse.ArgumentParser()
+    cli._common(parser)
+    assert parser.parse_args(["--route", "bls"]).route == "bls"
+    assert parser.parse_args(["--pipeline", "bls"]).route == "bls"  # the old name
+    monkeypatch.delenv("TRITONFORGE_PIPELINE", raising=False)
+    args = parser.parse_args(["--url", "h:1", "--pipeline", "bls", "--timeout-s", "2"])
+    c = cli._client(args)
+    assert (c.settings.route, c.settings.address, c.settings.timeout_s) == ("bls", "h:1", 2.0)
+    c.close()
