@@ -14,9 +14,10 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
+from tritonforge.client.bounds import above, at_least, check_bounds
 from tritonforge.client.breaker import OPEN, CircuitBreaker
 from tritonforge.client.coroutines import finish
 from tritonforge.client.errors import ClientError, DeadlineExceededError
@@ -37,22 +38,14 @@ class RetryPolicy:
     random factor in ``[1 - jitter, 1]``; no retry starts after ``deadline_s`` since the first try.
     """
 
-    max_attempts: int = 4
-    initial_backoff_s: float = 0.05
-    max_backoff_s: float = 2.0
-    multiplier: float = 2.0
-    jitter: float = 0.5
-    deadline_s: float = 30.0
+    max_attempts: int = field(default=4, metadata=at_least(1))
+    initial_backoff_s: float = field(default=0.05, metadata=at_least(0))
+    max_backoff_s: float = field(default=2.0, metadata=at_least(0))
+    multiplier: float = field(default=2.0, metadata=at_least(1))
+    jitter: float = field(default=0.5, metadata=at_least(0, 1))
+    deadline_s: float = field(default=30.0, metadata=above(0))
 
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if not 0.0 <= self.jitter <= 1.0:
-            raise ValueError(f"jitter must be in [0, 1], got {self.jitter}")
-        if self.initial_backoff_s < 0 or self.max_backoff_s < 0 or self.multiplier < 1:
-            raise ValueError("backoffs must be >= 0 and multiplier >= 1")
-        if self.deadline_s <= 0:
-            raise ValueError(f"deadline_s must be > 0, got {self.deadline_s}")
+    __post_init__ = check_bounds
 
     def backoff_s(self, retry: int, rand: Callable[[], float] = random.random) -> float:
         """Seconds to wait before retry number ``retry`` (1-based); ``rand`` returns [0, 1)."""
