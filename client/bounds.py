@@ -1,8 +1,8 @@
 """Bounds of the client's policy numbers, declared on the dataclass fields and checked once.
 
-``field(default=4, metadata=at_least(1))``; the dataclass's ``__post_init__ = check_bounds``
-raises ``ValueError`` naming the field (``ClientSettings`` turns it into an
-:class:`InvalidRequestError`).
+``field(default=4, metadata=at_least(1))``; the dataclass's ``__post_init__`` calls
+:func:`check_bounds`, which raises ``ValueError`` naming the field (``ClientSettings`` turns it
+into an :class:`InvalidRequestError`).
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ class BreakerPolicy:
     cooldown_s: float = field(default=5.0, metadata=above(0))
     """Seconds the circuit stays open before one probe goes through."""
 
-    __post_init__ = check_bounds
+    def __post_init__(self) -> None:
+        check_bounds(self)
 
     @property
     def enabled(self) -> bool:

@@ -45,7 +45,8 @@ class RetryPolicy:
     jitter: float = field(default=0.5, metadata=at_least(0, 1))
     deadline_s: float = field(default=30.0, metadata=above(0))
 
-    __post_init__ = check_bounds
+    def __post_init__(self) -> None:
+        check_bounds(self)
 
     def backoff_s(self, retry: int, rand: Callable[[], float] = random.random) -> float:
         """Seconds to wait before retry number ``retry`` (1-based); ``rand`` returns [0, 1)."""
