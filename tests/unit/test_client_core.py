@@ -192,3 +192,18 @@ def test_cli_route_flag_and_its_old_name(monkeypatch: pytest.MonkeyPatch) -> Non
     c = cli._client(args)
     assert (c.settings.route, c.settings.address, c.settings.timeout_s) == ("bls", "h:1", 2.0)
     c.close()
+
+
+def test_configs_skip_a_model_unloaded_since_the_index_was_read() -> None:
+    transport = FakeTransport()
+    gone = CONFIGS[1]["name"]
+    real = transport.get_model_config
+
+    def config(model: str, **kw: Any) -> Any:
+        if model == gone:
+            raise InferenceServerException("unknown model", status="404")
+        return real(model, **kw)
+
+    transport.get_model_config = config  # type: ignore[method-assign]
+    names = [c["name"] for c in sync_client(transport).configs()]
+    assert names == sorted(c["name"] for c in CONFIGS if c["name"] != gone)
