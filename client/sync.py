@@ -24,7 +24,8 @@ from tritonforge.client.core import (
 from tritonforge.client.errors import ClientError
 from tritonforge.client.retry import call_with_retry
 
-__all__ = ["SETTING_ARGS", "EmbeddingClient", "settings_from"]  # the last two: old homes
+# SETTING_ARGS and settings_from live in client.core; re-exported from here, their old home
+__all__ = ["SETTING_ARGS", "EmbeddingClient", "settings_from"]
 
 
 class EmbeddingClient(BaseClient):
