@@ -3,8 +3,8 @@ response decoding and the retry/breaker wiring, written once for every transport
 the blocking and the asyncio client.
 
 Each API call is a *flow*: a generator that yields the tritonclient :class:`Call` it needs and
-receives its result (or has the translated :class:`ClientError` thrown in), then returns the
-answer. :meth:`BaseClient._drive` runs a flow (once, for both clients); a shell only sends calls
+receives its result (or has the call's error thrown in: the retry loop's :class:`ClientError`, a
+probe's raw exception, which the flow translates), then returns the answer. :meth:`BaseClient._drive` runs a flow (once, for both clients); a shell only sends calls
 (``_send``): :class:`client.sync.EmbeddingClient` with :func:`client.retry.call_with_retry`,
 :class:`client.aio.AsyncEmbeddingClient` with its asyncio twin. :func:`blocking` and
 :func:`awaitable` make a shell's public methods from the flows, so the two clients cannot drift
