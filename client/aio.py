@@ -7,15 +7,17 @@ Same contract as :class:`client.sync.EmbeddingClient` (both are shells over
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from tritonforge.client.core import BaseClient, Call, awaitable
+from tritonforge.client.core import BaseClient, Call
 from tritonforge.client.retry import call_with_retry_async
 
 
 class AsyncEmbeddingClient(BaseClient):
     """``await embed(texts) -> np.ndarray [n, dim]``, ``await classify(texts)``; transient
     failures are retried. Arguments as :class:`client.core.BaseClient`."""
+
+    asynchronous: Literal[True] = True
 
     def _open(self) -> None:
         self._client: Any = None
@@ -41,16 +43,6 @@ class AsyncEmbeddingClient(BaseClient):
         return await call_with_retry_async(
             attempt, self.policy, breaker=self.breaker, context=call.context
         )
-
-    configs = awaitable(BaseClient.configs_flow)
-    pipelines = awaitable(BaseClient.pipelines_flow)
-    resolve = awaitable(BaseClient.resolve_flow)
-    embed = awaitable(BaseClient.embed_flow)
-    classify = awaitable(BaseClient.classify_flow)
-    is_live = awaitable(BaseClient.is_live_flow)
-    is_ready = awaitable(BaseClient.is_ready_flow)
-    is_model_ready = awaitable(BaseClient.is_model_ready_flow)
-    metadata = awaitable(BaseClient.metadata_flow)
 
     async def close(self) -> None:
         if self._client is not None:

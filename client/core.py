@@ -4,11 +4,11 @@ the blocking and the asyncio client.
 
 Each API call is a *flow*: a generator that yields the tritonclient :class:`Call` it needs and
 receives its result (or has the call's error thrown in: the retry loop's :class:`ClientError`, a
-probe's raw exception, which the flow translates), then returns the answer. :meth:`BaseClient._drive` runs a flow (once, for both clients); a shell only sends calls
+probe's raw exception, which the flow translates), then returns the answer.
+:meth:`BaseClient._drive` runs a flow (once, for both clients); a shell only sends calls
 (``_send``): :class:`client.sync.EmbeddingClient` with :func:`client.retry.call_with_retry`,
-:class:`client.aio.AsyncEmbeddingClient` with its asyncio twin. :func:`blocking` and
-:func:`awaitable` make a shell's public methods from the flows, so the two clients cannot drift
-apart.
+:class:`client.aio.AsyncEmbeddingClient` with its asyncio twin. The public methods are declared
+once, on :class:`BaseClient` (:class:`ClientMethod`): blocking or coroutines as the shell says.
 
 ``route`` is the orchestration a call goes through (``ensemble`` | ``bls``); ``pipeline=`` is its
 old name, still accepted everywhere (the *pipeline* is what the server serves, picked by ``name``).
@@ -20,7 +20,7 @@ import functools
 from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
 
 import numpy as np
 
@@ -107,6 +107,69 @@ def settings_from(settings: ClientSettings | None, overrides: dict[str, Any]) ->
         return ClientSettings(**given)
     merged = {**settings.fields(), **given}
     return ClientSettings(**merged)
+
+
+def _blocking(
+    flow: Callable[Concatenate[C, P], Flow[T]],
+) -> Callable[Concatenate[C, P], T]:
+    """A blocking client method from a core flow: its ``_send`` blocks, so the drive never
+    suspends and :func:`finish` runs it here."""
+
+    @functools.wraps(flow)
+    def method(self: C, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return finish(self._drive(flow(self, *args, **kwargs)))
+
+    return _named(method, flow)
+
+
+def _awaitable(
+    flow: Callable[Concatenate[C, P], Flow[T]],
+) -> Callable[Concatenate[C, P], Coroutine[Any, Any, T]]:
+    """An asyncio client method (a coroutine function) from a core flow."""
+
+    @functools.wraps(flow)
+    async def method(self: C, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._drive(flow(self, *args, **kwargs))
+
+    return _named(method, flow)
+
+
+def _named(method: Callable[..., Any], flow: Callable[..., Any]) -> Any:
+    """``method`` named after its flow without the ``_flow`` suffix (``embed_flow``: ``embed``)."""
+    method.__name__ = flow.__name__.removesuffix("_flow")
+    method.__qualname__ = method.__name__
+    return method
+
+
+class Blocking(Protocol):
+    asynchronous: Literal[False]
+
+
+class Asynchronous(Protocol):
+    asynchronous: Literal[True]
+
+
+class ClientMethod(Generic[P, T]):
+    """A public client method declared once, on :class:`BaseClient`, from its flow: a blocking
+    method on a blocking client, a coroutine function on an asyncio one (the shell's
+    ``asynchronous`` says which); so the shells cannot drift apart."""
+
+    def __init__(self, flow: Callable[Concatenate[Any, P], Flow[T]]) -> None:
+        self.flow = flow
+        self.methods = {False: _blocking(flow), True: _awaitable(flow)}
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Callable[..., Any]: ...
+    @overload
+    def __get__(self, obj: Blocking, owner: type) -> Callable[P, T]: ...
+    @overload
+    def __get__(self, obj: Asynchronous, owner: type) -> Callable[P, Coroutine[Any, Any, T]]: ...
+    def __get__(self, obj: Any, owner: type) -> Any:
+        mode = getattr(owner, "asynchronous", None)
+        if mode is None:  # on BaseClient itself: the declaration
+            return self
+        method = self.methods[mode]
+        return method if obj is None else method.__get__(obj, owner)
 
 
 class BaseClient:
@@ -370,34 +433,13 @@ class BaseClient:
         extra = {"as_json": True} if self.settings.protocol == "grpc" else {}
         return dict((yield Call("get_model_metadata", (model,), extra, self._context(model))))
 
-
-def blocking(
-    flow: Callable[Concatenate[C, P], Flow[T]],
-) -> Callable[Concatenate[C, P], T]:
-    """A blocking client method from a core flow: its ``_send`` blocks, so the drive never
-    suspends and :func:`finish` runs it here."""
-
-    @functools.wraps(flow)
-    def method(self: C, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return finish(self._drive(flow(self, *args, **kwargs)))
-
-    return _named(method, flow)
-
-
-def awaitable(
-    flow: Callable[Concatenate[C, P], Flow[T]],
-) -> Callable[Concatenate[C, P], Coroutine[Any, Any, T]]:
-    """An asyncio client method (a coroutine function) from a core flow."""
-
-    @functools.wraps(flow)
-    async def method(self: C, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await self._drive(flow(self, *args, **kwargs))
-
-    return _named(method, flow)
-
-
-def _named(method: Callable[..., Any], flow: Callable[..., Any]) -> Any:
-    """``method`` named after its flow without the ``_flow`` suffix (``embed_flow`` -> ``embed``)."""
-    method.__name__ = flow.__name__.removesuffix("_flow")
-    method.__qualname__ = method.__name__
-    return method
+    # -- the public API: a shell's blocking methods or coroutines (:class:`ClientMethod`) ----------
+    configs = ClientMethod(configs_flow)
+    pipelines = ClientMethod(pipelines_flow)
+    resolve = ClientMethod(resolve_flow)
+    embed = ClientMethod(embed_flow)
+    classify = ClientMethod(classify_flow)
+    is_live = ClientMethod(is_live_flow)
+    is_ready = ClientMethod(is_ready_flow)
+    is_model_ready = ClientMethod(is_model_ready_flow)
+    metadata = ClientMethod(metadata_flow)

@@ -12,13 +12,12 @@ created it (create one per thread; using it from another thread raises :class:`C
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Literal
 
 from tritonforge.client.core import (
     SETTING_ARGS,
     BaseClient,
     Call,
-    blocking,
     settings_from,
 )
 from tritonforge.client.errors import ClientError
@@ -31,6 +30,8 @@ __all__ = ["SETTING_ARGS", "EmbeddingClient", "settings_from"]
 class EmbeddingClient(BaseClient):
     """``embed(texts) -> np.ndarray [n, dim]`` (unit-norm rows) and ``classify(texts) ->
     [Classification]`` against a tritonforge server; arguments as :class:`BaseClient`."""
+
+    asynchronous: Literal[False] = False
 
     def _open(self) -> None:
         self._owner = threading.get_ident()
@@ -55,16 +56,6 @@ class EmbeddingClient(BaseClient):
         if not call.retried:
             return attempt(self.settings.timeout_s)
         return call_with_retry(attempt, self.policy, breaker=self.breaker, context=call.context)
-
-    configs = blocking(BaseClient.configs_flow)
-    pipelines = blocking(BaseClient.pipelines_flow)
-    resolve = blocking(BaseClient.resolve_flow)
-    embed = blocking(BaseClient.embed_flow)
-    classify = blocking(BaseClient.classify_flow)
-    is_live = blocking(BaseClient.is_live_flow)
-    is_ready = blocking(BaseClient.is_ready_flow)
-    is_model_ready = blocking(BaseClient.is_model_ready_flow)
-    metadata = blocking(BaseClient.metadata_flow)
 
     def close(self) -> None:
         self._client.close()
