@@ -7,9 +7,9 @@ Environment variables: ``TRITONFORGE_URL`` (host:port, default ``localhost:8000`
 ``localhost:8001`` for gRPC), ``TRITONFORGE_PROTOCOL`` (http|grpc), ``TRITONFORGE_TIMEOUT_S``,
 ``TRITONFORGE_MAX_ATTEMPTS``, ``TRITONFORGE_DEADLINE_S``, ``TRITONFORGE_VARIANT``,
 ``TRITONFORGE_PIPELINE`` (the route: ensemble|bls), ``TRITONFORGE_PIPELINE_NAME`` (default: the
-discovered default pipeline of the task), ``TRITONFORGE_BATCH_SIZE``, ``TRITONFORGE_ADMIN_KEY`` (sent only to
-read the model configs), ``TRITONFORGE_MODEL_REPOSITORY`` (discover offline from this repository),
-``TRITONFORGE_BREAKER_FAILURES`` (consecutive transient failures that open the circuit breaker; 0
+discovered default pipeline of the task), ``TRITONFORGE_BATCH_SIZE``, ``TRITONFORGE_ADMIN_KEY``
+(sent only to read the model configs), ``TRITONFORGE_MODEL_REPOSITORY`` (discover offline from
+this repository), ``TRITONFORGE_BREAKER_FAILURES`` (consecutive transient failures that open the circuit breaker; 0
 turns it off), ``TRITONFORGE_BREAKER_WINDOW_S``, ``TRITONFORGE_BREAKER_COOLDOWN_S``
 (:mod:`client.breaker`).
 """
