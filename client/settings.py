@@ -9,9 +9,9 @@ Environment variables: ``TRITONFORGE_URL`` (host:port, default ``localhost:8000`
 ``TRITONFORGE_PIPELINE`` (the route: ensemble|bls), ``TRITONFORGE_PIPELINE_NAME`` (default: the
 discovered default pipeline of the task), ``TRITONFORGE_BATCH_SIZE``, ``TRITONFORGE_ADMIN_KEY``
 (sent only to read the model configs), ``TRITONFORGE_MODEL_REPOSITORY`` (discover offline from
-this repository), ``TRITONFORGE_BREAKER_FAILURES`` (consecutive transient failures that open the circuit breaker; 0
-turns it off), ``TRITONFORGE_BREAKER_WINDOW_S``, ``TRITONFORGE_BREAKER_COOLDOWN_S``
-(:mod:`client.breaker`).
+this repository), ``TRITONFORGE_BREAKER_FAILURES`` (consecutive transient failures that open the
+circuit breaker; 0 turns it off), ``TRITONFORGE_BREAKER_WINDOW_S``,
+``TRITONFORGE_BREAKER_COOLDOWN_S`` (:mod:`client.breaker`).
 """
 
 from __future__ import annotations
