@@ -78,7 +78,7 @@ SETTING_ARGS = (
 class Call:
     """One tritonclient call: ``method(*args, **kwargs)``, over gRPC with a ``client_timeout``
     bounded by what is left of the retry deadline. ``retried`` False: a probe, sent once without
-    the breaker, whose failure is translated and thrown into the flow."""
+    the breaker, whose failure is thrown into the flow as raised (the flow translates it)."""
 
     method: str
     args: tuple[Any, ...] = ()
@@ -142,10 +142,14 @@ def _named(method: Callable[..., Any], flow: Callable[..., Any]) -> Any:
 
 
 class Blocking(Protocol):
+    """A blocking shell (:class:`client.sync.EmbeddingClient`), for the type checker."""
+
     asynchronous: Literal[False]
 
 
 class Asynchronous(Protocol):
+    """An asyncio shell (:class:`client.aio.AsyncEmbeddingClient`), for the type checker."""
+
     asynchronous: Literal[True]
 
 
