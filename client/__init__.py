@@ -5,15 +5,23 @@ with EmbeddingClient("localhost:8000") as c:
     vectors = c.embed(["hello", "world"])          # np.ndarray [2, dim], unit-norm rows
     [best] = c.classify("great service", top_k=2)  # Classification(label, score, ...)
     c.pipelines()                                  # what the server serves (discovered)
+    c.embed(["hi"], route="bls")                   # through the BLS (``pipeline=``: old name)
+
+``EmbeddingClient`` (blocking) and ``AsyncEmbeddingClient`` are thin shells over one core,
+:class:`client.core.BaseClient`; the generation clients are in :mod:`client.generate`. Every error
+is a :class:`ClientError` (under :class:`tritonforge.errors.TritonforgeError`).
 """
 
 from tritonforge.client.aio import AsyncEmbeddingClient
 from tritonforge.client.classification import Classification, Ranked
-from tritonforge.client.discovery import DiscoveryError, route
+from tritonforge.client.core import BaseClient
+from tritonforge.client.discovery import route
 from tritonforge.client.errors import (
+    CircuitOpenError,
     ClientError,
     ConnectionFailedError,
     DeadlineExceededError,
+    DiscoveryError,
     InvalidRequestError,
     ModelNotFoundError,
     OverloadedError,
@@ -21,12 +29,15 @@ from tritonforge.client.errors import (
     ServerError,
     ServerUnavailableError,
 )
-from tritonforge.client.retry import RetryPolicy, translate
+from tritonforge.client.retry import RetryPolicy
 from tritonforge.client.settings import ClientSettings
+from tritonforge.client.status import translate
 from tritonforge.client.sync import EmbeddingClient
 
 __all__ = [
     "AsyncEmbeddingClient",
+    "BaseClient",
+    "CircuitOpenError",
     "Classification",
     "ClientError",
     "ClientSettings",

@@ -17,8 +17,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tritonforge.client.bounds import above, at_least, check_bounds
 from tritonforge.client.errors import CircuitOpenError
 
 log = logging.getLogger(__name__)
@@ -28,17 +29,17 @@ CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
 @dataclass(frozen=True)
 class BreakerPolicy:
-    """``failure_threshold`` 0 turns the breaker off."""
+    """When the circuit opens and for how long (``failure_threshold`` 0 turns it off)."""
 
-    failure_threshold: int = 5
-    window_s: float = 10.0
-    cooldown_s: float = 5.0
+    failure_threshold: int = field(default=5, metadata=at_least(0))
+    """Consecutive transient failures within ``window_s`` that open the circuit."""
+    window_s: float = field(default=10.0, metadata=above(0))
+    """Seconds over which those failures count."""
+    cooldown_s: float = field(default=5.0, metadata=above(0))
+    """Seconds the circuit stays open before one probe goes through."""
 
     def __post_init__(self) -> None:
-        if self.failure_threshold < 0:
-            raise ValueError(f"failure_threshold must be >= 0, got {self.failure_threshold}")
-        if self.window_s <= 0 or self.cooldown_s <= 0:
-            raise ValueError("window_s and cooldown_s must be > 0")
+        check_bounds(self)
 
     @property
     def enabled(self) -> bool:

@@ -1,6 +1,7 @@
 """Command line: ``python -m tritonforge.client embed|classify|similarity|health|pipelines``,
 printing JSON on stdout. Model names, variants and labels are discovered from the server
-(``--name`` picks a pipeline; default: the discovered default of the task).
+(``--name`` picks a pipeline; default: the discovered default of the task; ``--route`` the
+orchestration, ensemble or bls, whose old name ``--pipeline`` still works).
 
 Examples::
 
@@ -22,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from tritonforge.client.core import SETTING_ARGS
 from tritonforge.client.errors import ClientError
-from tritonforge.client.settings import PIPELINES, PROTOCOLS
+from tritonforge.client.settings import PROTOCOLS, ROUTES
 from tritonforge.client.sync import EmbeddingClient
 from tritonforge.pipelines import TASKS
 
@@ -41,7 +43,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="default $TRITONFORGE_VARIANT or fp32 (the server's variants: `pipelines`)",
     )
     p.add_argument(
-        "--pipeline", choices=PIPELINES, help="default $TRITONFORGE_PIPELINE or ensemble"
+        "--route",
+        "--pipeline",
+        dest="route",
+        choices=ROUTES,
+        help="orchestration route (default $TRITONFORGE_PIPELINE or ensemble; "
+        "--pipeline is its old name)",
     )
     p.add_argument(
         "--name",
@@ -58,17 +65,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _client(args: argparse.Namespace) -> EmbeddingClient:
-    return EmbeddingClient(
-        url=args.url,
-        protocol=args.protocol,
-        timeout_s=args.timeout_s,
-        max_attempts=args.max_attempts,
-        deadline_s=args.deadline_s,
-        variant=args.variant,
-        pipeline=args.pipeline,
-        name=args.name,
-        repository=args.repository,
-    )
+    """A client from the flags named like its settings (unset ones: the environment's)."""
+    return EmbeddingClient(**{k: getattr(args, k, None) for k in SETTING_ARGS})
 
 
 def _describe(c: EmbeddingClient, task: str = "embedding") -> dict[str, Any]:
@@ -78,7 +76,8 @@ def _describe(c: EmbeddingClient, task: str = "embedding") -> dict[str, Any]:
         "url": s.address,
         "protocol": s.protocol,
         "name": pipeline.name,
-        "pipeline": s.pipeline,
+        "route": s.route,
+        "pipeline": s.route,  # the old key of "route"
         "variant": s.variant,
         "model": model,
         "parameters": parameters,

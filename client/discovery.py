@@ -21,7 +21,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tritonforge.client.errors import ClientError, InvalidRequestError, ModelNotFoundError
+from tritonforge.client.errors import (
+    ClientError,
+    DiscoveryError,  # re-exported: its old home
+    InvalidRequestError,
+    ModelNotFoundError,
+)
 from tritonforge.env import env_str
 from tritonforge.pipelines import PIPELINE_KEY, Pipeline, StageNames, discover, from_repository
 
@@ -31,10 +36,6 @@ NAME_ENV = "TRITONFORGE_PIPELINE_NAME"
 DEFAULT_REPOSITORY = Path("model_repository")
 ORCHESTRATIONS = ("ensemble", "bls")
 VARIANT_PARAMETER = "variant"  # the BLS's request parameter (tritonforge.bls)
-
-
-class DiscoveryError(ClientError):
-    """No pipeline facts could be read (configs refused and no repository on disk)."""
 
 
 def admin_headers(protocol: str, admin_key: str | None) -> dict[str, str]:
@@ -136,9 +137,11 @@ def choose(pipelines: Mapping[str, Pipeline], task: str, name: str | None = None
 
 
 def check_orchestration(orchestration: str) -> str:
+    """``orchestration`` (a call's ``route``; ``pipeline`` is its old name) if it is one."""
     if orchestration not in ORCHESTRATIONS:
         raise InvalidRequestError(
-            f"unknown pipeline={orchestration!r}; expected one of {ORCHESTRATIONS}"
+            f"unknown route={orchestration!r} (old name: pipeline=); expected one of "
+            f"{ORCHESTRATIONS}"
         )
     return orchestration
 
@@ -147,7 +150,7 @@ def route(pipeline: Pipeline, orchestration: str, variant: str) -> tuple[str, di
     """Model name and request parameters for ``variant`` of ``pipeline`` through ``orchestration``
     (``ensemble``: one model per variant; ``bls``: one model, the variant a request parameter).
 
-    :class:`InvalidRequestError` names the field (``pipeline`` / ``variant``) and the choices.
+    :class:`InvalidRequestError` names the field (``route`` / ``variant``) and the choices.
     """
     check_orchestration(orchestration)
     if orchestration == "bls":

@@ -3,14 +3,17 @@
 Everything the client raises derives from :class:`ClientError`. tritonclient's
 ``InferenceServerException`` (and raw socket/aiohttp/gevent errors) are translated by
 :func:`client.retry.translate` and chained with ``raise ... from e``. ``attempts`` says how many
-times the call was tried before giving up (1 means "not retried").
+times the call was tried before giving up (1 means "not retried"). :class:`ClientError` is the
+client package's base under the project root :class:`tritonforge.errors.TritonforgeError`.
 """
 
 from __future__ import annotations
 
+from tritonforge.errors import TritonforgeError
 
-class ClientError(Exception):
-    """Base class of every error the embedding client raises."""
+
+class ClientError(TritonforgeError):
+    """Base class of every error the embedding, classification and generation clients raise."""
 
     transient: bool = False
 
@@ -72,6 +75,11 @@ class DeadlineExceededError(ClientError):
 
 class ServerError(ClientError):
     """The server failed while handling the request (HTTP 500, gRPC INTERNAL): see its log."""
+
+
+class DiscoveryError(ClientError):
+    """No pipeline facts could be read (configs refused and no repository on disk): the message
+    says which setting gives the client access (the admin key or the repository)."""
 
 
 class ResponseError(ClientError):

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from tritonforge.client.breaker import CircuitBreaker
+from tritonforge.client.core import settings_from
 from tritonforge.client.errors import (
     ClientError,
     DeadlineExceededError,
@@ -37,8 +38,9 @@ from tritonforge.client.errors import (
     ServerError,
     ServerUnavailableError,
 )
-from tritonforge.client.retry import breaker_failure, translate
+from tritonforge.client.retry import breaker_failure
 from tritonforge.client.settings import ClientSettings
+from tritonforge.client.status import from_status, translate
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT, VARIANT_PARAMETER
 
 DEFAULT_MODEL = "generate"
@@ -69,9 +71,10 @@ def sampling_parameters(**values: Any) -> tuple[dict[str, Any], list[str]]:
     return {k: v for k, v in values.items() if v is not None}, list(stop)
 
 
-def classify(message: str, context: str) -> ClientError:
-    """An in-stream error (SSE ``error`` event, gRPC stream error without a status) by its text:
-    the generate model's messages name overload/shutdown and the offending field."""
+def stream_error(message: str, context: str) -> ClientError:
+    """The :class:`ClientError` of an in-stream error (SSE ``error`` event, gRPC stream error
+    without a status), by its text: the generate model's messages name overload/shutdown and the
+    offending field (:func:`client.status.from_status` maps the errors that carry a status)."""
     lowered = message.lower()
     text = f"{context}: {message}"
     if "overloaded" in lowered:
@@ -88,7 +91,7 @@ def classify(message: str, context: str) -> ClientError:
 def _grpc_error(exc: Exception, context: str) -> ClientError:
     status = getattr(exc, "status", lambda: None)()
     message = getattr(exc, "message", lambda: str(exc))() or str(exc)
-    return translate(exc, context) if status else classify(message, context)
+    return translate(exc, context) if status else stream_error(message, context)
 
 
 def _grpc_chunk(result: Any) -> Chunk:
@@ -109,7 +112,7 @@ def _sse_event(line: bytes, context: str) -> Chunk | None:
         return None
     event = json.loads(line[5:])
     if "error" in event:
-        raise classify(str(event["error"]), context)
+        raise stream_error(str(event["error"]), context)
     reason = event.get(FINISH_REASON)
     if isinstance(reason, list):
         reason = reason[0] if reason else None
@@ -142,8 +145,9 @@ class _Verdict:
             self.breaker.release(self.probe)
 
 
-class GenerateClient:
-    """Blocking client; :meth:`stream` yields :class:`Chunk`, :meth:`generate` text.
+class GenerationBase:
+    """What the blocking and the asyncio generation clients share: settings, the decoder model
+    (discovered when a ``variant`` is pinned), the breaker and the request's parameters.
 
     Streams are not retried (a half-streamed answer cannot be replayed); the circuit breaker
     (:mod:`client.breaker`) fails them fast while the server keeps failing.
@@ -161,17 +165,26 @@ class GenerateClient:
         """``variant`` (fp32, int8, ...) pins the decoder: the model serving it in ``model``'s
         group is discovered (:func:`generator_model`) and every request carries the ``variant``
         parameter, which the model checks (a mismatch is refused, never answered silently)."""
-        kwargs: dict[str, Any] = {"url": url}
-        if protocol:
-            kwargs["protocol"] = protocol
-        if timeout_s:
-            kwargs["timeout_s"] = timeout_s
-        self.settings = ClientSettings(**kwargs)
+        given = {"url": url, "protocol": protocol or None, "timeout_s": timeout_s or None}
+        self.settings = settings_from(None, given)
         self.variant = variant
         self.model = generator_model(self.settings, model, variant) if variant else model
         self.breaker = breaker or self.settings.circuit_breaker()
         self.last_finish_reason: str | None = None
         self.context = f"{self.settings.protocol}://{self.settings.address} model {self.model!r}"
+
+    def _request(self, sampling: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """(request parameters, stop strings) of one stream: ``sampling`` and the variant."""
+        return sampling_parameters(**{VARIANT_PARAMETER: self.variant, **sampling})
+
+    def _finish(self, chunk: Chunk) -> Chunk:
+        if chunk.finish_reason is not None:
+            self.last_finish_reason = chunk.finish_reason
+        return chunk
+
+
+class GenerateClient(GenerationBase):
+    """Blocking client; :meth:`stream` yields :class:`Chunk`, :meth:`generate` text."""
 
     def __enter__(self) -> GenerateClient:
         return self
@@ -186,7 +199,7 @@ class GenerateClient:
         return chunks if stream else "".join(chunks)
 
     def stream(self, prompt: str, **sampling: Any) -> Iterator[Chunk]:
-        params, stop = sampling_parameters(**{VARIANT_PARAMETER: self.variant, **sampling})
+        params, stop = self._request(sampling)
         source = self._grpc if self.settings.protocol == "grpc" else self._http
         verdict = _Verdict(self.breaker)
         try:
@@ -198,11 +211,6 @@ class GenerateClient:
             raise
         finally:
             verdict.close()
-
-    def _finish(self, chunk: Chunk) -> Chunk:
-        if chunk.finish_reason is not None:
-            self.last_finish_reason = chunk.finish_reason
-        return chunk
 
     def _grpc(self, prompt: str, params: dict[str, Any], stop: list[str]) -> Iterator[Chunk]:
         import tritonclient.grpc as grpcclient
@@ -272,27 +280,11 @@ class GenerateClient:
 
 
 def _served_configs(settings: ClientSettings) -> list[dict[str, Any]]:
-    """Every model config the server shows (restricted APIs: the admin key is sent when set)."""
-    from tritonforge.client.discovery import admin_headers, grpc_config, index_names
+    """Every model config the server shows (the client core's discovery, tried once)."""
+    from tritonforge.client.sync import EmbeddingClient
 
-    headers = admin_headers(settings.protocol, settings.admin_key)
-    if settings.protocol == "grpc":
-        import tritonclient.grpc as grpcclient
-
-        g = grpcclient.InferenceServerClient(settings.address)
-        try:
-            names = index_names(g.get_model_repository_index(headers=headers, as_json=True))
-            return [grpc_config(g.get_model_config(n, headers=headers)) for n in names]
-        finally:
-            g.close()
-    import tritonclient.http as httpclient
-
-    h = httpclient.InferenceServerClient(settings.address)
-    try:
-        names = index_names(h.get_model_repository_index(headers=headers))
-        return [dict(h.get_model_config(n, headers=headers)) for n in names]
-    finally:
-        h.close()
+    with EmbeddingClient(settings=settings, max_attempts=1) as client:
+        return client.configs()
 
 
 def generator_model(settings: ClientSettings, group: str, variant: str) -> str:
@@ -349,37 +341,16 @@ def http_body(prompt: str, params: dict[str, Any], stop: list[str]) -> dict[str,
 
 
 def _http_status(code: int, body: str, context: str) -> ClientError:
-    from tritonforge.client.retry import _from_status
-
     try:
         message = str(json.loads(body).get("error", body))
     except ValueError:
         message = body
-    return _from_status(str(code), message, context)
+    return from_status(str(code), message, context)
 
 
-class AsyncGenerateClient:
-    """asyncio client: ``async for chunk in c.generate(prompt)`` (text chunks)."""
-
-    def __init__(
-        self,
-        url: str | None = None,
-        protocol: str | None = None,
-        model: str = DEFAULT_MODEL,
-        timeout_s: float | None = None,
-        variant: str | None = None,
-        breaker: CircuitBreaker | None = None,
-    ) -> None:
-        """``variant``: as :class:`GenerateClient` (discovered once, here)."""
-        self.sync = GenerateClient(url, protocol, model, timeout_s, variant, breaker)
-        self.settings, self.model, self.context = (
-            self.sync.settings,
-            self.sync.model,
-            self.sync.context,
-        )
-        self.variant = variant
-        self.breaker = self.sync.breaker
-        self.last_finish_reason: str | None = None
+class AsyncGenerateClient(GenerationBase):
+    """asyncio client: ``async for chunk in c.generate(prompt)`` (text chunks); arguments as
+    :class:`GenerateClient` (a pinned variant's model is discovered once, when it is made)."""
 
     async def __aenter__(self) -> AsyncGenerateClient:
         return self
@@ -392,15 +363,13 @@ class AsyncGenerateClient:
             yield chunk.text
 
     async def stream(self, prompt: str, **sampling: Any) -> AsyncIterator[Chunk]:
-        params, stop = sampling_parameters(**{VARIANT_PARAMETER: self.variant, **sampling})
+        params, stop = self._request(sampling)
         source = self._grpc if self.settings.protocol == "grpc" else self._http
         verdict = _Verdict(self.breaker)
         try:
             async for chunk in source(prompt, params, stop):
                 verdict.answered()
-                if chunk.finish_reason is not None:
-                    self.last_finish_reason = chunk.finish_reason
-                yield chunk
+                yield self._finish(chunk)
                 if chunk.finish_reason is not None:
                     return
         except ClientError as e:

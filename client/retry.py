@@ -1,4 +1,5 @@
-"""Error translation and the retry policy: pure functions, shared by the sync and async clients.
+"""The retry policy and its loop, written once for the sync and async clients (errors are
+translated by :mod:`client.status`).
 
 Only *transient* failures are retried (HTTP 503, gRPC UNAVAILABLE that is not an endpoint
 restriction, connection errors), with exponential backoff, jitter, a cap on attempts and an overall
@@ -13,55 +14,20 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
-from tritonclient.utils import InferenceServerException
-
+from tritonforge.client.bounds import above, at_least, check_bounds
 from tritonforge.client.breaker import OPEN, CircuitBreaker
-from tritonforge.client.errors import (
-    ClientError,
-    ConnectionFailedError,
-    DeadlineExceededError,
-    InvalidRequestError,
-    ModelNotFoundError,
-    OverloadedError,
-    ServerError,
-    ServerUnavailableError,
-)
+from tritonforge.client.coroutines import finish
+from tritonforge.client.errors import ClientError, DeadlineExceededError
+from tritonforge.client.status import from_status, gevent_timeout, translate
+
+__all__ = ["RetryPolicy", "breaker_failure", "call_with_retry", "call_with_retry_async"]
+__all__ += ["from_status", "translate"]  # translation's old home (client.status)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-# gRPC UNAVAILABLE is also what a refused/reset connection looks like; these fragments say so.
-_CONNECTION_HINTS = (
-    "failed to connect",
-    "connection refused",
-    "connect failed",
-    "connection reset",
-    "socket closed",
-    "dns resolution failed",
-    "name resolution",
-)
-# What Triton answers while a model restarts (its stub crashed, the supervisor reloads it): whatever
-# the status code, these are transient.
-_RESTART_HINTS = (
-    "no available versions",
-    "is not healthy",
-    "stub process",
-    "tritonserver not reachable",
-)
-# What a model's queue (Triton) or generation's admission answers when it refuses for overload.
-_OVERLOAD_HINTS = ("exceeds maximum queue size", "request timeout expired", "overloaded")
-_INVALID_GRPC = {
-    "INVALID_ARGUMENT",
-    "FAILED_PRECONDITION",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "UNAUTHENTICATED",
-}
 
 
 @dataclass(frozen=True)
@@ -72,22 +38,15 @@ class RetryPolicy:
     random factor in ``[1 - jitter, 1]``; no retry starts after ``deadline_s`` since the first try.
     """
 
-    max_attempts: int = 4
-    initial_backoff_s: float = 0.05
-    max_backoff_s: float = 2.0
-    multiplier: float = 2.0
-    jitter: float = 0.5
-    deadline_s: float = 30.0
+    max_attempts: int = field(default=4, metadata=at_least(1))
+    initial_backoff_s: float = field(default=0.05, metadata=at_least(0))
+    max_backoff_s: float = field(default=2.0, metadata=at_least(0))
+    multiplier: float = field(default=2.0, metadata=at_least(1))
+    jitter: float = field(default=0.5, metadata=at_least(0, 1))
+    deadline_s: float = field(default=30.0, metadata=above(0))
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if not 0.0 <= self.jitter <= 1.0:
-            raise ValueError(f"jitter must be in [0, 1], got {self.jitter}")
-        if self.initial_backoff_s < 0 or self.max_backoff_s < 0 or self.multiplier < 1:
-            raise ValueError("backoffs must be >= 0 and multiplier >= 1")
-        if self.deadline_s <= 0:
-            raise ValueError(f"deadline_s must be > 0, got {self.deadline_s}")
+        check_bounds(self)
 
     def backoff_s(self, retry: int, rand: Callable[[], float] = random.random) -> float:
         """Seconds to wait before retry number ``retry`` (1-based); ``rand`` returns [0, 1)."""
@@ -95,101 +54,12 @@ class RetryPolicy:
         return ceiling * (1.0 - self.jitter * rand())
 
 
-def _gevent_timeout() -> type[BaseException] | None:
-    try:
-        import gevent
-    except ImportError:  # pragma: no cover - gevent ships with tritonclient[http]
-        return None
-    return gevent.Timeout
-
-
-def _aiohttp_error() -> type[BaseException] | None:
-    try:
-        import aiohttp
-    except ImportError:  # pragma: no cover - aiohttp ships with tritonclient[http]
-        return None
-    return aiohttp.ClientError
-
-
-def _unavailable(text: str, message: str) -> ServerUnavailableError:
-    if any(hint in message.lower() for hint in _OVERLOAD_HINTS):
-        return OverloadedError(f"{text} (overloaded; retry later or degrade)")
-    return ServerUnavailableError(f"{text} (server or model not ready; retry later)")
-
-
-def _from_status(status: str, message: str, context: str) -> ClientError:
-    text = f"{context}: {message}"
-    if any(hint in message.lower() for hint in _RESTART_HINTS):
-        return ServerUnavailableError(f"{text} (the model is restarting; retry later)")
-    if status.isdigit():
-        code = int(status)
-        if code == 404:
-            return ModelNotFoundError(f"{text} (is the model name right and the model loaded?)")
-        if code == 503:
-            return _unavailable(text, message)
-        if code in (408, 504):
-            return DeadlineExceededError(text)
-        if 400 <= code < 500:
-            return InvalidRequestError(text)
-        return ServerError(f"{text} (see the server log)")
-    name = status.removeprefix("StatusCode.")
-    if name == "UNAVAILABLE":
-        lowered = message.lower()
-        if "restricted" in lowered:
-            return InvalidRequestError(
-                f"{text} (endpoint restricted by the server's configuration)"
-            )
-        if any(hint in lowered for hint in _CONNECTION_HINTS):
-            return ConnectionFailedError(f"{text} (is the server running at that address?)")
-        return _unavailable(text, message)
-    if name == "NOT_FOUND":
-        return ModelNotFoundError(f"{text} (is the model name right and the model loaded?)")
-    if name in _INVALID_GRPC:
-        return InvalidRequestError(text)
-    if name == "DEADLINE_EXCEEDED":
-        return DeadlineExceededError(text)
-    if name in ("INTERNAL", "UNKNOWN", "DATA_LOSS", "RESOURCE_EXHAUSTED"):
-        return ServerError(f"{text} (see the server log)")
-    return ClientError(f"{text} [{status}]")
-
-
-def translate(exc: BaseException, context: str) -> ClientError:
-    """Map any exception raised by a tritonclient call to a :class:`ClientError`.
-
-    ``context`` names the call (model, URL, timeout); it prefixes the message. The caller chains
-    the original with ``raise translate(e, ctx) from e``.
-    """
-    if isinstance(exc, ClientError):
-        return exc
-    if isinstance(exc, InferenceServerException):
-        message = exc.message() or str(exc)
-        status = exc.status()
-        if status:
-            return _from_status(str(status), message, context)
-        lowered = message.lower()
-        if "timed out" in lowered or "timeout" in lowered:
-            return DeadlineExceededError(f"{context}: {message}")
-        if any(hint in lowered for hint in _CONNECTION_HINTS):
-            return ConnectionFailedError(f"{context}: {message}")
-        return ClientError(f"{context}: {message}")
-    gevent_timeout = _gevent_timeout()
-    if isinstance(exc, TimeoutError) or (gevent_timeout and isinstance(exc, gevent_timeout)):
-        return DeadlineExceededError(f"{context}: timed out ({type(exc).__name__}: {exc})")
-    aiohttp_error = _aiohttp_error()
-    if isinstance(exc, OSError) or (aiohttp_error and isinstance(exc, aiohttp_error)):
-        return ConnectionFailedError(
-            f"{context}: cannot reach the server ({type(exc).__name__}: {exc}); "
-            "is it running at that address?"
-        )
-    return ClientError(f"{context}: unexpected {type(exc).__name__}: {exc}")
-
-
 def _retryable_exception(exc: BaseException) -> bool:
     """Exceptions translate() handles; KeyboardInterrupt, SystemExit, CancelledError pass."""
     if isinstance(exc, Exception):
         return True
-    gevent_timeout = _gevent_timeout()
-    return bool(gevent_timeout and isinstance(exc, gevent_timeout))
+    gevent = gevent_timeout()
+    return bool(gevent and isinstance(exc, gevent))
 
 
 def _give_up(err: ClientError, attempt: int, elapsed_s: float, why: str) -> ClientError:
@@ -257,6 +127,32 @@ def _acquire(breaker: CircuitBreaker | None, attempt: int) -> bool:
         raise
 
 
+async def _retrying(
+    fn: Callable[[float], Awaitable[T]],
+    policy: RetryPolicy,
+    context: str,
+    breaker: CircuitBreaker | None,
+    sleep: Callable[[float], Awaitable[None]],
+    clock: Callable[[], float],
+    rand: Callable[[], float],
+) -> T:
+    """The retry loop of both clients: see :func:`call_with_retry`."""
+    start = clock()
+    attempt = 0
+    while True:
+        attempt += 1
+        probe = _acquire(breaker, attempt)
+        try:
+            result = await fn(max(0.0, policy.deadline_s - (clock() - start)))
+        except BaseException as e:
+            delay = _retry_delay(e, attempt, clock() - start, policy, context, rand, breaker, probe)
+            await sleep(delay)
+            continue
+        if breaker is not None:
+            breaker.record(probe, ok=True)
+        return result
+
+
 def call_with_retry(
     fn: Callable[[float], T],
     policy: RetryPolicy,
@@ -273,20 +169,14 @@ def call_with_retry(
     the translated :class:`ClientError` of the last attempt, with ``attempts`` set; every attempt
     asks ``breaker`` first (:class:`CircuitOpenError` when it is open) and reports to it.
     """
-    start = clock()
-    attempt = 0
-    while True:
-        attempt += 1
-        probe = _acquire(breaker, attempt)
-        try:
-            result = fn(max(0.0, policy.deadline_s - (clock() - start)))
-        except BaseException as e:
-            delay = _retry_delay(e, attempt, clock() - start, policy, context, rand, breaker, probe)
-            sleep(delay)
-            continue
-        if breaker is not None:
-            breaker.record(probe, ok=True)
-        return result
+
+    async def attempt(remaining_s: float) -> T:
+        return fn(remaining_s)
+
+    async def pause(seconds: float) -> None:
+        sleep(seconds)
+
+    return finish(_retrying(attempt, policy, context, breaker, pause, clock, rand))
 
 
 async def call_with_retry_async(
@@ -299,17 +189,4 @@ async def call_with_retry_async(
     rand: Callable[[], float] = random.random,
 ) -> T:
     """Asyncio twin of :func:`call_with_retry` (sleeps with ``asyncio.sleep``)."""
-    start = clock()
-    attempt = 0
-    while True:
-        attempt += 1
-        probe = _acquire(breaker, attempt)
-        try:
-            result = await fn(max(0.0, policy.deadline_s - (clock() - start)))
-        except BaseException as e:
-            delay = _retry_delay(e, attempt, clock() - start, policy, context, rand, breaker, probe)
-            await asyncio.sleep(delay)
-            continue
-        if breaker is not None:
-            breaker.record(probe, ok=True)
-        return result
+    return await _retrying(fn, policy, context, breaker, asyncio.sleep, clock, rand)

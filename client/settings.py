@@ -6,17 +6,19 @@ server's model configs (:mod:`client.discovery`).
 Environment variables: ``TRITONFORGE_URL`` (host:port, default ``localhost:8000`` for HTTP and
 ``localhost:8001`` for gRPC), ``TRITONFORGE_PROTOCOL`` (http|grpc), ``TRITONFORGE_TIMEOUT_S``,
 ``TRITONFORGE_MAX_ATTEMPTS``, ``TRITONFORGE_DEADLINE_S``, ``TRITONFORGE_VARIANT``,
-``TRITONFORGE_PIPELINE`` (ensemble|bls), ``TRITONFORGE_PIPELINE_NAME`` (default: the discovered
-default pipeline of the task), ``TRITONFORGE_BATCH_SIZE``, ``TRITONFORGE_ADMIN_KEY`` (sent only to
-read the model configs), ``TRITONFORGE_MODEL_REPOSITORY`` (discover offline from this repository),
-``TRITONFORGE_BREAKER_FAILURES`` (consecutive transient failures that open the circuit breaker; 0
-turns it off), ``TRITONFORGE_BREAKER_WINDOW_S``, ``TRITONFORGE_BREAKER_COOLDOWN_S``
-(:mod:`client.breaker`).
+``TRITONFORGE_PIPELINE`` (the route: ensemble|bls), ``TRITONFORGE_PIPELINE_NAME`` (default: the
+discovered default pipeline of the task), ``TRITONFORGE_BATCH_SIZE``, ``TRITONFORGE_ADMIN_KEY``
+(sent only to read the model configs), ``TRITONFORGE_MODEL_REPOSITORY`` (discover offline from
+this repository), ``TRITONFORGE_BREAKER_FAILURES`` (consecutive transient failures that open the
+circuit breaker; 0 turns it off), ``TRITONFORGE_BREAKER_WINDOW_S``,
+``TRITONFORGE_BREAKER_COOLDOWN_S`` (:mod:`client.breaker`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from types import ModuleType
+from typing import Any
 
 from tritonforge.client.breaker import BreakerPolicy, CircuitBreaker
 from tritonforge.client.discovery import (
@@ -31,7 +33,8 @@ from tritonforge.client.retry import RetryPolicy
 from tritonforge.env import EnvironmentValueError, env_choice, env_float, env_int, env_str
 
 PROTOCOLS = ("http", "grpc")
-PIPELINES = ORCHESTRATIONS
+ROUTES = ORCHESTRATIONS
+PIPELINES = ROUTES  # the old name of ROUTES
 DEFAULT_HOST = "localhost"  # documented default; point TRITONFORGE_URL elsewhere
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 
@@ -88,8 +91,9 @@ class ClientSettings:
     max_backoff_s: float = 2.0
     # free text: the variants are discovered from the server and checked there
     variant: str = field(default_factory=lambda: _env("TRITONFORGE_VARIANT") or "fp32")
-    pipeline: str = field(
-        default_factory=lambda: _env_choice("TRITONFORGE_PIPELINE", PIPELINES, "ensemble")
+    # the orchestration route (ensemble | bls)
+    route: str = field(
+        default_factory=lambda: _env_choice("TRITONFORGE_PIPELINE", ROUTES, "ensemble")
     )
     batch_size: int = field(default_factory=lambda: _env_int("TRITONFORGE_BATCH_SIZE", 64))
     name: str | None = field(default_factory=lambda: _env(NAME_ENV))
@@ -104,6 +108,8 @@ class ClientSettings:
     breaker_cooldown_s: float = field(
         default_factory=lambda: _env_float("TRITONFORGE_BREAKER_COOLDOWN_S", 5.0)
     )
+    # the old name of ``route``: given, it sets ``route``; afterwards it reads as ``route``
+    pipeline: str | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.protocol = self.protocol.lower()
@@ -118,13 +124,30 @@ class ClientSettings:
             raise InvalidRequestError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.batch_size < 1:
             raise InvalidRequestError(f"batch_size must be >= 1, got {self.batch_size}")
-        check_orchestration(self.pipeline)
+        if self.pipeline is not None and self.pipeline != self.route:
+            self.route = self.pipeline
+        check_orchestration(self.route)
+        self.pipeline = self.route
         if not self.variant:
             raise InvalidRequestError("variant must be a non-empty variant name")
         try:
             self.breaker_policy()
         except ValueError as e:
             raise InvalidRequestError(f"circuit breaker settings: {e}") from e
+
+    def fields(self) -> dict[str, Any]:
+        """The fields a copy is made from (``pipeline``, the alias of ``route``, left out)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "pipeline"}
+
+    def tritonclient_module(self) -> ModuleType:
+        """``tritonclient.http`` or ``tritonclient.grpc``: the protocol's request types."""
+        if self.protocol == "http":
+            import tritonclient.http as http
+
+            return http
+        import tritonclient.grpc as grpc
+
+        return grpc
 
     @property
     def address(self) -> str:

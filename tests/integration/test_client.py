@@ -58,8 +58,8 @@ def test_bls_matches_the_ensemble_and_batches_split_by_batch_size(
     pipeline_server: EmbeddedServer,
 ) -> None:
     with EmbeddingClient(pipeline_server.grpc_url, "grpc", batch_size=3) as c:
-        ensemble = c.embed(TEXTS, variant="fp32", pipeline="ensemble")
-        bls = c.embed(TEXTS, variant="fp32", pipeline="bls")
+        ensemble = c.embed(TEXTS, variant="fp32", route="ensemble")
+        bls = c.embed(TEXTS, variant="fp32", pipeline="bls")  # route's old name still works
     assert ensemble.shape == (4, 384)
     np.testing.assert_allclose(bls, ensemble, atol=1e-5)
 
@@ -68,8 +68,8 @@ def test_health_and_metadata(pipeline_server: EmbeddedServer) -> None:
     for protocol, url in urls(pipeline_server).items():
         with EmbeddingClient(url, protocol) as c:
             assert c.is_live() and c.is_ready()
-            assert c.is_model_ready(variant="int8", pipeline="ensemble")
-            meta = c.metadata(pipeline="bls")
+            assert c.is_model_ready(variant="int8", route="ensemble")
+            meta = c.metadata(route="bls")
             assert meta["name"] == "embed_bls"
             assert [i["name"] for i in meta["inputs"]] == ["text"]
             # the BLS also says which variant answered (docs/reliability.md, degradation)
@@ -162,7 +162,7 @@ def test_cli_embed_and_similarity(pipeline_server: EmbeddedServer) -> None:
         "A man is eating a piece of bread.",
         "--url",
         pipeline_server.http_url,
-        "--pipeline",
+        "--route",
         "bls",
     )
     far = _cli(

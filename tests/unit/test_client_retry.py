@@ -240,7 +240,7 @@ def test_routes_follow_the_discovered_pipeline() -> None:
         route(embed, "ensemble", "fp16")
     with pytest.raises(InvalidRequestError, match="unknown variant='torchscript' for 'embed_bls'"):
         route(embed, "bls", "torchscript")  # exported, but not a BLS target
-    with pytest.raises(InvalidRequestError, match="unknown pipeline='graph'"):
+    with pytest.raises(InvalidRequestError, match=r"unknown route='graph' \(old name: pipeline=\)"):
         route(embed, "graph", "fp32")
 
 

@@ -12,7 +12,13 @@ from tritonforge.client.errors import (
     ServerError,
     ServerUnavailableError,
 )
-from tritonforge.client.generate import Chunk, _sse_event, classify, http_body, sampling_parameters
+from tritonforge.client.generate import (
+    Chunk,
+    _sse_event,
+    http_body,
+    sampling_parameters,
+    stream_error,
+)
 
 
 def test_sse_events_become_chunks_and_errors_are_typed() -> None:
@@ -24,12 +30,14 @@ def test_sse_events_become_chunks_and_errors_are_typed() -> None:
         _sse_event(b'data: {"error": "generate: overloaded (16 running)"}', "ctx")
 
 
-def test_classify_and_request_shapes() -> None:
-    assert isinstance(classify("text_input: the prompt has 9000 tokens", "c"), InvalidRequestError)
+def test_stream_errors_and_request_shapes() -> None:
     assert isinstance(
-        classify("generate: the server is shutting down", "c"), ServerUnavailableError
+        stream_error("text_input: the prompt has 9000 tokens", "c"), InvalidRequestError
     )
-    assert isinstance(classify("generate: decoder step failed", "c"), ServerError)
+    assert isinstance(
+        stream_error("generate: the server is shutting down", "c"), ServerUnavailableError
+    )
+    assert isinstance(stream_error("generate: decoder step failed", "c"), ServerError)
     params, stop = sampling_parameters(max_tokens=4, temperature=None, stop="END")
     assert params == {"max_tokens": 4} and stop == ["END"]
     assert http_body("hi", params, stop) == {
@@ -59,5 +67,5 @@ def test_a_pinned_variant_is_discovered_from_the_repository_and_sent(
     assert GenerateClient("localhost:1", protocol="http").model == spec.serving.model_name
     with pytest.raises(InvalidRequestError, match=r"variant.*int4"):
         GenerateClient("localhost:1", protocol="http", variant="int4")
-    refused = classify("variant: model 'generate' serves variant 'fp32', not 'int8'", "c")
+    refused = stream_error("variant: model 'generate' serves variant 'fp32', not 'int8'", "c")
     assert isinstance(refused, InvalidRequestError)
