@@ -28,14 +28,20 @@ from tritonforge.client.errors import (
     ModelNotFoundError,
 )
 from tritonforge.env import env_str
-from tritonforge.pipelines import PIPELINE_KEY, Pipeline, StageNames, discover, from_repository
+from tritonforge.pipelines import (
+    PIPELINE_KEY,
+    ROUTES,
+    VARIANT_PARAMETER,
+    Pipeline,
+    StageNames,
+    discover,
+    from_repository,
+)
 
 ADMIN_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
 REPOSITORY_ENV = "TRITONFORGE_MODEL_REPOSITORY"
 NAME_ENV = "TRITONFORGE_PIPELINE_NAME"
 DEFAULT_REPOSITORY = Path("model_repository")
-ORCHESTRATIONS = ("ensemble", "bls")
-VARIANT_PARAMETER = "variant"  # the BLS's request parameter (tritonforge.bls)
 
 
 def admin_headers(protocol: str, admin_key: str | None) -> dict[str, str]:
@@ -138,10 +144,9 @@ def choose(pipelines: Mapping[str, Pipeline], task: str, name: str | None = None
 
 def check_orchestration(orchestration: str) -> str:
     """``orchestration`` (a call's ``route``; ``pipeline`` is its old name) if it is one."""
-    if orchestration not in ORCHESTRATIONS:
+    if orchestration not in ROUTES:
         raise InvalidRequestError(
-            f"unknown route={orchestration!r} (old name: pipeline=); expected one of "
-            f"{ORCHESTRATIONS}"
+            f"unknown route={orchestration!r} (old name: pipeline=); expected one of {ROUTES}"
         )
     return orchestration
 

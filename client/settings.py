@@ -24,16 +24,15 @@ from tritonforge.client.breaker import BreakerPolicy, CircuitBreaker
 from tritonforge.client.discovery import (
     ADMIN_KEY_ENV,
     NAME_ENV,
-    ORCHESTRATIONS,
     REPOSITORY_ENV,
     check_orchestration,
 )
 from tritonforge.client.errors import InvalidRequestError
 from tritonforge.client.retry import RetryPolicy
 from tritonforge.env import EnvironmentValueError, env_choice, env_float, env_int, env_str
+from tritonforge.pipelines import ROUTES
 
 PROTOCOLS = ("http", "grpc")
-ROUTES = ORCHESTRATIONS
 PIPELINES = ROUTES  # the old name of ROUTES
 DEFAULT_HOST = "localhost"  # documented default; point TRITONFORGE_URL elsewhere
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}

@@ -21,12 +21,12 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tritonforge.client.discovery import ORCHESTRATIONS
 from tritonforge.client.settings import normalize_url
 from tritonforge.env import env_float
 from tritonforge.loadtest.locust import CLASSIFY_LOCUSTFILE, EMBED_LOCUSTFILE
 from tritonforge.loadtest.locust.options import check_environment
 from tritonforge.logs import run_main
+from tritonforge.pipelines import ROUTES
 from tritonforge.runtime.server import serving
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--pipeline-name", default=None, help="pipeline (default: the task's discovered default)"
     )
-    parser.add_argument("--pipeline", choices=ORCHESTRATIONS, default=None)
+    parser.add_argument("--pipeline", choices=ROUTES, help="route: ensemble or bls", default=None)
     parser.add_argument("--variant", default=None, help="a variant the pipeline serves")
     parser.add_argument("--reports-dir", type=Path, default=Path("reports"))
     parser.add_argument("--name", default="loadtest", help="report file prefix")
