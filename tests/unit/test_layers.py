@@ -1,0 +1,107 @@
+"""The layers of docs/architecture.md, enforced: which folder may import which.
+
+Every import counts, module-level or inside a function: a lazy import is still a tie. The console
+entry (``tritonforge/cli.py``) dispatches to the subcommands by module *name* (importlib), so the
+core never imports the packages built on it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+
+PACKAGES = ("client", "deploy", "export", "loadtest", "runtime")
+ALLOWED: dict[str, set[str]] = {
+    # the shared core: imported by every model, backend and package; depends on none of them
+    "core": set(),
+    # the Python models copied into the model repository
+    "stages": {"core"},
+    # export reads the stages' sources to copy them into the repository it writes
+    "export": {"core", "stages"},
+    "client": {"core"},
+    # the demo and the front's bench are consumers of the client
+    "runtime": {"core", "client"},
+    # load tests start servers, export anchors and drive the client
+    "loadtest": {"core", "client", "runtime", "export"},
+    # offline checks of what export writes and runtime runs
+    "deploy": {"core", "export", "runtime"},
+}
+
+
+def layer_of(path: Path) -> str:
+    rel = path.relative_to(PROJECT_ROOT).parts
+    if rel[0] in PACKAGES:
+        return rel[0]
+    return "stages" if rel[:2] == ("tritonforge", "stages") else "core"
+
+
+def layer_of_module(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "tritonforge":
+        return None
+    if len(parts) > 1 and parts[1] in PACKAGES:
+        return parts[1]
+    return "stages" if parts[1:2] == ["stages"] else "core"
+
+
+def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            out.extend((node.lineno, alias.name) for alias in node.names)
+    return out
+
+
+def source_files() -> list[Path]:
+    roots = [PROJECT_ROOT / "tritonforge", *(PROJECT_ROOT / p for p in PACKAGES)]
+    files = []
+    for root in roots:
+        for path in root.rglob("*.py"):
+            rel = path.relative_to(PROJECT_ROOT).parts
+            # tritonforge/client etc. are links to the top-level folders: read those once
+            if rel[0] == "tritonforge" and len(rel) > 1 and rel[1] in PACKAGES:
+                continue
+            files.append(path)
+    return files
+
+
+def violations() -> list[str]:
+    out = []
+    for path in source_files():
+        src = layer_of(path)
+        for line, module in imported_modules(ast.parse(path.read_text())):
+            dst = layer_of_module(module)
+            if dst is None or dst == src or dst in ALLOWED[src]:
+                continue
+            out.append(f"{path.relative_to(PROJECT_ROOT)}:{line}: {src} imports {module} ({dst})")
+    return out
+
+
+def test_every_folder_imports_only_the_layers_below_it() -> None:
+    found = violations()
+    assert not found, "see docs/architecture.md (Layers):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("module", "layer"),
+    [
+        ("tritonforge.errors", "core"),
+        ("tritonforge.stages.bls_model", "stages"),
+        ("tritonforge.runtime.front", "runtime"),
+        ("numpy", None),
+    ],
+)
+def test_modules_map_to_their_layer(module: str, layer: str | None) -> None:
+    assert layer_of_module(module) == layer
+
+
+def test_a_wrong_way_tie_is_found() -> None:
+    tree = ast.parse("def f():\n    from tritonforge.runtime.front import Front\n")
+    ((line, module),) = imported_modules(tree)
+    assert layer_of_module(module) not in ALLOWED["client"]
