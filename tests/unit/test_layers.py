@@ -103,5 +103,5 @@ def test_modules_map_to_their_layer(module: str, layer: str | None) -> None:
 
 def test_a_wrong_way_tie_is_found() -> None:
     tree = ast.parse("def f():\n    from tritonforge.runtime.front import Front\n")
-    ((line, module),) = imported_modules(tree)
+    ((_line, module),) = imported_modules(tree)
     assert layer_of_module(module) not in ALLOWED["client"]
