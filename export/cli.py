@@ -20,13 +20,13 @@ from pathlib import Path
 
 from tritonforge.export.decoder.config import clean_decoders
 from tritonforge.export.decoder.config import models as decoder_models
+from tritonforge.export.encoder import FORMATS, Options, export_pipeline
 from tritonforge.export.errors import ExportError
-from tritonforge.export.pipeline import FORMATS, Options, export_pipeline
 from tritonforge.export.pipeline_configs import stage_files, write_files
 from tritonforge.export.pipeline_spec import PipelineSpec
-from tritonforge.export.repository import clean
 from tritonforge.export.spec import CPU_TARGET, GPU_TARGET, TARGETS
 from tritonforge.export.specs import DECODERS, REGISTRY, get_pipeline
+from tritonforge.export.staging import clean
 from tritonforge.pipelines import TASKS, pipeline_models
 
 TARGET_ENV = "TRITONFORGE_EXPORT_TARGET"
@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 0
         if args.spec in DECODERS:
-            from tritonforge.export.decoder.pipeline import run_decoder_export
+            from tritonforge.export.decoder.steps import run_decoder_export
 
             spec = DECODERS[args.spec]()
             int8 = args.quantize == "int8"
@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 write_files(args.model_repository, stage_files(model, "generate"))
             return 0
         if args.from_pretrained is not None:
-            from tritonforge.export.specs.hf import pipeline_from_pretrained
+            from tritonforge.export.specs.from_pretrained import pipeline_from_pretrained
 
             pipeline = pipeline_from_pretrained(
                 args.from_pretrained, args.task, args.name, max_length=args.max_length

@@ -34,7 +34,7 @@ def _smollm2() -> DecoderSpec:
     return smollm2_spec()
 
 
-# Causal LMs (KV-cache decoders, exported by export.decoder.pipeline).
+# Causal LMs (KV-cache decoders, exported by export.decoder.steps).
 DECODERS: dict[str, Callable[[], DecoderSpec]] = {"smollm2": _smollm2}
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from tritonforge.export.errors import SpecError
 from tritonforge.export.pipeline_spec import Canary, ModelVersion, PipelineSpec
 from tritonforge.export.spec import Inputs, QualityGate, Serving
-from tritonforge.export.specs.hf import SENSITIVITY_GROUPS, pipeline_from_pretrained
+from tritonforge.export.specs.from_pretrained import SENSITIVITY_GROUPS, pipeline_from_pretrained
 
 CLASSIFIER_ENV = "TRITONFORGE_CLASSIFIER_DIR"
 log = logging.getLogger(__name__)
