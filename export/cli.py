@@ -36,22 +36,17 @@ from tritonforge.export.specs import (
 from tritonforge.export.staging import clean
 from tritonforge.pipelines import TASKS, pipeline_models
 
+PROG = "python -m tritonforge.export"
 TARGET_ENV = "TRITONFORGE_EXPORT_TARGET"
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 log = logging.getLogger(__name__)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m tritonforge.export",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "spec",
-        nargs="?",
-        help=f"a registered spec ({', '.join(sorted(REGISTRY))}) or 'clean'",
-    )
+    raw = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=raw)
+    known = ", ".join(sorted(REGISTRY))
+    p.add_argument("spec", nargs="?", help=f"a registered spec ({known}) or 'clean'")
     p.add_argument("--from-pretrained", type=Path, metavar="DIR", help="a Hugging Face checkpoint")
     p.add_argument("--task", choices=TASKS, help="with --from-pretrained: what to serve")
     p.add_argument("--name", help="with --from-pretrained: the pipeline's name (default: DIR's)")

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from tritonforge.export import onnx_checks, parity
-from tritonforge.export.encoder_int8 import int8_for_target, int8_on_cpu
+from tritonforge.export.encoder_int8 import Int8Steps
 from tritonforge.export.errors import QuantAuditError, SpecError, VerificationError
 from tritonforge.export.flow import (
     Outcome,
@@ -290,26 +290,15 @@ class _EncoderBuild:
     def _int8(self, raw: Path, deployed: Path) -> None:
         spec, options, report = self.spec, self.options, self.report
         int8_name = str(self.serving.int8_name)
-        problems, corpora = int8_on_cpu(
-            spec,
-            options.version,
-            self.staging,
-            self.steps,
-            report,
-            raw,
-            deployed,
-            self.bench,
-            self.cases,
-        )
+        int8 = Int8Steps(spec, options.version, self.staging, self.steps, report, raw)
+        problems, corpora = int8.on_cpu(deployed, self.bench, self.cases)
         self.audit_problems += problems
         self.failures += problems + report["graph_checks"].get("int8", [])
         target8 = self.staging.version_dir(int8_name, options.version) / "model.onnx"
         self._task_metrics("int8", target8, "task metrics of int8 (held-out set)")
         self.staged[int8_name] = (target8, onnx_io(target8), "onnxruntime")
         for host in int8_targets(spec, options):
-            host_file, host_problems = int8_for_target(
-                spec, options.version, self.staging, self.steps, report, raw, host, corpora
-            )
+            host_file, host_problems = int8.for_target(host, corpora)
             self._task_metrics(
                 f"int8_{host}",
                 host_file,

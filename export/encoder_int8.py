@@ -3,6 +3,7 @@ search, audit, quality gate, speed) and each other target's own graph beside it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,125 +18,141 @@ from tritonforge.export.staging import Staging
 Corpora = tuple[list[Inputs], list[Inputs], list[np.ndarray]]
 
 
-def int8_on_cpu(
-    spec: ExportSpec,
-    version: int,
-    staging: Staging,
-    steps: Steps,
-    report: dict[str, Any],
-    raw: Path,
-    fp32_deployed: Path,
-    bench: Inputs,
-    cases: list[parity.Case],
-) -> tuple[list[str], Corpora]:
-    """Quantize (with the sensitivity search), audit, gate; returns the audit problems
-    and the corpora with fp32's reference outputs (reused by the other targets)."""
-    import onnx
+@dataclass
+class Int8Steps:
+    """The int8 graphs of ``spec`` quantized from ``raw`` (fp32) into ``staging``; each records
+    its figures in ``report``."""
 
-    from tritonforge.export.quantize import audit_int8, cosines, search_exclusions
+    spec: ExportSpec
+    version: int
+    staging: Staging
+    steps: Steps
+    report: dict[str, Any]
+    raw: Path
 
-    serving, gate = spec.serving, spec.quality_gate
-    assert serving is not None and gate is not None and spec.calibration and spec.evaluation
-    target = staging.version_dir(str(serving.int8_name), version) / "model.onnx"
-    with steps("int8 calibration corpus + held-out evaluation set"):
-        calibration = spec.calibration()
-        evaluation = spec.evaluation()
-        fp32 = parity.ort_runner(raw)
-        ref = [fp32(b)[gate.output] for b in evaluation]
-    method = spec.quantization.method(CPU_TARGET)
-    with steps(f"int8 {method} quantization + quality gate (greedy sensitivity search)"):
-        result = search_exclusions(
-            spec, raw, target, staging.root / ".work", calibration, evaluation, ref, steps.note
+    def path(self, target: str) -> Path:
+        serving = self.spec.serving
+        assert serving is not None
+        name = (
+            self.spec.quantization.artifact_name(target) if target != CPU_TARGET else "model.onnx"
         )
-    with steps("int8 audit (every scale and zero point) + graph checks"):
-        problems, counts = audit_int8(onnx.load(str(target)))
-        report["graph_checks"]["int8"] = onnx_checks.check_graph(target, spec)
-        steps.note(f"{counts}, {len(problems)} problem(s)")
-    with steps("int8 speed vs fp32 + grid cosine"):
-        int8 = parity.ort_runner(target)
-        lat = parity.median_latency_ms(
-            {"int8": int8, "fp32": fp32, "opt": parity.ort_runner(fp32_deployed)}, bench
+        return self.staging.version_dir(str(serving.int8_name), self.version) / name
+
+    def on_cpu(
+        self, fp32_deployed: Path, bench: Inputs, cases: list[parity.Case]
+    ) -> tuple[list[str], Corpora]:
+        """Quantize (with the sensitivity search), audit, gate; returns the audit problems
+        and the corpora with fp32's reference outputs (reused by the other targets)."""
+        from tritonforge.export.quantize import cosines
+
+        spec, steps, gate = self.spec, self.steps, self.spec.quality_gate
+        assert gate is not None and spec.calibration and spec.evaluation
+        with steps("int8 calibration corpus + held-out evaluation set"):
+            calibration = spec.calibration()
+            evaluation = spec.evaluation()
+            fp32 = parity.ort_runner(self.raw)
+            ref = [fp32(b)[gate.output] for b in evaluation]
+        target = self.path(CPU_TARGET)
+        method = spec.quantization.method(CPU_TARGET)
+        result, problems, counts = self._quantize_and_audit(
+            CPU_TARGET,
+            (calibration, evaluation, ref),
+            f"int8 {method} quantization + quality gate (greedy sensitivity search)",
+            "int8 audit (every scale and zero point) + graph checks",
+            "int8",
         )
-        t8, t32, t_opt = lat["int8"], lat["fp32"], lat["opt"]
-        grid_cos = [
-            float(cosines(int8(c.inputs)[gate.output], c.expected[gate.output]).min())
-            for c in cases
-        ]
-        steps.note(
-            f"int8 {t8:.1f} ms vs fp32 {t32:.1f} ms ({t32 / t8:.2f}x), vs optimised fp32 "
-            f"{t_opt:.1f} ms ({t_opt / t8:.2f}x); grid min cosine vs PyTorch {min(grid_cos):.4f}"
-        )
-    report["quantization"] = _cpu_record(
-        spec,
-        len(calibration),
-        result.as_dict(),
-        result.chosen.figures,
-        counts,
-        problems,
-        {"int8": t8, "fp32": t32, "fp32_optimized": t_opt},
-        min(grid_cos),
-    )
-    return problems, (calibration, evaluation, ref)
-
-
-def int8_for_target(
-    spec: ExportSpec,
-    version: int,
-    staging: Staging,
-    steps: Steps,
-    report: dict[str, Any],
-    raw: Path,
-    target: str,
-    corpora: Corpora,
-) -> tuple[Path, list[str]]:
-    """``target``'s own int8 graph beside the CPU's (the CPU's corpora and fp32 reference, its
-    own search, audit and gate, on CPU with onnxruntime); returns its path and audit problems."""
-    import onnx
-
-    from tritonforge.export.quantize import audit_int8, search_exclusions
-
-    serving, gate, q = spec.serving, spec.quality_gate, spec.quantization
-    assert serving is not None and gate is not None and spec.calibration and spec.evaluation
-    method = q.method(target)
-    path = staging.version_dir(str(serving.int8_name), version) / q.artifact_name(target)
-    with steps(f"int8 for {target} hosts: {method} quantization + quality gate (on CPU)"):
-        calibration, evaluation, ref = corpora
-        result = search_exclusions(
+        with steps("int8 speed vs fp32 + grid cosine"):
+            int8 = parity.ort_runner(target)
+            runners = {"int8": int8, "fp32": fp32, "opt": parity.ort_runner(fp32_deployed)}
+            lat = parity.median_latency_ms(runners, bench)
+            t8, t32, t_opt = lat["int8"], lat["fp32"], lat["opt"]
+            grid_cos = [
+                float(cosines(int8(c.inputs)[gate.output], c.expected[gate.output]).min())
+                for c in cases
+            ]
+            steps.note(
+                f"int8 {t8:.1f} ms vs fp32 {t32:.1f} ms ({t32 / t8:.2f}x), vs optimised fp32 "
+                f"{t_opt:.1f} ms ({t_opt / t8:.2f}x); grid min cosine vs PyTorch "
+                f"{min(grid_cos):.4f}"
+            )
+        self.report["quantization"] = _cpu_record(
             spec,
-            raw,
-            path,
-            staging.root / ".work",
-            calibration,
-            evaluation,
-            ref,
-            steps.note,
-            target=target,
+            len(calibration),
+            result.as_dict(),
+            result.chosen.figures,
+            counts,
+            problems,
+            {"int8": t8, "fp32": t32, "fp32_optimized": t_opt},
+            min(grid_cos),
         )
-    with steps(f"int8 for {target} hosts: audit + graph checks"):
-        problems, counts = audit_int8(onnx.load(str(path)))
-        report["graph_checks"][f"int8_{target}"] = onnx_checks.check_graph(path, spec)
-        steps.note(f"{counts}, {len(problems)} problem(s)")
-    report.setdefault("quantization_targets", {})[target] = {
-        "file": path.name,
-        "method": method,
-        "calibration_source": spec.calibration_source,
-        "calibration_batches": len(calibration),
-        "evaluation_source": spec.evaluation_source,
-        "settings": {
-            "per_channel": q.per_channel,
-            "activation_type": q.activation_type,
-            "weight_type": q.weight_type,
-            "symmetric": q.symmetric,
-            "calibrate_method": q.calibrate_method,
-            "op_types": list(q.op_types),
-            "weights_only": q.weights_only,
-        },
-        "gate": {"metric": gate.metric, **gate.thresholds()},
-        "quality": result.chosen.figures,
-        "search": result.as_dict(),
-        "audit": {"counts": counts, "problems": problems},
-    }
-    return path, problems
+        return problems, (calibration, evaluation, ref)
+
+    def for_target(self, target: str, corpora: Corpora) -> tuple[Path, list[str]]:
+        """``target``'s own int8 graph beside the CPU's (the CPU's corpora and fp32 reference,
+        its own search, audit and gate, on CPU with onnxruntime); returns its path and audit
+        problems."""
+        spec, q, gate = self.spec, self.spec.quantization, self.spec.quality_gate
+        assert gate is not None
+        method = q.method(target)
+        result, problems, counts = self._quantize_and_audit(
+            target,
+            corpora,
+            f"int8 for {target} hosts: {method} quantization + quality gate (on CPU)",
+            f"int8 for {target} hosts: audit + graph checks",
+            f"int8_{target}",
+        )
+        path = self.path(target)
+        self.report.setdefault("quantization_targets", {})[target] = {
+            "file": path.name,
+            "method": method,
+            "calibration_source": spec.calibration_source,
+            "calibration_batches": len(corpora[0]),
+            "evaluation_source": spec.evaluation_source,
+            "settings": {
+                "per_channel": q.per_channel,
+                "activation_type": q.activation_type,
+                "weight_type": q.weight_type,
+                "symmetric": q.symmetric,
+                "calibrate_method": q.calibrate_method,
+                "op_types": list(q.op_types),
+                "weights_only": q.weights_only,
+            },
+            "gate": {"metric": gate.metric, **gate.thresholds()},
+            "quality": result.chosen.figures,
+            "search": result.as_dict(),
+            "audit": {"counts": counts, "problems": problems},
+        }
+        return path, problems
+
+    def _quantize_and_audit(
+        self, target: str, corpora: Corpora, search_step: str, audit_step: str, key: str
+    ) -> tuple[Any, list[str], Any]:
+        """The sensitivity search (quantize + gate) for ``target``, then the audit of every scale
+        and zero point and the graph checks (under ``graph_checks[key]``)."""
+        import onnx
+
+        from tritonforge.export.int8_audit import audit_int8
+        from tritonforge.export.quantize import search_exclusions
+
+        path, work = self.path(target), self.staging.root / ".work"
+        calibration, evaluation, ref = corpora
+        with self.steps(search_step):
+            result = search_exclusions(
+                self.spec,
+                self.raw,
+                path,
+                work,
+                calibration,
+                evaluation,
+                ref,
+                self.steps.note,
+                target=target,
+            )
+        with self.steps(audit_step):
+            problems, counts = audit_int8(onnx.load(str(path)))
+            self.report["graph_checks"][key] = onnx_checks.check_graph(path, self.spec)
+            self.steps.note(f"{counts}, {len(problems)} problem(s)")
+        return result, problems, counts
 
 
 def _cpu_record(

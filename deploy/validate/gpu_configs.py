@@ -168,7 +168,7 @@ def tensorrt_int8_findings(name: str, model: Any, params: Mapping[str, str]) -> 
     import numpy as np
     from onnx import numpy_helper
 
-    from tritonforge.export.quantize import audit_qdq
+    from tritonforge.export.int8_audit import audit_qdq
 
     out: list[str] = []
     graph = model.graph

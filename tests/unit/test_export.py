@@ -14,7 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tritonforge.export.encoder import Options, run_export
 from tritonforge.export.errors import QuantAuditError, VerificationError
-from tritonforge.export.quantize import audit_dynamic, audit_int8, audit_qdq, quantize_int8
+from tritonforge.export.int8_audit import audit_dynamic, audit_int8, audit_qdq
+from tritonforge.export.quantize import quantize_int8
 from tritonforge.export.spec import (
     BATCH_AXIS,
     ExportSpec,
