@@ -37,14 +37,18 @@ class Outcome:
 class Steps:
     """Numbered progress lines with per-step timings (and a bar with an ETA when given one)."""
 
-    def __init__(self, spec: str, progress: Progress, bar: StepBar | None = None) -> None:
+    def __init__(
+        self, spec: str, progress: Progress, bar: StepBar | None = None, title: str = ""
+    ) -> None:
+        """``title`` heads each step's line (default ``export <spec>``)."""
         self.spec, self.progress, self.bar = spec, progress, bar
+        self.title = title or f"export {spec}"
         self.timings: dict[str, float] = {}
         self.t0 = time.perf_counter()
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
-        self.progress(f"==> [export {self.spec}] {name} ...")
+        self.progress(f"==> [{self.title}] {name} ...")
         t = time.perf_counter()
         yield
         self.timings[name] = time.perf_counter() - t
