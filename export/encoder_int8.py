@@ -75,15 +75,9 @@ class Int8Steps:
                 f"{t_opt:.1f} ms ({t_opt / t8:.2f}x); grid min cosine vs PyTorch "
                 f"{min(grid_cos):.4f}"
             )
+        latency_ms = {"int8": t8, "fp32": t32, "fp32_optimized": t_opt}
         self.report["quantization"] = _cpu_record(
-            spec,
-            len(calibration),
-            result.as_dict(),
-            result.chosen.figures,
-            counts,
-            problems,
-            {"int8": t8, "fp32": t32, "fp32_optimized": t_opt},
-            min(grid_cos),
+            spec, len(calibration), result, (counts, problems), latency_ms, min(grid_cos)
         )
         return problems, (calibration, evaluation, ref)
 
@@ -158,10 +152,8 @@ class Int8Steps:
 def _cpu_record(
     spec: ExportSpec,
     calibration_batches: int,
-    search: dict[str, Any],
-    quality: dict[str, float],
-    counts: Any,
-    problems: list[str],
+    result: Any,
+    audit: tuple[Any, list[str]],
     latency_ms: dict[str, float],
     grid_min_cosine: float,
 ) -> dict[str, Any]:
@@ -182,9 +174,9 @@ def _cpu_record(
             "weights_only": q.weights_only,
         },
         "gate": {"metric": gate.metric, **gate.thresholds()},
-        "quality": quality,
-        "search": search,
-        "audit": {"counts": counts, "problems": problems},
+        "quality": result.chosen.figures,
+        "search": result.as_dict(),
+        "audit": {"counts": audit[0], "problems": audit[1]},
         "latency_ms": {k: round(v, 2) for k, v in latency_ms.items()},
         "speedup_vs_fp32": t32 / t8,
         "speedup_vs_optimized": t_opt / t8,

@@ -77,7 +77,17 @@ def _check_qdq_node(
     if zp is not None:
         _check_zero_point(label, zp, scale, problems)
     if scale.ndim == 1 and scale.size > 1:
-        _check_channels(label, node.input[0], axis, scale, constants, ranks, problems)
+        # per-channel: a valid axis of the input with as many channels as scales
+        tensor, rank = node.input[0], ranks.get(node.input[0])
+        if rank is None:
+            problems.append(f"{label}: per-channel but the rank of {tensor!r} is unknown")
+        elif not -rank <= axis < rank:
+            problems.append(f"{label}: per-channel axis {axis} invalid for rank {rank}")
+        elif tensor in constants and constants[tensor].shape[axis] != scale.size:
+            problems.append(
+                f"{label}: per-channel scale has {scale.size} values but axis {axis} of "
+                f"{tensor!r} has size {constants[tensor].shape[axis]}"
+            )
     elif scale.ndim > 1:
         problems.append(f"{label}: scale rank {scale.ndim} (blocked) is not supported here")
     return scale, zp, axis
@@ -92,30 +102,6 @@ def _check_zero_point(label: str, zp: np.ndarray, scale: np.ndarray, problems: l
             problems.append(f"{label}: zero point outside {zp.dtype} range")
     if zp.shape != scale.shape:
         problems.append(f"{label}: zero point shape {zp.shape} != scale shape {scale.shape}")
-
-
-def _check_channels(
-    label: str,
-    tensor: str,
-    axis: int,
-    scale: np.ndarray,
-    constants: dict[str, np.ndarray],
-    ranks: dict[str, int],
-    problems: list[str],
-) -> None:
-    """A per-channel scale: a valid axis of ``tensor`` with as many channels as scales."""
-    rank = ranks.get(tensor)
-    if rank is None:
-        problems.append(f"{label}: per-channel but the rank of {tensor!r} is unknown")
-    elif not -rank <= axis < rank:
-        problems.append(f"{label}: per-channel axis {axis} invalid for rank {rank}")
-    elif tensor in constants:
-        size = constants[tensor].shape[axis]
-        if size != scale.size:
-            problems.append(
-                f"{label}: per-channel scale has {scale.size} values but axis {axis} of "
-                f"{tensor!r} has size {size}"
-            )
 
 
 def _same_params(a: _QParams, b: _QParams) -> bool:

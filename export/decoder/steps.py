@@ -20,6 +20,7 @@ import torch
 
 import tritonforge
 from tritonforge.decoder import OrtDecoder
+from tritonforge.export import flow
 from tritonforge.export.decoder import verify
 from tritonforge.export.decoder.config import VERSION, files, models, render_config
 from tritonforge.export.decoder.graph import (
@@ -32,16 +33,7 @@ from tritonforge.export.decoder.load import load_gguf, package_file
 from tritonforge.export.decoder.module import KVCacheDecoder
 from tritonforge.export.decoder.report import render_markdown
 from tritonforge.export.decoder.spec import DecoderSpec
-from tritonforge.export.flow import (
-    Outcome,
-    Progress,
-    Steps,
-    Task,
-    check,
-    report_header,
-    run_flow,
-    seal,
-)
+from tritonforge.export.flow import Outcome, Progress, Steps
 from tritonforge.export.spec import digest_json
 from tritonforge.export.specs.text import read_sentences
 from tritonforge.export.staging import Staging, library_versions
@@ -142,7 +134,7 @@ def run_decoder_export(
 ) -> Outcome:
     """Export ``spec``'s ``generate`` models into ``repo`` (fp32, and int8 when asked)."""
     checkpoint = package_file(spec.package, spec.checkpoint)
-    task = Task(
+    task = flow.Task(
         name=spec.name,
         planned=files(spec, int8),
         fingerprint=partial(fingerprint, spec, checkpoint, int8),
@@ -151,7 +143,7 @@ def run_decoder_export(
         ),
         after_commit=partial(_remove_legacy_files, spec, repo, int8),
     )
-    return run_flow(task, repo, force, progress, bar=False)
+    return flow.run_flow(task, repo, force, progress, bar=False)
 
 
 def _remove_legacy_files(spec: DecoderSpec, repo: Path, int8: bool) -> None:
@@ -177,7 +169,7 @@ class _DecoderBuild:
             self.out["int8"] = self.paths["int8.decoder"]
         self.failures: list[str] = []
         self.report: dict[str, Any] = {
-            **report_header(spec.name, spec.description, fp, fp["libraries"], spec.opset),
+            **flow.report_header(spec.name, spec.description, fp, fp["libraries"], spec.opset),
             "grid": {"shapes": [list(g) for g in spec.grid], "padded": list(spec.padded_batches)},
             "parity": {},
             "artifacts": {},
@@ -193,7 +185,7 @@ class _DecoderBuild:
             export_graph(decoder, spec, out["decoder"])
             problems = check_graph(out["decoder"], decoder.layers)
             self.report["graph_checks"] = problems
-            check(problems, spec.name)
+            flow.check(problems, spec.name)
         with steps("tokenizer.json + generation.json"):
             meta = self._tokenizer_files(model, hf_tok)
         fp32 = OrtDecoder(out["decoder"], intra_op_threads=2)
@@ -213,11 +205,11 @@ class _DecoderBuild:
         }
         if self.int8:
             self.failures += _int8(spec, out, fp32, alone, run, self.report, steps)
-        check(self.failures, spec.name)
+        flow.check(self.failures, spec.name)
         with steps("config.pbtxt per variant, sha256 sidecars, reports"):
             self._configs()
             dirs = [self.staging.path(f"{m}/{VERSION}") for m in models(spec, self.int8).values()]
-            seal(self.staging, steps, self.report, self.paths, dirs, render_markdown)
+            flow.seal(self.staging, steps, self.report, self.paths, dirs, render_markdown)
         return self.report
 
     def _tokenizer_files(self, model: Any, hf_tok: Any) -> dict[str, Any]:
