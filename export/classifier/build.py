@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from tritonforge.export.classifier.base_model import encode_frozen, load_base, tokenize
 from tritonforge.export.classifier.data import (
     LABELS,
     SPLIT_SEED,
@@ -42,13 +43,12 @@ from tritonforge.export.classifier.data import (
     load_corpus,
     split_counts,
 )
-from tritonforge.export.classifier.metrics import (
+from tritonforge.export.classifier.evaluation import (
     linear_probe,
     majority_baseline,
     scores,
     tfidf_baseline,
 )
-from tritonforge.export.classifier.model import encode_frozen, load_base, tokenize
 from tritonforge.export.classifier.report import write_markdown
 from tritonforge.export.classifier.train import HyperParams, predict_logits, train_top
 from tritonforge.export.errors import VerificationError

@@ -45,7 +45,7 @@ def _texts(split: str, limit: int | None = None) -> list[str]:
 def _accuracy(runner: Runner, tokenize: Callable[[list[str]], Inputs]) -> dict[str, Any]:
     """Test-split accuracy and macro-F1 of an exported variant (argmax of its logits)."""
     from tritonforge.export.classifier.data import LABELS, load_split
-    from tritonforge.export.classifier.metrics import scores
+    from tritonforge.export.classifier.evaluation import scores
 
     texts, labels = load_split("test")
     predicted: list[int] = []
