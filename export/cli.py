@@ -20,31 +20,33 @@ from pathlib import Path
 
 from tritonforge.export.decoder.config import clean_decoders
 from tritonforge.export.decoder.config import models as decoder_models
+from tritonforge.export.encoder import FORMATS, Options, export_pipeline
 from tritonforge.export.errors import ExportError
-from tritonforge.export.pipeline import FORMATS, Options, export_pipeline
 from tritonforge.export.pipeline_configs import stage_files, write_files
 from tritonforge.export.pipeline_spec import PipelineSpec
-from tritonforge.export.repository import clean
 from tritonforge.export.spec import CPU_TARGET, GPU_TARGET, TARGETS
-from tritonforge.export.specs import DECODERS, REGISTRY, get_pipeline
+from tritonforge.export.specs import (
+    GENERATION,
+    REGISTRY,
+    decoder_names,
+    get_decoder,
+    get_entry,
+    get_pipeline,
+)
+from tritonforge.export.staging import clean
 from tritonforge.pipelines import TASKS, pipeline_models
 
+PROG = "python -m tritonforge.export"
 TARGET_ENV = "TRITONFORGE_EXPORT_TARGET"
 DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 log = logging.getLogger(__name__)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m tritonforge.export",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "spec",
-        nargs="?",
-        help=f"a registered spec ({', '.join(sorted([*REGISTRY, *DECODERS]))}) or 'clean'",
-    )
+    raw = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=raw)
+    known = ", ".join(sorted(REGISTRY))
+    p.add_argument("spec", nargs="?", help=f"a registered spec ({known}) or 'clean'")
     p.add_argument("--from-pretrained", type=Path, metavar="DIR", help="a Hugging Face checkpoint")
     p.add_argument("--task", choices=TASKS, help="with --from-pretrained: what to serve")
     p.add_argument("--name", help="with --from-pretrained: the pipeline's name (default: DIR's)")
@@ -97,32 +99,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.spec == "clean":
-            repo = args.model_repository
-            removed = clean(repo, pipeline_models(repo) if repo.is_dir() else [])
-            removed += clean_decoders(args.model_repository, [f() for f in DECODERS.values()])
-            log.info(
-                "==> [export clean] removed %d item(s): %s", len(removed), ", ".join(removed) or "-"
-            )
-            return 0
-        if args.spec in DECODERS:
-            from tritonforge.export.decoder.pipeline import run_decoder_export
-
-            spec = DECODERS[args.spec]()
-            int8 = args.quantize == "int8"
-            run_decoder_export(spec, args.model_repository, int8, args.force)
-            for model in decoder_models(spec, int8).values():
-                write_files(args.model_repository, stage_files(model, "generate"))
-            return 0
-        if args.from_pretrained is not None:
-            from tritonforge.export.specs.hf import pipeline_from_pretrained
-
-            pipeline = pipeline_from_pretrained(
-                args.from_pretrained, args.task, args.name, max_length=args.max_length
-            )
+            _clean(args.model_repository)
+        elif args.spec is not None and get_entry(args.spec).task == GENERATION:
+            _export_decoder(args)
         else:
-            pipeline = get_pipeline(args.spec)
-        export_pipeline(pipeline, options_for(pipeline, args))
+            _export_pipeline(args)
     except ExportError as e:
         log.error("export failed: %s", e)
         return 1
     return 0
+
+
+def _clean(repo: Path) -> None:
+    removed = clean(repo, pipeline_models(repo) if repo.is_dir() else [])
+    removed += clean_decoders(repo, [get_decoder(n) for n in decoder_names()])
+    log.info("==> [export clean] removed %d item(s): %s", len(removed), ", ".join(removed) or "-")
+
+
+def _export_decoder(args: argparse.Namespace) -> None:
+    from tritonforge.export.decoder.steps import run_decoder_export
+
+    spec = get_decoder(args.spec)
+    int8 = args.quantize == "int8"
+    run_decoder_export(spec, args.model_repository, int8, args.force)
+    for model in decoder_models(spec, int8).values():
+        write_files(args.model_repository, stage_files(model, "generate"))
+
+
+def _export_pipeline(args: argparse.Namespace) -> None:
+    if args.from_pretrained is not None:
+        from tritonforge.export.specs.from_pretrained import pipeline_from_pretrained
+
+        pipeline = pipeline_from_pretrained(
+            args.from_pretrained, args.task, args.name, max_length=args.max_length
+        )
+    else:
+        pipeline = get_pipeline(args.spec)
+    export_pipeline(pipeline, options_for(pipeline, args))

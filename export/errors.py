@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tritonforge.errors import TritonforgeError
 
-class ExportError(Exception):
+
+class ExportError(TritonforgeError):
     """Base class of every export failure. The model repository is left unchanged."""
 
 

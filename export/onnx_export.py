@@ -24,28 +24,51 @@ def trace_inputs(spec: ExportSpec, seed: int = 1) -> tuple[torch.Tensor, ...]:
     return tuple(torch.from_numpy(example[t.name]) for t in spec.inputs)
 
 
-def export_onnx(module: torch.nn.Module, spec: ExportSpec, path: Path) -> None:
-    """Export ``module`` to ``path`` (opset ``spec.opset``, TorchScript-based exporter)."""
-    if spec.opset < 17:
-        raise ExportError(f"spec {spec.name}: opset {spec.opset} < 17 is not supported")
-    args = trace_inputs(spec)
+def torch_to_onnx(
+    module: torch.nn.Module,
+    args: tuple[torch.Tensor, ...],
+    path: Path,
+    names: tuple[list[str], list[str]],
+    dynamic_axes: dict[str, dict[int, str]],
+    opset: int,
+    what: str,
+    no_grad: bool = False,
+) -> None:
+    """torch.onnx.export (TorchScript-based, constant folding) with its warnings and stderr
+    captured (under ``torch.no_grad`` when asked); a failure raises :class:`ExportError` naming
+    ``what`` with the log's tail."""
     log = io.StringIO()
+    grad = torch.no_grad() if no_grad else contextlib.nullcontext()
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stderr(log):
+        with warnings.catch_warnings(), contextlib.redirect_stderr(log), grad:
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 module,
                 args,
                 str(path),
-                input_names=[t.name for t in spec.inputs],
-                output_names=[t.name for t in spec.outputs],
-                dynamic_axes={t.name: t.dynamic_axes for t in (*spec.inputs, *spec.outputs)},
-                opset_version=spec.opset,
+                input_names=names[0],
+                output_names=names[1],
+                dynamic_axes=dynamic_axes,
+                opset_version=opset,
                 do_constant_folding=True,
                 dynamo=False,
             )
     except Exception as e:
         raise ExportError(
-            f"torch.onnx.export of spec {spec.name} failed: {type(e).__name__}: {e}\n"
-            f"{log.getvalue()[-2000:]}"
+            f"torch.onnx.export of {what} failed: {type(e).__name__}: {e}\n{log.getvalue()[-2000:]}"
         ) from e
+
+
+def export_onnx(module: torch.nn.Module, spec: ExportSpec, path: Path) -> None:
+    """Export ``module`` to ``path`` (opset ``spec.opset``, TorchScript-based exporter)."""
+    if spec.opset < 17:
+        raise ExportError(f"spec {spec.name}: opset {spec.opset} < 17 is not supported")
+    torch_to_onnx(
+        module,
+        trace_inputs(spec),
+        path,
+        ([t.name for t in spec.inputs], [t.name for t in spec.outputs]),
+        {t.name: t.dynamic_axes for t in (*spec.inputs, *spec.outputs)},
+        spec.opset,
+        f"spec {spec.name}",
+    )

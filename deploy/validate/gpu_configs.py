@@ -165,7 +165,8 @@ def tensorrt_int8_findings(name: str, model: Any, params: Mapping[str, str]) -> 
     audit); each quantized MatMul/Gemm/Conv takes every input from a DequantizeLinear, an
     activation's DequantizeLinear from a QuantizeLinear, a weight's from a constant int8 tensor.
     """
-    from tritonforge.export.quantize import audit_qdq
+
+    from tritonforge.export.int8_audit import audit_qdq
 
     counts: dict[str, int] = {}
     for node in model.graph.node:

@@ -23,9 +23,8 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from tritonforge.export.classifier.base_model import encode_frozen, load_base, tokenize
 from tritonforge.export.classifier.data import (
     LABELS,
     SPLIT_SEED,
@@ -43,16 +43,16 @@ from tritonforge.export.classifier.data import (
     load_corpus,
     split_counts,
 )
-from tritonforge.export.classifier.metrics import (
+from tritonforge.export.classifier.evaluation import (
     linear_probe,
     majority_baseline,
     scores,
     tfidf_baseline,
 )
-from tritonforge.export.classifier.model import encode_frozen, load_base, tokenize
 from tritonforge.export.classifier.report import write_markdown
 from tritonforge.export.classifier.train import HyperParams, predict_logits, train_top
 from tritonforge.export.errors import VerificationError
+from tritonforge.export.flow import Steps
 from tritonforge.export.spec import digest_json
 from tritonforge.integrity import sha256_file
 
@@ -233,93 +233,92 @@ def _build_into(
     fp: dict[str, Any],
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    timings: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def step(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        timings[name] = round(now - clock, 2)
-        log(f"    {name}: {timings[name]:.1f} s")
-        clock = now
-
+    steps = Steps("classifier", log)
     load_start = os.getloadavg()
-    data = {name: corpus.select(name) for name in ("train", "validation", "test")}
-    label_id = {lab: i for i, lab in enumerate(LABELS)}
-    y = {name: np.array([label_id[lab] for lab in labels]) for name, (_, labels) in data.items()}
-    tokenizer = Tokenizer.from_file(str(base / "tokenizer.json"))
-    tokenized = {
-        name: tokenize(tokenizer, texts, hp.max_length) for name, (texts, _) in data.items()
-    }
-    ids = {name: t[0] for name, t in tokenized.items()}
-    lengths = _token_lengths(
-        [x for v in ids.values() for x in v],
-        sum(t[1] for t in tokenized.values()),
-        hp.max_length,
-    )
-    step("tokenize")
-
-    model = load_base(base, hp.seed)
-    feats = {
-        name: encode_frozen(
-            model,
-            ids[name],
-            hp.feature_dtype if name != "test" else "float32",
-            hp.encode_batch_size,
-            torch.bfloat16 if name != "test" else torch.float32,
+    with steps("tokenize"):
+        data = {name: corpus.select(name) for name in ("train", "validation", "test")}
+        label_id = {lab: i for i, lab in enumerate(LABELS)}
+        y = {n: np.array([label_id[lab] for lab in labels]) for n, (_, labels) in data.items()}
+        tokenizer = Tokenizer.from_file(str(base / "tokenizer.json"))
+        tokenized = {n: tokenize(tokenizer, texts, hp.max_length) for n, (texts, _) in data.items()}
+        ids = {name: t[0] for name, t in tokenized.items()}
+        lengths = _token_lengths(
+            [x for v in ids.values() for x in v],
+            sum(t[1] for t in tokenized.values()),
+            hp.max_length,
         )
-        for name in ("train", "validation", "test")
-    }
-    step("frozen encoder pass")
-
-    train_pos = {r: i for i, r in enumerate(corpus.split.train)}
-    versions: dict[str, Any] = {}
-    for version, rows_name in VERSIONS.items():
-        rows = [train_pos[r] for r in corpus.split.ids(rows_name)]
-        train_texts = [data["train"][0][i] for i in rows]
-        train_y = y["train"][rows]
-        baselines = {
-            "majority": scores(y["test"], majority_baseline(train_y, len(y["test"]))),
-            "tfidf_logreg": scores(
-                y["test"], tfidf_baseline(train_texts, train_y, data["test"][0])
-            ),
-            "linear_probe_mean_pooled": scores(
-                y["test"],
-                linear_probe(
-                    feats["train"].mean[rows].numpy(), train_y, feats["test"].mean.numpy()
-                ),
-            ),
-        }
-        step(f"v{version} baselines")
+    with steps("frozen encoder pass"):
         model = load_base(base, hp.seed)
-        log(f"==> [classifier] v{version}: training on {len(rows)} rows ({rows_name})")
-        result = train_top(
-            model,
-            feats["train"].subset(rows),
-            train_y,
-            feats["validation"],
-            y["validation"],
-            hp,
-            log,
-        )
-        step(f"v{version} training")
-        logits = predict_logits(model, feats["test"])
-        test = scores(y["test"], logits.argmax(1))
-        target = checkpoint_dir(staging, version)
-        model.save_pretrained(target)
-        _save_tokenizer(base, target)
-        failures = _verify_checkpoint(
-            target, data["test"][0][:VERIFY_ROWS], logits[:VERIFY_ROWS], hp
-        )
-        if failures:
-            raise VerificationError(failures, f"classifier v{version}")
-        step(f"v{version} evaluate + save + verify")
-        log(
+        feats = {
+            name: encode_frozen(
+                model,
+                ids[name],
+                hp.feature_dtype if name != "test" else "float32",
+                hp.encode_batch_size,
+                torch.bfloat16 if name != "test" else torch.float32,
+            )
+            for name in ("train", "validation", "test")
+        }
+    train = _Training(staging, corpus, base, hp, data, y, feats, steps, log)
+    versions = {str(v): train.version(v, rows_name) for v, rows_name in VERSIONS.items()}
+    timings = {k: round(v, 2) for k, v in steps.timings.items()}
+    timings["total"] = round(sum(timings.values()), 2)
+    report = _report(fp, corpus, hp, lengths, versions, timings, load_start)
+    (staging / REPORT_JSON).write_text(json.dumps(report, indent=1) + "\n")
+    write_markdown(report, staging / REPORT_MD)
+    return report
+
+
+@dataclass
+class _Training:
+    """Trains, evaluates, saves and verifies each version over the shared frozen features."""
+
+    staging: Path
+    corpus: Corpus
+    base: Path
+    hp: HyperParams
+    data: dict[str, tuple[list[str], list[str]]]
+    y: dict[str, np.ndarray]
+    feats: dict[str, Any]
+    steps: Steps
+    log: Callable[[str], None]
+
+    def version(self, version: int, rows_name: str) -> dict[str, Any]:
+        """Version ``version`` trained on ``rows_name``; returns its report section."""
+        y, feats, steps = self.y, self.feats, self.steps
+        train_pos = {r: i for i, r in enumerate(self.corpus.split.train)}
+        rows = [train_pos[r] for r in self.corpus.split.ids(rows_name)]
+        train_y = y["train"][rows]
+        with steps(f"v{version} baselines"):
+            baselines = self._baselines(rows, train_y)
+        with steps(f"v{version} training"):
+            model = load_base(self.base, self.hp.seed)
+            self.log(f"==> [classifier] v{version}: training on {len(rows)} rows ({rows_name})")
+            result = train_top(
+                model,
+                feats["train"].subset(rows),
+                train_y,
+                feats["validation"],
+                y["validation"],
+                self.hp,
+                self.log,
+            )
+        with steps(f"v{version} evaluate + save + verify"):
+            logits = predict_logits(model, feats["test"])
+            test = scores(y["test"], logits.argmax(1))
+            target = checkpoint_dir(self.staging, version)
+            model.save_pretrained(target)
+            _save_tokenizer(self.base, target)
+            texts = self.data["test"][0][:VERIFY_ROWS]
+            failures = _verify_checkpoint(target, texts, logits[:VERIFY_ROWS], self.hp)
+            if failures:
+                raise VerificationError(failures, f"classifier v{version}")
+        self.log(
             f"    v{version} test: accuracy {test['accuracy']:.4f}, macro-F1 {test['macro_f1']:.4f} "
             f"(TF-IDF {baselines['tfidf_logreg']['accuracy']:.4f}, linear probe "
             f"{baselines['linear_probe_mean_pooled']['accuracy']:.4f})"
         )
-        versions[str(version)] = {
+        return {
             "checkpoint": target.name,
             "train_rows": rows_name,
             "train_count": len(rows),
@@ -329,8 +328,31 @@ def _build_into(
             "baselines": baselines,
             "files": {p.name: sha256_file(p) for p in sorted(target.iterdir()) if p.is_file()},
         }
-    timings["total"] = round(sum(timings.values()), 2)
-    report = {
+
+    def _baselines(self, rows: list[int], train_y: np.ndarray) -> dict[str, Any]:
+        y_test, test_texts = self.y["test"], self.data["test"][0]
+        train_texts = [self.data["train"][0][i] for i in rows]
+        probe = linear_probe(
+            self.feats["train"].mean[rows].numpy(), train_y, self.feats["test"].mean.numpy()
+        )
+        return {
+            "majority": scores(y_test, majority_baseline(train_y, len(y_test))),
+            "tfidf_logreg": scores(y_test, tfidf_baseline(train_texts, train_y, test_texts)),
+            "linear_probe_mean_pooled": scores(y_test, probe),
+        }
+
+
+def _report(
+    fp: dict[str, Any],
+    corpus: Corpus,
+    hp: HyperParams,
+    lengths: dict[str, Any],
+    versions: dict[str, Any],
+    timings: dict[str, float],
+    load_start: tuple[float, float, float],
+) -> dict[str, Any]:
+    splits = ("train", "validation", "test", "train_half")
+    return {
         "fingerprint": fp,
         "labels": list(LABELS),
         "corpus": {
@@ -346,14 +368,8 @@ def _build_into(
                 "test": TEST_FRACTION,
             },
             "counts": split_counts(corpus.rows, corpus.split),
-            "row_ids_sha256": {
-                name: ids_digest(corpus.split.ids(name))
-                for name in ("train", "validation", "test", "train_half")
-            },
-            "row_ids": {
-                name: list(corpus.split.ids(name))
-                for name in ("train", "validation", "test", "train_half")
-            },
+            "row_ids_sha256": {name: ids_digest(corpus.split.ids(name)) for name in splits},
+            "row_ids": {name: list(corpus.split.ids(name)) for name in splits},
         },
         "tokens": lengths,
         "hyper_parameters": hp.as_dict(),
@@ -367,9 +383,6 @@ def _build_into(
             "load_average_1m_end": round(os.getloadavg()[0], 2),
         },
     }
-    (staging / REPORT_JSON).write_text(json.dumps(report, indent=1) + "\n")
-    write_markdown(report, staging / REPORT_MD)
-    return report
 
 
 DESIGN = (

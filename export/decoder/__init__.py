@@ -1,6 +1,6 @@
 """Export of causal language models with a KV cache (the generation pipeline).
 
-The encoder exporter (:mod:`export.pipeline`) handles one forward pass per request; a decoder is
+The encoder exporter (:mod:`export.encoder`) handles one forward pass per request; a decoder is
 called once per generated token with its past keys/values, so it gets its own spec type
 (:class:`export.decoder.spec.DecoderSpec`), graph wrapper, verification grid and quality gates.
 """

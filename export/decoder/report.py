@@ -1,34 +1,17 @@
-"""The decoder export report: JSON (complete) and Markdown (the figures a reviewer reads)."""
+"""The decoder export report's Markdown (the figures a reviewer reads); written by
+:func:`export.report.write_report`."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-from tritonforge.export.repository import REPORT_JSON, REPORT_MD
+from tritonforge.export.report import header_lines, timings_lines
 
 
 def render_markdown(report: dict[str, Any]) -> str:
     parity, fid = report["parity"]["fp32"], report["fidelity"]
     lines = [
-        f"# Export report: {report['spec']}",
-        "",
-        report["description"],
-        "",
-        f"- created: {report['created_utc']} (export took {report['timings_s']['total']:.1f} s)",
-        f"- opset {report['opset']}; libraries: "
-        + ", ".join(f"{k} {v}" for k, v in report["libraries"].items()),
-        f"- inputs fingerprint: `{report['fingerprint']['digest'][:16]}`",
-        "",
-        "## Artifacts",
-        "",
-        "| role | file | bytes | sha256 |",
-        "|---|---|---|---|",
-        *(
-            f"| {role} | {a['file']} | {a['bytes']} | `{a['sha256'][:16]}…` |"
-            for role, a in report["artifacts"].items()
-        ),
+        *header_lines(report, "role"),
         "",
         "## Logits vs PyTorch (grid: batch x past x new, padded batches, cached decode steps)",
         "",
@@ -57,11 +40,5 @@ def render_markdown(report: dict[str, Any]) -> str:
         ]
     lines += ["", "## Decode-step latency (ms, median)", ""]
     lines += [f"- {k}: {v:.1f}" for k, v in report["latency_ms"].items()]
-    lines += ["", "## Timings (s)", ""]
-    lines += [f"- {k}: {v:.2f}" for k, v in report["timings_s"].items()]
+    lines += timings_lines(report)
     return "\n".join(lines) + "\n"
-
-
-def write_report(report: dict[str, Any], directory: Path) -> None:
-    (directory / REPORT_JSON).write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (directory / REPORT_MD).write_text(render_markdown(report))

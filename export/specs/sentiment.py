@@ -23,7 +23,7 @@ import numpy as np
 from tritonforge.export.errors import SpecError
 from tritonforge.export.pipeline_spec import Canary, ModelVersion, PipelineSpec
 from tritonforge.export.spec import Inputs, QualityGate, Serving
-from tritonforge.export.specs.hf import SENSITIVITY_GROUPS, pipeline_from_pretrained
+from tritonforge.export.specs.from_pretrained import SENSITIVITY_GROUPS, pipeline_from_pretrained
 
 CLASSIFIER_ENV = "TRITONFORGE_CLASSIFIER_DIR"
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def _texts(split: str, limit: int | None = None) -> list[str]:
 def _accuracy(runner: Runner, tokenize: Callable[[list[str]], Inputs]) -> dict[str, Any]:
     """Test-split accuracy and macro-F1 of an exported variant (argmax of its logits)."""
     from tritonforge.export.classifier.data import LABELS, load_split
-    from tritonforge.export.classifier.metrics import scores
+    from tritonforge.export.classifier.evaluation import scores
 
     texts, labels = load_split("test")
     predicted: list[int] = []

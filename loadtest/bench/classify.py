@@ -46,11 +46,11 @@ class Baseline:
 
 def registry_checkpoint(name: str) -> Path | None:
     """The checkpoint directory of the registry spec named ``name`` (its tokenizer's folder)."""
-    from tritonforge.export.specs import REGISTRY
+    from tritonforge.export.specs import get_pipeline, pipeline_names
 
-    for factory in REGISTRY.values():
+    for registered in pipeline_names():
         with contextlib.suppress(Exception):  # a spec that cannot be built here is not ours
-            spec = factory()
+            spec = get_pipeline(registered)
             if spec.name == name:
                 return Path(spec.tokenizer_file).parent
     return None

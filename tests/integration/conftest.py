@@ -31,8 +31,8 @@ def byo_repository(
 ) -> Path:
     """Both checkpoints exported side by side into one temporary repository (fp32 +
     TorchScript; ~20 s, once per session)."""
-    from tritonforge.export.pipeline import Options, export_pipeline
-    from tritonforge.export.specs.hf import pipeline_from_pretrained
+    from tritonforge.export.encoder import Options, export_pipeline
+    from tritonforge.export.specs.from_pretrained import pipeline_from_pretrained
 
     repo = tmp_path_factory.mktemp("byo") / "model_repository"
     for name, (directory, task) in byo_checkpoints.items():

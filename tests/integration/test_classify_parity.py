@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 
 from tests.conftest import PIPELINE_REPOSITORY
 from tritonforge.export.pipeline_spec import PipelineSpec
-from tritonforge.export.specs import REGISTRY, get_pipeline
+from tritonforge.export.specs import get_pipeline, pipeline_names
 from tritonforge.pipelines import from_repository
 from tritonforge.runtime.server import EmbeddedServer
 
@@ -40,7 +40,7 @@ FP32_MAX_ABS = 1e-4
 
 
 def classifiers() -> list[PipelineSpec]:
-    specs = [get_pipeline(name) for name in sorted(REGISTRY)]
+    specs = [get_pipeline(name) for name in pipeline_names()]
     return [s for s in specs if s.task == "classification"]
 
 

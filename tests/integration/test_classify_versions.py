@@ -22,9 +22,9 @@ from tritonclient.utils import InferenceServerException
 from tests import tiny_checkpoints
 from tests.integration.reliability import Load
 from tritonforge.bls_parameters import canary_bucket
-from tritonforge.export.pipeline import Options, export_pipeline
+from tritonforge.export.encoder import Options, export_pipeline
 from tritonforge.export.pipeline_spec import Canary, ModelVersion
-from tritonforge.export.specs.hf import pipeline_from_pretrained
+from tritonforge.export.specs.from_pretrained import pipeline_from_pretrained
 from tritonforge.runtime.cache import cache_args
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 

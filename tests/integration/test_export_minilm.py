@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import MODEL_REPOSITORY, ServeFn
-from tritonforge.export.pipeline import FORMATS, Options, run_export
+from tritonforge.export.encoder import FORMATS, Options, run_export
 from tritonforge.export.quantize import cosines
 from tritonforge.export.spec import ExportSpec, Inputs
 from tritonforge.export.specs import get_spec

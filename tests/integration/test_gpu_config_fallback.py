@@ -10,8 +10,8 @@ import pytest
 
 from tests.conftest import ServeFn
 from tests.unit.test_quantize_targets import int8_spec
+from tritonforge.export.encoder import Options, run_export
 from tritonforge.export.parity import ort_runner
-from tritonforge.export.pipeline import Options, run_export
 from tritonforge.modelconfig import pbtxt_to_dict
 
 pytestmark = pytest.mark.integration

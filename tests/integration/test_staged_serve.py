@@ -44,8 +44,8 @@ def first_repository(
     tmp_path_factory: pytest.TempPathFactory, byo_checkpoints: dict[str, tuple[Path, str]]
 ) -> Path:
     """The embedder alone, exported (fp32 ONNX only: the quickest export)."""
-    from tritonforge.export.pipeline import Options, export_pipeline
-    from tritonforge.export.specs.hf import pipeline_from_pretrained
+    from tritonforge.export.encoder import Options, export_pipeline
+    from tritonforge.export.specs.from_pretrained import pipeline_from_pretrained
 
     repo = tmp_path_factory.mktemp("staged") / "model_repository"
     directory, task = byo_checkpoints["distil"]

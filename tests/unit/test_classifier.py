@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig
 
 from tritonforge.export.classifier import build as build_mod
+from tritonforge.export.classifier.base_model import cls_head_logits, encode_frozen
 from tritonforge.export.classifier.build import REPORT_JSON, build, checkpoint_dir
 from tritonforge.export.classifier.data import (
     LABELS,
@@ -25,8 +26,7 @@ from tritonforge.export.classifier.data import (
     read_rows,
     split_rows,
 )
-from tritonforge.export.classifier.metrics import majority_baseline, scores, tfidf_baseline
-from tritonforge.export.classifier.model import cls_head_logits, encode_frozen
+from tritonforge.export.classifier.evaluation import majority_baseline, scores, tfidf_baseline
 from tritonforge.export.classifier.train import HyperParams, native_bf16
 from tritonforge.export.errors import VerificationError
 

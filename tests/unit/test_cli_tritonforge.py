@@ -53,7 +53,7 @@ def test_log_level_applies_to_the_project_loggers_only(
     setup_logging("warning")
     assert not logging.getLogger("tritonforge.runtime.tracing").isEnabledFor(logging.INFO)
     setup_logging("info")
-    assert logging.getLogger("tritonforge.export.pipeline").isEnabledFor(logging.INFO)
+    assert logging.getLogger("tritonforge.export.encoder").isEnabledFor(logging.INFO)
     assert not logging.getLogger("onnxruntime").isEnabledFor(logging.INFO)
     with pytest.raises(ValueError, match="log level"):
         setup_logging("loud")

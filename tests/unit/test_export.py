@@ -12,10 +12,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from tritonforge.export.encoder import Options, run_export
 from tritonforge.export.errors import QuantAuditError, VerificationError
-from tritonforge.export.pipeline import Options, run_export
-from tritonforge.export.quantize import audit_dynamic, audit_int8, audit_qdq, quantize_int8
-from tritonforge.export.repository import clean, staging_parent
+from tritonforge.export.int8_audit import audit_dynamic, audit_int8, audit_qdq
+from tritonforge.export.quantize import quantize_int8
 from tritonforge.export.spec import (
     BATCH_AXIS,
     ExportSpec,
@@ -24,6 +24,7 @@ from tritonforge.export.spec import (
     Serving,
     TensorDecl,
 )
+from tritonforge.export.staging import clean, staging_parent
 from tritonforge.export.tritonconfig import check_repository, cross_check, onnx_io
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import pbtxt_to_dict

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tritonforge.export.pipeline_spec import PipelineSpec
-from tritonforge.export.specs import REGISTRY
+from tritonforge.export.specs import get_pipeline, pipeline_names
 from tritonforge.runtime.front import FrontLimits
 
 
@@ -27,8 +27,8 @@ def held_requests(spec: PipelineSpec) -> dict[str, int]:
     return held
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", pipeline_names())
 def test_the_front_pool_holds_what_each_entry_stage_can(name: str) -> None:
     pool = FrontLimits().max_upstream_connections
-    held = held_requests(REGISTRY[name]())
+    held = held_requests(get_pipeline(name))
     assert max(held.values()) <= pool, (name, held, pool)

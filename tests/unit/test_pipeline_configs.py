@@ -9,7 +9,7 @@ import pytest
 from tests import tiny_checkpoints
 from tritonforge.export.pipeline_configs import generate_files, write_pipeline
 from tritonforge.export.pipeline_spec import Canary, ModelVersion
-from tritonforge.export.specs.hf import pipeline_from_pretrained
+from tritonforge.export.specs.from_pretrained import pipeline_from_pretrained
 from tritonforge.export.tritonconfig import render_pbtxt
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import from_repository

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.export.progress import StepBar, previous_timings
+from tritonforge.export.step_bar import StepBar, previous_timings
 from tritonforge.progress import Bar
 
 

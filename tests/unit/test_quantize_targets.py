@@ -20,8 +20,8 @@ from tritonforge.deploy.validate import (
     tensorrt_int8_findings,
     tensorrt_parameter_findings,
 )
+from tritonforge.export.encoder import Options, planned_artifacts, run_export
 from tritonforge.export.errors import ExportError, SpecError
-from tritonforge.export.pipeline import Options, planned_artifacts, run_export
 from tritonforge.export.quantize import quantize_int8
 from tritonforge.export.spec import (
     BATCH_AXIS,

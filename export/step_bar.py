@@ -13,9 +13,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from tritonforge.export.report import REPORT_JSON
 from tritonforge.progress import Bar
 
-REPORT = "export_report.json"
 log = logging.getLogger(__name__)
 
 
@@ -27,7 +27,7 @@ def log_progress(text: str) -> None:
 def previous_timings(repo: Path, artifacts: Iterable[str]) -> dict[str, float]:
     """Step -> seconds from the first existing report next to one of ``artifacts``."""
     for rel in artifacts:
-        report = (repo / rel).parent / REPORT
+        report = (repo / rel).parent / REPORT_JSON
         try:
             timings = json.loads(report.read_text()).get("timings_s") or {}
         except (OSError, ValueError):

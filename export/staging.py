@@ -20,13 +20,12 @@ from typing import Any
 
 from tritonforge.errors import ArtifactIntegrityError
 from tritonforge.export.errors import ExportError
+from tritonforge.export.report import REPORT_JSON
 from tritonforge.export.spec import ExportSpec, digest_json
 from tritonforge.integrity import sha256_file, verify_sidecar, write_sidecar
 
 STAGING_PREFIX = "export-"
 EXPORTER_VERSION = "1"
-REPORT_JSON = "export_report.json"
-REPORT_MD = "export_report.md"
 LIBRARIES = ("torch", "onnx", "onnxruntime", "numpy", "tokenizers", "tritonclient")
 EXPORT_ROOT = Path(__file__).resolve().parent
 
@@ -45,7 +44,7 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-# packages that fingerprint their own code (export.decoder.pipeline, export.classifier.build)
+# packages that fingerprint their own code (export.decoder.steps, export.classifier.build)
 OWN_DIGEST = ("decoder", "classifier")
 
 

@@ -131,6 +131,64 @@ def checkpoint_files(directory: Path) -> tuple[Path, ...]:
     return tuple(found)
 
 
+DEFAULT_CORPUS_SOURCE = (
+    f"export/data/{CALIBRATION_FILE.name}",
+    f"export/data/{EVALUATION_FILE.name}",
+)
+
+
+def _quantization(
+    keep_fp32: tuple[str, ...], keep_fp32_by_target: tuple[tuple[str, tuple[str, ...]], ...]
+) -> Quantization:
+    # int8 per target (Quantization.methods' default): dynamic on CPU (ONNX Runtime's
+    # MatMulInteger kernels, docs/performance.md), calibrated static QDQ for TensorRT hosts.
+    return Quantization(
+        op_types=("MatMul",),
+        sensitivity_groups=SENSITIVITY_GROUPS,
+        max_search_rounds=3,
+        keep_fp32=keep_fp32,
+        keep_fp32_by_target=keep_fp32_by_target,
+    )
+
+
+def _pipeline_name(directory: Path, name: str | None) -> str:
+    """``name``, or the directory's name made an identifier; lowercase letters, digits and _."""
+    name = name or re.sub(r"[^A-Za-z0-9_]+", "_", directory.resolve().name).strip("_").lower()
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name or ""):
+        raise SpecError(f"pipeline name {name!r}: use lowercase letters, digits and _")
+    return name
+
+
+def _task_output(
+    directory: Path, info: CheckpointInfo, task: str
+) -> tuple[TensorDecl, QualityGate]:
+    """The encoder's one output for ``task`` and its default int8 quality gate."""
+    if task == "classification":
+        if not info.labels:
+            raise SpecError(f"{directory}: config.json has no id2label; a classifier needs labels")
+        output = TensorDecl(
+            "logits", "float32", (BATCH_AXIS, len(info.labels)), atol=1e-4, rtol=1e-3
+        )
+        return output, QualityGate("logits", metric="top1")
+    output = TensorDecl(
+        "sentence_embedding", "float32", (BATCH_AXIS, info.hidden_size), atol=1e-4, rtol=1e-3
+    )
+    return output, QualityGate("sentence_embedding", mean_cosine_min=0.99, min_cosine_min=0.97)
+
+
+def _token_inputs(info: CheckpointInfo) -> tuple[TensorDecl, ...]:
+    """The tokenizer's inputs, in its order (padding input_ids with the pad token)."""
+    return tuple(
+        TensorDecl(
+            n,
+            "int64",
+            (BATCH_AXIS, SEQ_AXIS),
+            pad_value=info.pad_token_id if n == "input_ids" else 0,
+        )
+        for n in info.input_names
+    )
+
+
 def pipeline_from_pretrained(
     directory: Path,
     task: str,
@@ -161,42 +219,20 @@ def pipeline_from_pretrained(
     """
     directory = Path(directory)
     info = inspect_checkpoint(directory, normalize)
-    name = name or re.sub(r"[^A-Za-z0-9_]+", "_", directory.resolve().name).strip("_").lower()
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", name or ""):
-        raise SpecError(f"pipeline name {name!r}: use lowercase letters, digits and _")
+    name = _pipeline_name(directory, name)
     length = _max_length(info, max_length)
     tokenizer = partial(_tokenizer, info, length)
-    token_axes = (BATCH_AXIS, SEQ_AXIS)
-    if task == "classification":
-        if not info.labels:
-            raise SpecError(f"{directory}: config.json has no id2label; a classifier needs labels")
-        output = TensorDecl(
-            "logits", "float32", (BATCH_AXIS, len(info.labels)), atol=1e-4, rtol=1e-3
-        )
-        gate = gate or QualityGate("logits", metric="top1")
-    else:
-        output = TensorDecl(
-            "sentence_embedding", "float32", (BATCH_AXIS, info.hidden_size), atol=1e-4, rtol=1e-3
-        )
-        gate = gate or QualityGate("sentence_embedding", mean_cosine_min=0.99, min_cosine_min=0.97)
+    output, default_gate = _task_output(directory, info, task)
     calibration = calibration_texts or partial(default_texts, CALIBRATION_FILE, EVALUATION_FILE)
     evaluation = evaluation_texts or partial(default_texts, EVALUATION_FILE, CALIBRATION_FILE)
-    sources = corpus_source or (
-        f"export/data/{CALIBRATION_FILE.name}",
-        f"export/data/{EVALUATION_FILE.name}",
-    )
+    sources = corpus_source or DEFAULT_CORPUS_SOURCE
     warmup_text = "Triton warms this model up with a real tokenized sentence."
     optimizer = info.optimizer_type
     encoder = ExportSpec(
         name=export_name or name,
         description=f"{info.model_type} checkpoint {directory.name} ({task})",
         build_module=partial(_build, info, task),
-        inputs=tuple(
-            TensorDecl(
-                n, "int64", token_axes, pad_value=info.pad_token_id if n == "input_ids" else 0
-            )
-            for n in info.input_names
-        ),
+        inputs=_token_inputs(info),
         outputs=(output,),
         example_inputs=partial(_token_rows, info=info),
         max_batch=max_batch,
@@ -208,16 +244,8 @@ def pipeline_from_pretrained(
         calibration_source=sources[0],
         evaluation=partial(_corpus, evaluation, tokenizer, 8),
         evaluation_source=sources[1],
-        quality_gate=gate,
-        # int8 per target (Quantization.methods' default): dynamic on CPU (ONNX Runtime's
-        # MatMulInteger kernels, docs/performance.md), calibrated static QDQ for TensorRT hosts.
-        quantization=Quantization(
-            op_types=("MatMul",),
-            sensitivity_groups=SENSITIVITY_GROUPS,
-            max_search_rounds=3,
-            keep_fp32=keep_fp32,
-            keep_fp32_by_target=keep_fp32_by_target,
-        ),
+        quality_gate=gate or default_gate,
+        quantization=_quantization(keep_fp32, keep_fp32_by_target),
         optimization=(
             GraphOptimization(optimizer, info.num_heads, info.hidden_size) if optimizer else None
         ),

@@ -1,0 +1,355 @@
+"""A decoder's export (GGUF -> PyTorch -> ONNX with KV cache -> verify -> int8 -> gate), plugged
+into :mod:`export.flow` (fingerprint skip, staging + ``os.replace``, sidecars, report) for the
+``generate`` models. Every verification failure is collected and raised as one
+:class:`VerificationError`; the model repository is left untouched then.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import tritonforge
+from tritonforge.decoder import OrtDecoder
+from tritonforge.export import flow
+from tritonforge.export.decoder import verify
+from tritonforge.export.decoder.config import VERSION, files, models, render_config
+from tritonforge.export.decoder.graph import (
+    check_graph,
+    export_graph,
+    quantize_weights_int8,
+    step_latency_ms,
+)
+from tritonforge.export.decoder.load import load_gguf, package_file
+from tritonforge.export.decoder.module import KVCacheDecoder
+from tritonforge.export.decoder.report import render_markdown
+from tritonforge.export.decoder.spec import DecoderSpec
+from tritonforge.export.flow import Outcome, Progress, Steps
+from tritonforge.export.spec import digest_json
+from tritonforge.export.specs.text import read_sentences
+from tritonforge.export.staging import Staging, library_versions
+from tritonforge.export.step_bar import log_progress
+from tritonforge.generation import render_prompt
+from tritonforge.integrity import sha256_file
+
+# The int8 decoder lived beside fp32 in ``generate/1`` before each variant became a model.
+LEGACY_FILES = ("decoder_int8.onnx",)
+TIE_MARGIN = 1e-2  # a greedy divergence where PyTorch's own top-2 logits are closer is a tie
+
+
+# Paths inside the tritonforge namespace, unresolved: the same names in a checkout (where
+# tritonforge/export links to export/) and in an installed wheel (site-packages/tritonforge/...).
+NAMESPACE = Path(tritonforge.__file__).parent
+# The code this export runs (its own package, the shared flow, staging and report helpers it
+# imports, and the serving scheduler its fidelity check drives); other exporters' changes do not
+# re-export it.
+CODE = (
+    "export/decoder",
+    "export/specs/smollm2.py",
+    "export/specs/text.py",
+    "export/flow.py",
+    "export/report.py",
+    "export/staging.py",
+    "export/step_bar.py",
+    "export/onnx_export.py",
+    "export/errors.py",
+    "generation.py",
+    "decoder.py",
+)
+# A checkout caches under its build/ (gitignored); an installed package under the user's cache.
+_CHECKOUT = Path(__file__).resolve().parents[2]
+REFERENCE_CACHE = (
+    _CHECKOUT / "build" / "reference-cache"
+    if (_CHECKOUT / "pyproject.toml").is_file()
+    else Path.home() / ".cache" / "tritonforge" / "reference-cache"
+)
+
+
+def code_digest() -> str:
+    """sha256 over :data:`CODE` (the same in a checkout and installed)."""
+    h = hashlib.sha256()
+    for rel in CODE:
+        path = NAMESPACE / rel
+        for f in (
+            sorted(p for p in path.rglob("*") if p.suffix in (".py", ".txt"))
+            if path.is_dir()
+            else [path]
+        ):
+            h.update(str(f.relative_to(NAMESPACE)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def cached_reference(
+    model: Any, prompts: list[list[int]], new_tokens: int, key_parts: dict[str, Any]
+) -> list[tuple[list[int], list[np.ndarray]]]:
+    """PyTorch ``generate`` references, cached under ``build/`` (gitignored) by everything they
+    depend on: the checkpoint digest, prompt tokens, length and library versions."""
+    key = digest_json({**key_parts, "prompts": prompts, "new_tokens": new_tokens})
+    path = REFERENCE_CACHE / f"{key}.npz"
+    if path.exists():
+        data = np.load(path, allow_pickle=False)
+        n = int(data["count"])
+        return [(data[f"t{i}"].tolist(), list(data[f"l{i}"])) for i in range(n)]
+    reference = verify.reference_generate(model, prompts, new_tokens)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {"count": np.array(len(reference))}
+    for i, (tokens, logits) in enumerate(reference):
+        arrays[f"t{i}"] = np.asarray(tokens, np.int64)
+        arrays[f"l{i}"] = np.stack(logits)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)
+    return reference
+
+
+def fingerprint(spec: DecoderSpec, checkpoint: Path, int8: bool) -> dict[str, Any]:
+    """Every input of the decoder's export; equal digests mean an identical export."""
+    libs = {**library_versions(), "transformers": importlib.metadata.version("transformers")}
+    parts = {
+        "code": code_digest(),
+        "spec": digest_json(spec.fingerprint_data()),
+        "sources": {p.name: sha256_file(p) for p in (checkpoint, *spec.source_files)},
+        "libraries": libs,
+        "options": {"int8": int8},
+    }
+    return {"digest": digest_json(parts), **parts}
+
+
+def run_decoder_export(
+    spec: DecoderSpec,
+    repo: Path,
+    int8: bool,
+    force: bool = False,
+    progress: Progress = log_progress,
+) -> Outcome:
+    """Export ``spec``'s ``generate`` models into ``repo`` (fp32, and int8 when asked)."""
+    checkpoint = package_file(spec.package, spec.checkpoint)
+    task = flow.Task(
+        name=spec.name,
+        planned=files(spec, int8),
+        fingerprint=partial(fingerprint, spec, checkpoint, int8),
+        build=lambda staging, steps, fp: _DecoderBuild(spec, staging, steps, fp, int8).run(
+            checkpoint
+        ),
+        after_commit=partial(_remove_legacy_files, spec, repo, int8),
+    )
+    return flow.run_flow(task, repo, force, progress, bar=False)
+
+
+def _remove_legacy_files(spec: DecoderSpec, repo: Path, int8: bool) -> None:
+    """An earlier layout's files would still be served: remove them."""
+    for model in models(spec, int8).values():
+        for name in LEGACY_FILES:
+            for stale in (repo / model / str(VERSION)).glob(f"{name}*"):
+                stale.unlink()
+
+
+class _DecoderBuild:
+    """The decoder's steps over one staging; ``failures`` collects every verification failure."""
+
+    def __init__(
+        self, spec: DecoderSpec, staging: Staging, steps: Steps, fp: dict[str, Any], int8: bool
+    ) -> None:
+        self.spec, self.staging, self.steps, self.fp, self.int8 = spec, staging, steps, fp, int8
+        self.paths = {role: staging.path(rel) for role, rel in files(spec, int8).items()}
+        # fp32's files are written first; every other variant's directory gets copies (its own
+        # decoder comes from quantization).
+        self.out = {r: self.paths[f"fp32.{r}"] for r in ("decoder", "tokenizer", "generation")}
+        if int8:
+            self.out["int8"] = self.paths["int8.decoder"]
+        self.failures: list[str] = []
+        self.report: dict[str, Any] = {
+            **flow.report_header(spec.name, spec.description, fp, fp["libraries"], spec.opset),
+            "grid": {"shapes": [list(g) for g in spec.grid], "padded": list(spec.padded_batches)},
+            "parity": {},
+            "artifacts": {},
+        }
+
+    def run(self, checkpoint: Path) -> dict[str, Any]:
+        spec, steps, out = self.spec, self.steps, self.out
+        torch.manual_seed(0)
+        with steps("load GGUF checkpoint (transformers, dequantized to float32)"):
+            model, hf_tok = load_gguf(checkpoint)
+            decoder = KVCacheDecoder(model).eval()
+        with steps("ONNX export (KV cache, dynamic batch/sequence/past/total axes)"):
+            export_graph(decoder, spec, out["decoder"])
+            problems = check_graph(out["decoder"], decoder.layers)
+            self.report["graph_checks"] = problems
+            flow.check(problems, spec.name)
+        with steps("tokenizer.json + generation.json"):
+            meta = self._tokenizer_files(model, hf_tok)
+        fp32 = OrtDecoder(out["decoder"], intra_op_threads=2)
+        with steps("ONNX Runtime vs PyTorch logits on the grid (prefill, cached steps, padding)"):
+            vocab = int(model.config.vocab_size)
+            summary, problems = verify.check_grid(spec, fp32, fp32.empty_past, model, vocab)
+            self.report["parity"]["fp32"] = summary
+            self.failures += problems
+            steps.note(f"{summary['cases']} cases, worst {summary['worst']}")
+        with steps(
+            f"fidelity: {spec.fidelity_prompts} prompts x {spec.fidelity_new_tokens} tokens"
+        ):
+            alone, run = self._fidelity(model, hf_tok, meta, fp32)
+        self.report["latency_ms"] = {
+            "fp32_decode_b1_past64": step_latency_ms(fp32, 1, 64),
+            "fp32_decode_b16_past64": step_latency_ms(fp32, 16, 64),
+        }
+        if self.int8:
+            self.failures += _int8(spec, out, fp32, alone, run, self.report, steps)
+        flow.check(self.failures, spec.name)
+        with steps("config.pbtxt per variant, sha256 sidecars, reports"):
+            self._configs()
+            dirs = [self.staging.path(f"{m}/{VERSION}") for m in models(spec, self.int8).values()]
+            flow.seal(self.staging, steps, self.report, self.paths, dirs, render_markdown)
+        return self.report
+
+    def _tokenizer_files(self, model: Any, hf_tok: Any) -> dict[str, Any]:
+        """fp32's tokenizer.json and generation.json; returns the generation metadata."""
+        hf_tok.backend_tokenizer.save(str(self.out["tokenizer"]))
+        eos = model.config.eos_token_id
+        meta = {
+            "chat_template": hf_tok.chat_template,
+            "eos_token_ids": eos if isinstance(eos, list) else [eos],
+            "bos_token_id": model.config.bos_token_id,
+            "context_length": int(model.config.max_position_embeddings),
+            "source": f"{self.spec.package}/{self.spec.checkpoint}",
+        }
+        self.out["generation"].write_text(json.dumps(meta, indent=2) + "\n")
+        return meta
+
+    def _fidelity(
+        self, model: Any, hf_tok: Any, meta: dict[str, Any], fp32: OrtDecoder
+    ) -> tuple[list[list[int]], dict[str, Any]]:
+        """The served scheduler's greedy tokens (alone and batched) vs PyTorch generate; returns
+        the tokens alone and the run's arguments (reused by the int8 gate)."""
+        from tokenizers import Tokenizer
+
+        spec, fp = self.spec, self.fp
+        tok = Tokenizer.from_file(str(self.out["tokenizer"]))
+        texts = read_sentences(spec.prompts_file)[: spec.fidelity_prompts]
+        prompts = [
+            tok.encode(render_prompt(t, meta["chat_template"], True), add_special_tokens=False).ids
+            for t in texts
+        ]
+        if prompts != [_chat_ids(hf_tok, t) for t in texts]:
+            self.failures.append(
+                "chat template: served prompt tokens differ from apply_chat_template"
+            )
+        key = {"sources": fp["sources"], "libraries": fp["libraries"]}
+        reference = cached_reference(model, prompts, spec.fidelity_new_tokens, key)
+        run = {
+            "tokenizer": tok,
+            "prompts": prompts,
+            "new_tokens": spec.fidelity_new_tokens,
+            "eos_ids": meta["eos_token_ids"],
+        }
+        alone = verify.scheduler_tokens(fp32, fp32.empty_past, max_running=1, **run)
+        batched = verify.scheduler_tokens(fp32, fp32.empty_past, max_running=8, **run)
+        summary, problems = verify.fidelity(reference, alone, batched, TIE_MARGIN)
+        # The served-parity integration test checks the model's greedy output against these.
+        summary["reference"] = [
+            {"prompt": t, "tokens": r[0]} for t, r in zip(texts, reference, strict=True)
+        ]
+        self.report["fidelity"] = summary
+        self.failures += problems
+        self.steps.note(
+            f"{summary['identical']}/{summary['prompts']} identical to PyTorch generate; "
+            f"divergences {summary['divergences']}; in-batch differences "
+            f"{len(summary['batching_invariance_differences'])}"
+        )
+        return alone, run
+
+    def _configs(self) -> None:
+        """Every variant's config.pbtxt; the other variants get fp32's tokenizer files."""
+        for variant, model in models(self.spec, self.int8).items():
+            text = render_config(self.spec, variant, self.int8)
+            self.staging.path(f"{model}/config.pbtxt").write_text(text)
+            if variant != "fp32":
+                for role in ("tokenizer", "generation"):
+                    shutil.copyfile(self.out[role], self.paths[f"{variant}.{role}"])
+
+
+def _chat_ids(hf_tok: Any, text: str) -> list[int]:
+    """``text``'s prompt tokens as transformers' ``apply_chat_template`` makes them."""
+    return list(
+        hf_tok.apply_chat_template(
+            [{"role": "user", "content": text}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+    )
+
+
+def _int8(
+    spec: DecoderSpec,
+    out: dict[str, Path],
+    fp32: OrtDecoder,
+    alone: list[list[int]],
+    run: dict[str, Any],
+    report: dict[str, Any],
+    steps: Steps,
+) -> list[str]:
+    gate = spec.int8_gate
+    with steps("int8 weight-only quantization (MatMulNBits, 8 bits)"):
+        quantize_weights_int8(out["decoder"], out["int8"])
+        problems = check_graph(out["int8"], fp32.layers)
+    q8 = OrtDecoder(out["int8"], intra_op_threads=2)
+    with steps("int8 gate: greedy agreement with fp32 + held-out perplexity"):
+        agree = verify.teacher_forced_agreement(q8, q8.empty_past, run["prompts"], alone)
+        tokens8 = verify.scheduler_tokens(q8, q8.empty_past, max_running=8, **run)
+        alone8 = verify.scheduler_tokens(q8, q8.empty_past, max_running=1, **run)
+        free = verify.agreement(alone, tokens8)
+        # Recorded, not (yet) a failure: measured 2026-12-01, 7 of 20 prompts' greedy tokens
+        # differ alone vs in a batch of 8 (ONNX Runtime's MatMulNBits kernels differ between one
+        # row and several; fp32 is invariant). Issue 20 item 3 keeps it open.
+        batch_diff = [i for i, (a, b) in enumerate(zip(alone8, tokens8, strict=True)) if a != b]
+        rows = [run["tokenizer"].encode(t).ids for t in read_sentences(spec.perplexity_file)]
+        ppl32 = verify.perplexity(fp32, fp32.empty_past, rows)
+        ppl8 = verify.perplexity(q8, q8.empty_past, rows)
+        steps.note(
+            f"top-1 agreement on fp32's greedy tokens {agree:.3f} (free-running, to the first "
+            f"divergence: {free:.3f}); perplexity fp32 {ppl32:.2f}, int8 {ppl8:.2f}"
+        )
+    if agree < gate.min_greedy_agreement:
+        problems.append(
+            f"int8 gate: top-1 agreement with fp32's greedy tokens {agree:.3f} < "
+            f"{gate.min_greedy_agreement}"
+        )
+    if batch_diff:
+        steps.note(f"int8 batching invariance: prompts {batch_diff} differ inside a batch")
+    if ppl8 / ppl32 > gate.max_perplexity_ratio:
+        problems.append(
+            f"int8 gate: perplexity ratio {ppl8 / ppl32:.3f} > {gate.max_perplexity_ratio}"
+        )
+    report["latency_ms"].update(
+        {
+            "int8_decode_b1_past64": step_latency_ms(q8, 1, 64),
+            "int8_decode_b16_past64": step_latency_ms(q8, 16, 64),
+        }
+    )
+    report["quantization"] = {
+        "method": "onnxruntime MatMulNBits: weight-only int8, blocks of 32, int8 compute",
+        "greedy_agreement": agree,
+        "free_running_agreement": free,
+        # The served int8 model's greedy output is checked against these (integration test).
+        "greedy_tokens": alone8,
+        "batching_invariance_differences": batch_diff,
+        "perplexity": {"fp32": ppl32, "int8": ppl8, "ratio": ppl8 / ppl32},
+        "gate": {
+            "min_greedy_agreement": gate.min_greedy_agreement,
+            "max_perplexity_ratio": gate.max_perplexity_ratio,
+        },
+        "held_out_passages": len(rows),
+        "problems": problems,
+    }
+    return problems
