@@ -21,6 +21,7 @@ from tritonforge.model_packages import (
     ModelPackage,
     ModelPackagesMissingError,
 )
+from tritonforge.runtime import serve_setup
 
 ABSENT = ModelPackage("tritonforge-test-no-such-package", "0.0.1", "nothing")
 
@@ -99,7 +100,7 @@ def test_a_served_repository_needs_no_model_package(
 
     command = cli.COMMANDS["serve"]
     monkeypatch.setitem(cli.COMMANDS, "serve", Fake(command.module, "", command.prefix))
-    monkeypatch.setattr(cli, "_needs_export", lambda rest: False)
+    monkeypatch.setattr(serve_setup, "needs_export", lambda rest: False)
     assert cli.run("serve", ["--model-repository", str(tmp_path)]) == 0
     assert served == [["serve", "--model-repository", str(tmp_path)]]
 
