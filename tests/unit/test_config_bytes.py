@@ -2,7 +2,7 @@
 default specs by today's code, is byte-identical to the file the export wrote.
 
 This proves a refactor of the config writers changed no byte: the encoders' configs are rebuilt
-from their exported graphs (ONNX, or the spec for TorchScript) exactly as ``export.pipeline``
+from their exported graphs (ONNX, or the spec for TorchScript) exactly as ``export.encoder``
 does; the pipeline stages' from :func:`generate_files`; ``generate``'s from the decoder spec.
 Needs an exported repository (``$TRITONFORGE_MODEL_REPOSITORY``, default ``model_repository``):
 skipped with the reason otherwise. No export runs and no classifier is trained here.
@@ -20,7 +20,7 @@ from tritonforge.export.decoder.config import models, render_config
 from tritonforge.export.pipeline_configs import generate_files
 from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.spec import CPU_TARGET, GPU_TARGET, ExportSpec
-from tritonforge.export.specs import DECODERS, REGISTRY
+from tritonforge.export.specs import decoder_names, get_decoder, get_pipeline, pipeline_names
 from tritonforge.export.tritonconfig import (
     GPU_CONFIG,
     build_config,
@@ -51,12 +51,12 @@ def _pipeline(name: str) -> PipelineSpec:
                 f"the default classifier is not built in {classifier_dir()}; run "
                 "`make classifier` (this test does not train it)"
             )
-    return REGISTRY[name]()
+    return get_pipeline(name)
 
 
 def _encoder_texts(spec: PipelineSpec, repo: Path) -> Iterator[tuple[str, str]]:
     """(repo-relative path, text rendered now) of each exported encoder config, as
-    ``export.pipeline`` renders them (the latest version's spec and graph)."""
+    ``export.encoder`` renders them (the latest version's spec and graph)."""
     for variant in spec.variants:
         model = spec.names.encoder(variant)
         version = latest_version_dir(repo / model) if (repo / model).is_dir() else None
@@ -98,7 +98,7 @@ def _compare(repo: Path, rendered: dict[str, bytes]) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", pipeline_names())
 def test_pipeline_configs_are_byte_identical(name: str) -> None:
     repo = _repository()
     spec = _pipeline(name)
@@ -112,10 +112,10 @@ def test_pipeline_configs_are_byte_identical(name: str) -> None:
     assert _compare(repo, rendered) == []
 
 
-@pytest.mark.parametrize("name", sorted(DECODERS))
+@pytest.mark.parametrize("name", decoder_names())
 def test_generate_configs_are_byte_identical(name: str) -> None:
     repo = _repository()
-    spec = DECODERS[name]()
+    spec = get_decoder(name)
     int8 = (repo / models(spec, int8=True).get("int8", "-") / "config.pbtxt").is_file()
     exported = models(spec, int8)
     if not all((repo / m / "config.pbtxt").is_file() for m in exported.values()):
