@@ -40,11 +40,11 @@ def needs_export(rest: Sequence[str]) -> bool:
 def background_exports(rest: Sequence[str]) -> list[str]:
     """``--background-export`` options running every default export (in order) against the
     model repository among ``rest``: what ``serve`` and ``demo`` do unless ``--no-export``."""
-    from tritonforge.cli import DEFAULT_EXPORTS
+    from tritonforge.export.specs import default_exports
 
     repo = repository_args(rest)
     return [
-        a for spec in DEFAULT_EXPORTS for a in ("--background-export", shlex.join([*spec, *repo]))
+        a for spec in default_exports() for a in ("--background-export", shlex.join([*spec, *repo]))
     ]
 
 

@@ -101,12 +101,13 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-# What `tritonforge export` (no spec) and `make export` build: every default pipeline's artifacts.
-DEFAULT_EXPORTS: tuple[tuple[str, ...], ...] = (
-    ("minilm", "--format", "all", "--quantize", "int8"),
-    ("sentiment",),  # trains the classifier first when its inputs changed (export.classifier)
-    ("smollm2", "--quantize", "int8"),
-)
+def default_exports() -> tuple[tuple[str, ...], ...]:
+    """What `tritonforge export` (no spec) and `make export` build, ``(name, *options)`` each:
+    declared once, in the export registry (``export.specs``: an entry's ``default_args``), and
+    read by name like every subcommand, so the core imports no package built on it."""
+    specs = importlib.import_module("tritonforge.export.specs")
+    exports: tuple[tuple[str, ...], ...] = specs.default_exports()
+    return exports
 
 
 def export_defaults(rest: Sequence[str], install_models: bool = False) -> int:
@@ -120,7 +121,7 @@ def export_defaults(rest: Sequence[str], install_models: bool = False) -> int:
         log.error("%s", e)
         return 2
     export = COMMANDS["export"].main()
-    for spec in DEFAULT_EXPORTS:
+    for spec in default_exports():
         code = export([*spec, *rest])
         if code:
             return code

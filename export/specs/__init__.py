@@ -4,22 +4,30 @@ Every served pipeline is declared here, the decoder (``generation``: a :class:`D
 exported by :mod:`export.decoder.steps`) beside the encoder pipelines (``embedding``,
 ``classification``: a :class:`PipelineSpec`, exported by :mod:`export.encoder`); both run the one
 flow of :mod:`export.flow`. Adding a default model = adding an entry here; any other Hugging Face
-encoder checkpoint needs no entry (``--from-pretrained DIR``).
+encoder checkpoint needs no entry (``--from-pretrained DIR``). An entry's ``default_args`` make it
+one of the default exports (``tritonforge export`` with no spec, ``make export``, and the
+background exports of ``serve``/``demo``), with those options.
+
+This module stays light (no torch): the spec types are imported when a spec is built, so the
+server can read the registry without paying for the exporter.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 
-from tritonforge.export.decoder.spec import DecoderSpec
 from tritonforge.export.errors import SpecError
-from tritonforge.export.pipeline_spec import PipelineSpec
-from tritonforge.export.spec import ExportSpec
+
+if TYPE_CHECKING:
+    from tritonforge.export.decoder.spec import DecoderSpec
+    from tritonforge.export.pipeline_spec import PipelineSpec
+    from tritonforge.export.spec import ExportSpec
 
 GENERATION = "generation"  # the decoder's task (the encoders' are tritonforge.pipelines.TASKS)
-AnySpec = PipelineSpec | DecoderSpec
-PipelineFactory = Callable[[], PipelineSpec]
+AnySpec = Union["PipelineSpec", "DecoderSpec"]
+PipelineFactory = Callable[[], "PipelineSpec"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,8 @@ class Entry:
 
     task: str
     factory: Callable[[], AnySpec]
+    default_args: tuple[str, ...] | None = None
+    """The options of its default export; None: not exported by default."""
 
     def __call__(self) -> AnySpec:
         return self.factory()
@@ -52,10 +62,20 @@ def _smollm2() -> DecoderSpec:
 
 
 REGISTRY: dict[str, Entry] = {
-    "minilm": Entry("embedding", _minilm),
-    "sentiment": Entry("classification", _sentiment),
-    "smollm2": Entry(GENERATION, _smollm2),
+    "minilm": Entry("embedding", _minilm, ("--format", "all", "--quantize", "int8")),
+    # trains the classifier first when its inputs changed (export.classifier)
+    "sentiment": Entry("classification", _sentiment, ()),
+    "smollm2": Entry(GENERATION, _smollm2, ("--quantize", "int8")),
 }
+
+
+def default_exports() -> tuple[tuple[str, ...], ...]:
+    """``(name, *options)`` of every default export, in registry order (the order they run)."""
+    return tuple(
+        (name, *entry.default_args)
+        for name, entry in REGISTRY.items()
+        if entry.default_args is not None
+    )
 
 
 def pipeline_names() -> list[str]:
@@ -77,6 +97,8 @@ def get_entry(name: str) -> Entry:
 
 def get_pipeline(name: str) -> PipelineSpec:
     """The encoder pipeline ``name``."""
+    from tritonforge.export.pipeline_spec import PipelineSpec
+
     spec = get_entry(name)()
     if not isinstance(spec, PipelineSpec):
         raise SpecError(f"export spec {name!r} is a decoder; pipelines: {pipeline_names()}")
@@ -85,6 +107,8 @@ def get_pipeline(name: str) -> PipelineSpec:
 
 def get_decoder(name: str) -> DecoderSpec:
     """The decoder ``name``."""
+    from tritonforge.export.decoder.spec import DecoderSpec
+
     spec = get_entry(name)()
     if not isinstance(spec, DecoderSpec):
         raise SpecError(f"export spec {name!r} is not a decoder; decoders: {decoder_names()}")

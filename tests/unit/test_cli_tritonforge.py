@@ -68,7 +68,7 @@ def test_export_without_a_spec_runs_the_defaults(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setitem(cli.COMMANDS, "export", Fake("tritonforge.export.cli", ""))
     assert cli.run("export", ["--model-repository", "r"]) == 0
-    assert calls == [[*spec, "--model-repository", "r"] for spec in cli.DEFAULT_EXPORTS]
+    assert calls == [[*spec, "--model-repository", "r"] for spec in cli.default_exports()]
     calls.clear()
     assert cli.run("export", ["minilm", "--force"]) == 0
     assert calls == [["minilm", "--force"]]
@@ -103,7 +103,7 @@ def test_serve_and_demo_export_every_default_in_the_background(
         jobs = [v for k, v in itertools.pairwise(argv) if k == "--background-export"]
         repo_args = ["--model-repository", str(empty)]
         assert [ExportJob.parse(j).argv for j in jobs] == [
-            (*spec, *repo_args) for spec in cli.DEFAULT_EXPORTS
+            (*spec, *repo_args) for spec in cli.default_exports()
         ]
         calls.clear()
     assert cli.run("serve", ["--help", "--model-repository", str(empty)]) == 0

@@ -1,8 +1,8 @@
 """The layers of docs/architecture.md, enforced: which folder may import which.
 
 Every import counts, module-level or inside a function: a lazy import is still a tie. The console
-entry (``tritonforge/cli.py``) dispatches to the subcommands by module *name* (importlib), so the
-core never imports the packages built on it.
+entry (``tritonforge/cli.py``) sits above every package: it reaches the subcommands by module
+*name* (importlib), so the core's own modules never import the packages built on them.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ ALLOWED: dict[str, set[str]] = {
     # export reads the stages' sources to copy them into the repository it writes
     "export": {"core", "stages"},
     "client": {"core"},
-    # the demo and the front's bench are consumers of the client
-    "runtime": {"core", "client"},
+    # the demo and the front's bench are consumers of the client; serve reads the export
+    # registry (export.specs, light: no torch) to run the default exports in the background
+    "runtime": {"core", "client", "export"},
     # load tests start servers, export anchors and drive the client
     "loadtest": {"core", "client", "runtime", "export"},
     # offline checks of what export writes and runtime runs
