@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tritonforge.headers import ADMIN_HEADER
@@ -122,7 +123,16 @@ def fake_stub(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     ]  # fmt: skip
     proc = subprocess.Popen(argv, executable="/bin/sh", start_new_session=True)
     deadline = time.monotonic() + 30  # a loaded machine starts the child late
-    while len(procinfo.group_members(proc.pid)) < 2 and time.monotonic() < deadline:
+
+    def child_runs_sleep() -> bool:
+        # until it execs, a forked child still shows the stub's argv (seen under load: two
+        # "stubs" in the group, the child's PID reported)
+        children = [p for p in procinfo.group_members(proc.pid) if p != proc.pid]
+        with contextlib.suppress(psutil.Error):
+            return bool(children) and psutil.Process(children[0]).cmdline()[:1] == ["sleep"]
+        return False
+
+    while not child_runs_sleep() and time.monotonic() < deadline:
         time.sleep(0.05)
     yield proc
     with contextlib.suppress(ProcessLookupError):  # the group may be gone already
