@@ -35,7 +35,7 @@ from tritonforge.export.decoder.report import render_markdown
 from tritonforge.export.decoder.spec import DecoderSpec
 from tritonforge.export.flow import Outcome, Progress, Steps
 from tritonforge.export.spec import digest_json
-from tritonforge.export.specs.text import read_sentences
+from tritonforge.export.specs.text_inputs import read_sentences
 from tritonforge.export.staging import Staging, library_versions
 from tritonforge.export.step_bar import log_progress
 from tritonforge.generation import render_prompt
@@ -55,7 +55,7 @@ NAMESPACE = Path(tritonforge.__file__).parent
 CODE = (
     "export/decoder",
     "export/specs/smollm2.py",
-    "export/specs/text.py",
+    "export/specs/text_inputs.py",
     "export/flow.py",
     "export/report.py",
     "export/staging.py",

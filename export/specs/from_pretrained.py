@@ -32,7 +32,7 @@ from tritonforge.export.spec import (
     Serving,
     TensorDecl,
 )
-from tritonforge.export.specs.text import DATA_DIR, disjoint_sentences
+from tritonforge.export.specs.text_inputs import DATA_DIR, disjoint_sentences
 from tritonforge.text import TextTokenizer
 
 SEQ_AXIS = "sequence_length"

@@ -134,7 +134,7 @@ def gate(path: Path, report: dict[str, Any], tokenizer: Any, ppl_fp32: float) ->
     (the export report's reference) and perplexity ratio on the held-out passages."""
     from tritonforge.export.decoder import verify
     from tritonforge.export.specs.smollm2 import smollm2_spec
-    from tritonforge.export.specs.text import read_sentences
+    from tritonforge.export.specs.text_inputs import read_sentences
     from tritonforge.generation import render_prompt
 
     spec = smollm2_spec()

