@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import tritonforge
 from tritonforge.errors import ArtifactIntegrityError
 from tritonforge.export.errors import ExportError
 from tritonforge.export.report import REPORT_JSON
@@ -48,8 +49,16 @@ def library_versions() -> dict[str, str]:
 OWN_DIGEST = ("decoder", "classifier")
 
 
+# the core modules that decide what an encoder export writes: the config layer (every
+# config.pbtxt is rendered there), the tokenizer path (calibration and verification inputs) and
+# the model names
+CORE_MODULES = ("configschema.py", "modelconfig.py", "text.py", "pipelines.py")
+CORE_ROOT = Path(tritonforge.__file__).resolve().parent  # in a checkout export/ is a link in it
+
+
 def code_digest() -> str:
-    """sha256 over the exporter's own sources and data (a code change re-exports)."""
+    """sha256 over the exporter's own sources and data and :data:`CORE_MODULES` (a code change
+    re-exports)."""
     h = hashlib.sha256()
     for path in sorted(EXPORT_ROOT.rglob("*")):
         if path.relative_to(EXPORT_ROOT).parts[0] in OWN_DIGEST or path.name == "smollm2.py":
@@ -57,6 +66,9 @@ def code_digest() -> str:
         if path.is_file() and path.suffix in (".py", ".txt") and "__pycache__" not in path.parts:
             h.update(str(path.relative_to(EXPORT_ROOT)).encode())
             h.update(path.read_bytes())
+    for name in CORE_MODULES:
+        h.update(name.encode())
+        h.update((CORE_ROOT / name).read_bytes())
     return h.hexdigest()
 
 

@@ -63,7 +63,15 @@ CODE = (
     "export/onnx_export.py",
     "export/errors.py",
     "generation.py",
+    # generation.py's parts (the verification decodes through the served scheduler)
+    "sampling.py",
+    "scheduler.py",
+    "kv_batch.py",
+    "text_stream.py",
     "decoder.py",
+    # the config layer renders generate's config.pbtxt
+    "configschema.py",
+    "modelconfig.py",
 )
 # A checkout caches under its build/ (gitignored); an installed package under the user's cache.
 _CHECKOUT = Path(__file__).resolve().parents[2]

@@ -282,3 +282,18 @@ def test_int8_audit_refuses_a_graph_with_nothing_quantized(tmp_path: Path) -> No
     _matmul_graph(tmp_path / "fp32.onnx")
     problems, _ = audit_int8(onnx.load(str(tmp_path / "fp32.onnx")))
     assert problems == ["no quantized node in the int8 graph"]
+
+
+def test_a_change_to_the_core_config_layer_re_exports(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The encoder configs are rendered by the core's config layer: its code is fingerprinted
+    with the exporter's own, so changing it re-exports (it would not if only export/ counted)."""
+    from tritonforge.export import staging
+
+    for name in staging.CORE_MODULES:
+        (tmp_path / name).write_bytes((staging.CORE_ROOT / name).read_bytes())
+    monkeypatch.setattr(staging, "CORE_ROOT", tmp_path)
+    before = staging.code_digest()
+    (tmp_path / "configschema.py").write_text("# another renderer\n")
+    assert staging.code_digest() != before
