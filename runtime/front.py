@@ -61,7 +61,12 @@ from tritonforge.runtime.front_grpc import (
     TRACEPARENT_KEY,
     GrpcFront,
 )
-from tritonforge.runtime.front_guard import VERSION_HEADER, Admission, ThrottledLog
+from tritonforge.runtime.front_guard import (
+    VERSION_HEADER,
+    Admission,
+    ServerErrorLog,
+    ThrottledLog,
+)
 from tritonforge.runtime.front_http import (
     HOP_BY_HOP,
     HTTP_RESTRICTED,
@@ -190,6 +195,7 @@ class Front:
             auto_decompress=False,
             keepalive_timeout=self.limits.idle_timeout_s,
             max_field_size=16384,
+            logger=ServerErrorLog(self.errors),  # the parser's 400s: no traceback per request
         )
         self._runner = web.ServerRunner(server, handle_signals=False)
         await self._runner.setup()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -122,6 +123,41 @@ class ThrottledLog:
         with self._lock:
             seen = self._kinds.get(kind)
             return seen.count if seen else 0
+
+
+class ServerErrorLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server logger (``web.Server(logger=...)``) through a :class:`ThrottledLog`.
+
+    aiohttp's HTTP parser refuses a malformed request (bad request line, header without a
+    colon, duplicate ``Content-Length``, oversized header, bad chunk) with a 400 and logs it
+    in ``RequestHandler.handle_error`` as ``aiohttp.server`` ERROR with the full traceback, one
+    per request: a flood of them filled the log. Here each is one occurrence of the kind
+    ``http <status> <exception type>`` (a few fixed kinds, never client data), its message cut
+    to :data:`ECHO_BYTES`; debug records pass through to ``aiohttp.server`` unchanged."""
+
+    def __init__(self, errors: ThrottledLog) -> None:
+        super().__init__(logging.getLogger("aiohttp.server"), {})
+        self.errors = errors
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if level < logging.WARNING:
+            super().log(level, msg, *args, **kwargs)
+            return
+        exc_info = kwargs.get("exc_info")
+        if exc_info is True:
+            exc_info = sys.exc_info()[1]
+        elif isinstance(exc_info, tuple):
+            exc_info = exc_info[1]
+        try:
+            text = str(msg) % args if args else str(msg)
+        except (TypeError, ValueError):
+            text = str(msg)
+        if not isinstance(exc_info, BaseException):
+            self.errors.record("http server", text)
+            return
+        status = getattr(exc_info, "code", None) or getattr(exc_info, "status", None) or 500
+        detail = getattr(exc_info, "message", None) or str(exc_info)
+        self.errors.record(f"http {status} {type(exc_info).__name__}", f"{text}: {shown(detail)}")
 
 
 def admin_ok(given: str | None, key: str) -> bool:

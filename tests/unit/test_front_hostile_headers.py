@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -86,3 +88,50 @@ def test_a_draining_front_answers_503_without_forwarding(front: Front) -> None:
     status, body = post(front, {})
     assert status == 503 and "shutting down" in json.loads(body)["error"]
     assert front.wait_idle(timeout_s=5)
+
+
+MALFORMED = {
+    "bad request line": b"GET / HTTP/1.1 junk\r\nHost: x\r\n\r\n",
+    "header without a colon": b"GET / HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+    "duplicate Content-Length": (
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"
+    ),
+    "70 KB header": b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n",
+    "bad chunk": b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+}
+
+
+def send_raw(front: Front, raw: bytes) -> bytes:
+    """``raw`` over a fresh connection after one good request on it (aiohttp logs a bad first
+    request line at debug level only, and a flooder can always send a good one first)."""
+    with socket.create_connection(("127.0.0.1", front.http_port), timeout=30) as sock:
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n" + raw)
+        seen = b""
+        while seen.count(b"HTTP/1.") < 2:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            seen += chunk
+        return seen
+
+
+def test_malformed_requests_are_logged_once_per_kind_without_tracebacks(
+    front: Front, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp's own parser logged a full traceback (``aiohttp.server``, "Error handling
+    request") for every malformed request, so anyone could fill the log: they go through the
+    front's throttled log, the first of each kind as one line, the rest counted."""
+    repeat = 20
+    with caplog.at_level(logging.DEBUG):
+        for raw in MALFORMED.values():
+            for _ in range(repeat):
+                assert b" 400 Bad Request\r\n" in send_raw(front, raw)
+        front.stop()  # flushes the pending counts
+    traced = [r for r in caplog.records if r.exc_info and r.levelno >= logging.INFO]
+    assert not traced, [f"{r.name}: {r.getMessage()}" for r in traced[:3]]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tritonforge.runtime.front"]
+    kinds = {line.split(":", 1)[0] for line in lines}
+    assert kinds and all(k.startswith("http 400 ") for k in kinds), lines
+    assert len(lines) <= 2 * len(kinds) <= 2 * len(MALFORMED), lines  # first + one count
+    counted = sum(int(m.group(1)) for m in map(re.compile(r": (\d+) more in").search, lines) if m)
+    assert counted + len(kinds) == repeat * len(MALFORMED), lines
