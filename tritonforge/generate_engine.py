@@ -62,6 +62,7 @@ class GenerateEngine:
             self.eos_ids,
             max_running=config.param("max_running", kind=int),
             max_queue=config.param("max_queue", kind=int),
+            name=config.name,
             queue_timeout_s=config.param("queue_timeout_s", kind=float),
             on_step=on_step,
         )

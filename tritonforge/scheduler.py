@@ -83,18 +83,22 @@ class Scheduler:
         eos_ids: Sequence[int],
         max_running: int,
         max_queue: int,
+        *,
+        name: str,
         on_step: Callable[[int, int], None] | None = None,
         max_prefill_tokens: int = 2048,
         queue_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
+        """``name``: the model serving (its config's name), which every message names.
+        ``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
         after every step (metrics). Requests admitted together are prefilled in one call of at
         most ``max_prefill_tokens`` padded tokens (a long prompt is prefilled alone). A sequence
         still waiting for a slot ``queue_timeout_s`` after :meth:`submit` ends with
         :class:`StageUnavailableError` (None: it waits as long as it takes)."""
         if queue_timeout_s is not None and queue_timeout_s <= 0:
             raise ValueError(f"queue_timeout_s must be > 0, got {queue_timeout_s}")
+        self.name = name
         self.queue_timeout_s, self.clock = queue_timeout_s, clock
         self.max_prefill_tokens = max_prefill_tokens
         self.step_fn, self.empty_past = step_fn, empty_past
@@ -114,10 +118,10 @@ class Scheduler:
         """Queue ``seq``; :class:`StageUnavailableError` when the queue is full or closed."""
         with self.cond:
             if self.closed:
-                raise StageUnavailableError("generate: the server is shutting down")
+                raise StageUnavailableError(f"{self.name}: the server is shutting down")
             if len(self.waiting) >= self.max_queue:
                 raise StageUnavailableError(
-                    f"generate: overloaded ({len(self.batch)} running, {len(self.waiting)} "
+                    f"{self.name}: overloaded ({len(self.batch)} running, {len(self.waiting)} "
                     f"queued, max_queue {self.max_queue}); retry later"
                 )
             seq.queued_s = self.clock()
@@ -131,7 +135,9 @@ class Scheduler:
 
     # -- the loop ------------------------------------------------------------------------
     def start(self) -> None:
-        self.thread = threading.Thread(target=self._loop, name="generate-scheduler", daemon=True)
+        self.thread = threading.Thread(
+            target=self._loop, name=f"{self.name}-scheduler", daemon=True
+        )
         self.thread.start()
 
     def _loop(self) -> None:
@@ -143,8 +149,10 @@ class Scheduler:
                     return
             self.step()
 
-    def close(self, reason: str = "generate: the server is shutting down") -> None:
-        """Stop the loop; every queued and running sequence ends with UNAVAILABLE."""
+    def close(self, reason: str | None = None) -> None:
+        """Stop the loop; every queued and running sequence ends with UNAVAILABLE saying
+        ``reason`` (by default that the server is shutting down)."""
+        reason = reason or f"{self.name}: the server is shutting down"
         with self.cond:
             self.closed = True
             self.cond.notify_all()
@@ -173,7 +181,7 @@ class Scheduler:
             import traceback
 
             traceback.print_exc()
-            error = ServingError(f"generate: decoder step failed ({type(e).__name__}: {e})")
+            error = ServingError(f"{self.name}: decoder step failed ({type(e).__name__}: {e})")
             for seq in self.batch.rows:
                 seq.fail(error)
             self.batch = KVBatch()
@@ -185,10 +193,10 @@ class Scheduler:
         with self.cond:
             for seq in [s for s in self.waiting if s.is_cancelled()]:
                 self.waiting.remove(seq)
-                seq.fail(CancelledError("generate: request cancelled"))
+                seq.fail(CancelledError(f"{self.name}: request cancelled"))
         gone = [i for i, s in enumerate(self.batch.rows) if s.is_cancelled()]
         for i in gone:
-            self.batch.rows[i].fail(CancelledError("generate: request cancelled"))
+            self.batch.rows[i].fail(CancelledError(f"{self.name}: request cancelled"))
         self.batch.remove(gone)
 
     def _expire_queued(self) -> None:
@@ -205,7 +213,7 @@ class Scheduler:
         for seq in expired:
             seq.fail(
                 StageUnavailableError(
-                    f"generate: overloaded: queued longer than queue_timeout_s {self.queue_timeout_s:g} s "
+                    f"{self.name}: overloaded: queued longer than queue_timeout_s {self.queue_timeout_s:g} s "
                     f"({running} running, {queued} queued); retry later"
                 )
             )
@@ -235,7 +243,7 @@ class Scheduler:
             logits, presents = self.step_fn(ids, mask, positions, self.empty_past(len(admitted)))
         except Exception as e:
             for seq in admitted:
-                seq.fail(ServingError(f"generate: prefill failed ({type(e).__name__}: {e})"))
+                seq.fail(ServingError(f"{self.name}: prefill failed ({type(e).__name__}: {e})"))
             return
         for i, (seq, n) in enumerate(zip(admitted, lengths, strict=True)):
             token = self._emit(seq, logits[i, -1])

@@ -125,7 +125,7 @@ def test_kv_batch_left_pads_joins_and_trims():
 
 
 def run_alone(prompt, max_new=6):
-    sched = Scheduler(toy_step, empty_past, [EOS], max_running=1, max_queue=4)
+    sched = Scheduler(toy_step, empty_past, [EOS], max_running=1, max_queue=4, name="generate")
     seq = make(prompt, max_new)
     sched.submit(seq)
     sched.run_until_idle()
@@ -135,7 +135,7 @@ def run_alone(prompt, max_new=6):
 def test_in_flight_batching_is_invariant_to_batch_company_and_join_time():
     prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 2, 1], [3, 3]]
     alone = [run_alone(p) for p in prompts]
-    sched = Scheduler(toy_step, empty_past, [EOS], max_running=3, max_queue=8)
+    sched = Scheduler(toy_step, empty_past, [EOS], max_running=3, max_queue=8, name="generate")
     seqs = [make(p, 6) for p in prompts[:2]]
     for s in seqs:
         sched.submit(s)
@@ -152,7 +152,7 @@ def test_in_flight_batching_is_invariant_to_batch_company_and_join_time():
 
 def test_exactly_one_final_output_per_request_and_stop_reasons():
     out: list = []
-    sched = Scheduler(toy_step, empty_past, [EOS], max_running=4, max_queue=4)
+    sched = Scheduler(toy_step, empty_past, [EOS], max_running=4, max_queue=4, name="generate")
     seqs = [make([1, 2], 4, out=out), make([3], 2, out=out, stop=("xyz",))]
     for s in seqs:
         sched.submit(s)
@@ -170,7 +170,7 @@ def test_exactly_one_final_output_per_request_and_stop_reasons():
 
 def test_overload_and_cancellation_and_close():
     out: list = []
-    sched = Scheduler(toy_step, empty_past, [EOS], max_running=1, max_queue=1)
+    sched = Scheduler(toy_step, empty_past, [EOS], max_running=1, max_queue=1, name="generate")
     flag = {"cancel": False}
     first = make([1], 20, out=out, cancelled=lambda: flag["cancel"])
     second = make([2], 20, out=out)
@@ -207,7 +207,15 @@ def test_prefills_are_batched_within_the_padded_token_budget() -> None:
 
     prompts = [[1, 2], [3, 4, 5], [6] * 9, [2]]
     alone = [run_alone(p, 3) for p in prompts]
-    sched = Scheduler(counting, empty_past, [EOS], max_running=8, max_queue=8, max_prefill_tokens=9)
+    sched = Scheduler(
+        counting,
+        empty_past,
+        [EOS],
+        max_running=8,
+        max_queue=8,
+        max_prefill_tokens=9,
+        name="generate",
+    )
     seqs = [make(p, 3) for p in prompts]
     for s in seqs:
         sched.submit(s)
@@ -238,7 +246,7 @@ def test_a_request_queued_past_queue_timeout_s_is_refused_and_the_rest_still_run
     out: list = []
     sched = Scheduler(
         toy_step, empty_past, [EOS], max_running=1, max_queue=4, queue_timeout_s=10.0,
-        clock=lambda: now[0],
+        clock=lambda: now[0], name="generate",
     )  # fmt: skip
     running = make([1], 20, out=out)
     sched.submit(running)
@@ -262,4 +270,79 @@ def test_a_request_queued_past_queue_timeout_s_is_refused_and_the_rest_still_run
 
 def test_queue_timeout_s_must_be_positive() -> None:
     with pytest.raises(ValueError, match="queue_timeout_s"):
-        Scheduler(toy_step, empty_past, [EOS], max_running=1, max_queue=1, queue_timeout_s=0)
+        Scheduler(
+            toy_step,
+            empty_past,
+            [EOS],
+            max_running=1,
+            max_queue=1,
+            name="generate",
+            queue_timeout_s=0,
+        )
+
+
+def test_every_scheduler_message_names_the_model_serving() -> None:
+    """Issue #19: ``generate_int8``'s refusals said "generate: overloaded", sending operators and
+    the chaos report to the wrong model. The name is the model's (its config's), never a
+    literal; the shape ("<model>: overloaded ...") is what clients and docs match on."""
+    now = [0.0]
+    out: list = []
+    sched = Scheduler(
+        toy_step, empty_past, [EOS], max_running=1, max_queue=1, queue_timeout_s=10.0,
+        clock=lambda: now[0], name="generate_int8",
+    )  # fmt: skip
+    flag = {"cancel": False}
+    running = make([1], 20, out=out, cancelled=lambda: flag["cancel"])
+    sched.submit(running)
+    sched.step()
+    queued = make([2], 2, out=out)
+    sched.submit(queued)
+    with pytest.raises(StageUnavailableError) as full:
+        sched.submit(make([3], 2))
+    now[0] = 10.0
+    sched.step()  # queued waited 10 s
+    flag["cancel"] = True
+    sched.step()  # running is cancelled
+    last = make([4], 2, out=out)
+    sched.submit(last)
+    sched.close()
+    errors = [str(e) for _, e, r in out if r == "error"] + [str(full.value)]
+    assert len(errors) == 4, errors
+    assert all(e.startswith("generate_int8: ") for e in errors), errors
+    assert "generate_int8: overloaded (1 running, 1 queued, max_queue 1)" in errors[-1]
+    assert any(e.startswith("generate_int8: overloaded: queued longer") for e in errors), errors
+    assert sched.thread is None or sched.thread.name == "generate_int8-scheduler"
+
+
+def test_the_engine_names_its_scheduler_after_the_served_config(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine passes its config's name, so each variant's model names itself."""
+    import json
+
+    from tokenizers import Tokenizer, models
+
+    from tritonforge import generate_engine
+    from tritonforge.modelconfig import ModelConfig
+
+    Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(
+        str(tmp_path / "tokenizer.json")
+    )
+    (tmp_path / "generation.json").write_text(json.dumps({"eos_token_ids": [EOS]}))
+    monkeypatch.setattr(generate_engine, "verify_sidecar", lambda *_, **__: None)
+    monkeypatch.setattr(
+        generate_engine, "OrtDecoder", lambda *_: type("D", (), {"empty_past": empty_past})()
+    )
+    params = {
+        "decoder_file": "decoder.onnx", "tokenizer_file": "tokenizer.json",
+        "generation_file": "generation.json", "max_prompt_tokens": "8",
+        "max_new_tokens_limit": "4", "default_max_new_tokens": "2", "max_running": "1",
+        "max_queue": "1", "queue_timeout_s": "10",
+    }  # fmt: skip
+    for name in ("generate", "generate_int8"):
+        config = ModelConfig.from_json({"name": name, "parameters": params})
+        engine = generate_engine.GenerateEngine(config, tmp_path)
+        assert engine.scheduler.name == name
+        engine.scheduler.submit(make([1], 2))
+        with pytest.raises(StageUnavailableError, match=f"^{name}: overloaded"):
+            engine.scheduler.submit(make([1], 2))
