@@ -67,6 +67,24 @@ class _Generator:
     template: str | None
 
 
+@dataclass
+class _Slot:
+    """A streamed completion's place among the front's open streams (the same
+    :class:`~runtime.front_guard.Admission` as the v2 SSE and gRPC streams): :meth:`end`, called
+    on drain or when the supervisor ends a crashed model's streams, records why and cancels the
+    upstream call; the stream then ends with an error event saying so. A non-streamed
+    completion has no slot (``token`` None)."""
+
+    token: int | None = None
+    call: Any = None
+    reason: str | None = None
+
+    def end(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        if self.call is not None:
+            self.call.cancel()
+
+
 class OpenAIFront:
     """Handles ``/v1`` for :class:`~runtime.front.HttpFront` (which owns the port and limits)."""
 
@@ -287,9 +305,10 @@ class OpenAIFront:
         api.check_prompt_tokens(prompt_tokens, req.model, "messages" if chat else "prompt")
         rid = api.new_id("chatcmpl" if chat else "cmpl")
         created, mid = api.now(), req.model.id
-        call = self._start(req, rid)
+        slot = self._open_stream(req.model) if req.stream else _Slot()
         try:
-            first = await self._next(call, mid)  # errors before any text get a real status
+            call = slot.call = self._start(req, rid)
+            first = await self._next(call, mid, slot)  # errors before any text: a real status
             if not req.stream:
                 parts = [first.text]
                 finish = first.finish_reason
@@ -307,16 +326,26 @@ class OpenAIFront:
                     else api.text_completion(rid, created, mid, text, finish, use)
                 )
                 return web.json_response(out, headers={"X-Triton-Model": req.model.triton_model})
-            return await self._stream(request, req, call, first, gen, prompt_tokens, chat, rid)
+            return await self._stream(request, req, slot, first, gen, prompt_tokens, chat, rid)
         finally:
-            if not call.done():
-                call.cancel()
+            if slot.call is not None and not slot.call.done():
+                slot.call.cancel()
+            self.http.admission.close_stream(slot.token)
+
+    def _open_stream(self, model: ServedModel) -> _Slot:
+        """A slot for a streamed completion to ``model`` among the front's
+        ``max_open_streams`` (shared with the v2 streams); 503 in OpenAI's shape past it."""
+        slot = _Slot()
+        slot.token = self.http.admission.open_stream(slot.end, model.triton_model)
+        if slot.token is None:
+            raise OpenAIError(self.http.admission.full_message(), 503, None, "overloaded")
+        return slot
 
     async def _stream(
         self,
         request: web.BaseRequest,
         req: api.GenerationRequest,
-        call: Any,
+        slot: _Slot,
         first: api.StreamChunk,
         gen: _Generator,
         prompt_tokens: int,
@@ -358,7 +387,7 @@ class OpenAIFront:
                     await response.write(event(None, chunk.finish_reason))
                     break
                 try:
-                    chunk = await self._next(call, mid)
+                    chunk = await self._next(slot.call, mid, slot)
                 except OpenAIError as e:  # mid-stream: the status is already sent
                     await response.write(api.sse(e.body()))
                     chunk = None
@@ -372,7 +401,7 @@ class OpenAIFront:
             await response.write(api.SSE_DONE)
             await response.write_eof()
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            call.cancel()  # the client went away: free the decoding slot now
+            slot.call.cancel()  # the client went away: free the decoding slot now
         return response
 
     @staticmethod
@@ -394,10 +423,17 @@ class OpenAIFront:
             response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
         )(requests())
 
-    async def _next(self, call: Any, model: str) -> api.StreamChunk:
+    async def _next(self, call: Any, model: str, slot: _Slot | None = None) -> api.StreamChunk:
+        """The next chunk of ``call``; a call the front ended (``slot.end``: drain, a crashed
+        stub) is a 503 saying why, like the v2 streams' last event."""
         timeout_s = self.http.limits.request_timeout_s
         try:
             message = await asyncio.wait_for(call.read(), timeout_s)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if slot is None or slot.reason is None or (task is not None and task.cancelling()):
+                raise
+            raise OpenAIError(f"{slot.reason}: stream ended", 503) from None
         except TimeoutError as e:
             raise OpenAIError(
                 f"{model}: no output from tritonserver within request_timeout_s={timeout_s:g}",

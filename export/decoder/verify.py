@@ -140,9 +140,7 @@ def scheduler_tokens(
 ) -> list[list[int]]:
     """Greedy tokens of ``prompts`` through the serving scheduler (``max_running`` at a time);
     ``name``: the model whose decoder it is (its messages name it)."""
-    scheduler = Scheduler(
-        step, empty_past, eos_ids, max_running, max_queue=len(prompts), name=name
-    )
+    scheduler = Scheduler(step, empty_past, eos_ids, max_running, max_queue=len(prompts), name=name)
     results: list[Generation] = []
     for ids in prompts:
         seq = Generation(
