@@ -239,15 +239,20 @@ def test_a_request_pinning_another_variant_is_refused_naming_the_field() -> None
         check_variant("int8", "fp32", "generate")
 
 
+def clocked(now: list[float], max_queue: int, name: str = "generate") -> Scheduler:
+    """One slot, ``queue_timeout_s`` 10 s, on the fake clock ``now[0]``."""
+    return Scheduler(
+        toy_step, empty_past, [EOS], max_running=1, max_queue=max_queue, name=name,
+        queue_timeout_s=10.0, clock=lambda: now[0],
+    )  # fmt: skip
+
+
 def test_a_request_queued_past_queue_timeout_s_is_refused_and_the_rest_still_run() -> None:
     """Chaos finding: the engine's queue had no deadline, so a request admitted behind floods
     waited as long as they took (35 hung past 60 s). A fake clock: no timing in a unit test."""
     now = [0.0]
     out: list = []
-    sched = Scheduler(
-        toy_step, empty_past, [EOS], max_running=1, max_queue=4, queue_timeout_s=10.0,
-        clock=lambda: now[0], name="generate",
-    )  # fmt: skip
+    sched = clocked(now, max_queue=4)
     running = make([1], 20, out=out)
     sched.submit(running)
     sched.step()  # running takes the only slot
@@ -287,10 +292,7 @@ def test_every_scheduler_message_names_the_model_serving() -> None:
     literal; the shape ("<model>: overloaded ...") is what clients and docs match on."""
     now = [0.0]
     out: list = []
-    sched = Scheduler(
-        toy_step, empty_past, [EOS], max_running=1, max_queue=1, queue_timeout_s=10.0,
-        clock=lambda: now[0], name="generate_int8",
-    )  # fmt: skip
+    sched = clocked(now, max_queue=1, name="generate_int8")
     flag = {"cancel": False}
     running = make([1], 20, out=out, cancelled=lambda: flag["cancel"])
     sched.submit(running)

@@ -23,7 +23,8 @@ from aiohttp import web
 from tokenizers import Tokenizer, models
 from tritonclient.grpc import service_pb2
 
-from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
+from tests.unit.test_openai_api import GENERATE
+from tritonforge.generation import TEXT_OUTPUT
 from tritonforge.runtime import openai_api as api
 from tritonforge.runtime.front import GRPC_SERVICE, Front, FrontLimits
 from tritonforge.runtime.openai_front import OpenAISettings
@@ -33,23 +34,12 @@ STREAM = f"{GRPC_SERVICE}ModelStreamInfer"
 CRASHED = "generate is unavailable: its stub crashed and is reloading; retry"
 
 
-def _param(value: str) -> dict[str, str]:
-    return {"string_value": value}
-
-
+# The generate model's config as the /v1 catalog reads it, with its generation metadata file.
 CONFIG = {
-    "name": "generate",
-    "model_transaction_policy": {"decoupled": True},
-    "input": [{"name": TEXT_INPUT, "data_type": "TYPE_STRING", "dims": [1]}],
-    "output": [
-        {"name": TEXT_OUTPUT, "data_type": "TYPE_STRING", "dims": [1]},
-        {"name": FINISH_REASON, "data_type": "TYPE_STRING", "dims": [1]},
-    ],
+    **GENERATE,
     "parameters": {
-        "max_new_tokens_limit": _param("64"),
-        "max_prompt_tokens": _param("100"),
-        "tokenizer_file": _param("tokenizer.json"),
-        "generation_file": _param("generation.json"),
+        **GENERATE["parameters"],
+        "generation_file": {"string_value": "generation.json"},
     },
 }
 
