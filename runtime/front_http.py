@@ -219,7 +219,12 @@ class HttpFront:
             if self.admission.draining is not None:
                 return _unavailable(f"{self.admission.draining}; retry on another replica")
             if self.openai is not None and self.openai.owns(request.path):
-                return await self.openai.handle(request)
+                # in flight for the drain's wait_idle (a /v1 stream also holds a stream slot)
+                self.admission.short += 1
+                try:
+                    return await self.openai.handle(request)
+                finally:
+                    self.admission.short -= 1
             return await self._handle(request)
         except FrontError as e:
             self.errors.record(f"http {e.status}", str(e))

@@ -211,3 +211,20 @@ def test_drain_ends_v1_streams_with_an_error_event(front: tuple[Front, Generator
     assert generator.cancelled.acquire(timeout=5)
     assert f.wait_idle(timeout_s=5)
     sock.close()
+
+
+def test_a_v1_request_in_flight_keeps_the_front_busy_for_the_drain(
+    front: tuple[Front, Generator],
+) -> None:
+    """A non-streamed completion holds no stream slot, but it is in flight: a drain's
+    ``wait_idle`` waits for it (before, the front looked idle and Triton got SIGTERM under it)."""
+    f, generator = front
+    sock = completion(f, stream=False)
+    deadline = time.monotonic() + 10
+    while f.admission.idle() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not f.admission.idle() and f.admission.open_streams == 0
+    assert not f.wait_idle(timeout_s=0.3)
+    sock.close()  # the client leaves: its request ends, the front is idle again
+    assert generator.cancelled.acquire(timeout=10)
+    assert f.wait_idle(timeout_s=10)
