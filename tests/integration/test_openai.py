@@ -68,6 +68,16 @@ def _gauge(server: EmbeddedServer, name: str, model: str) -> float:
     return float(m.group(1))
 
 
+def v2_embeddings(server: EmbeddedServer) -> np.ndarray:
+    """The first embedding model's answers to :data:`TEXTS` over v2 (the project's client)."""
+    return EmbeddingClient(
+        server.http_url,
+        "http",
+        name=CATALOG[EMBEDDING_IDS[0]].pipeline,
+        admin_key=server.settings.admin_key,
+    ).embed(TEXTS)
+
+
 def test_models_lists_what_the_repository_serves(client: Any) -> None:
     ids = [m.id for m in client.models.list()]
     assert ids == sorted(CATALOG)
@@ -104,12 +114,7 @@ def test_async_embeddings(server: EmbeddedServer) -> None:
         return [r.data[0].embedding for r in results]
 
     got = np.array(asyncio.run(run()), np.float32)
-    want = EmbeddingClient(
-        server.http_url,
-        "http",
-        name=CATALOG[EMBEDDING_IDS[0]].pipeline,
-        admin_key=server.settings.admin_key,
-    ).embed(TEXTS)
+    want = v2_embeddings(server)
     assert np.abs(got - want).max() <= 1e-6
 
 
@@ -360,12 +365,7 @@ def test_langchain_embeddings_and_chat(server: EmbeddedServer) -> None:
         check_embedding_ctx_length=False,  # else it tokenizes with tiktoken (OpenAI's vocab)
     )
     got = np.array(embedder.embed_documents(TEXTS), np.float32)
-    want = EmbeddingClient(
-        server.http_url,
-        "http",
-        name=CATALOG[EMBEDDING_IDS[0]].pipeline,
-        admin_key=server.settings.admin_key,
-    ).embed(TEXTS)
+    want = v2_embeddings(server)
     assert np.abs(got - want).max() <= 1e-6
     chat = langchain_openai.ChatOpenAI(
         model=GENERATOR, base_url=base_url(server), api_key=KEY, temperature=0, max_tokens=8
