@@ -62,12 +62,14 @@ def stream_answer(server: EmbeddedServer, prompt: str = GENERATE_PROMPT) -> str:
     arrive; returns the text."""
     from tritonforge.client.generate import GenerateClient
 
-    client = GenerateClient(server.grpc_url, "grpc", model=GENERATE_MODEL, timeout_s=TIMEOUT_S)
     print(f"==> {GENERATE_MODEL} (decoupled, gRPC stream): {prompt!r}\n    ", end="", flush=True)
     parts = []
-    for chunk in client.generate(prompt, stream=True, max_tokens=48):
-        parts.append(chunk)
-        print(chunk, end="", flush=True)
+    with GenerateClient(
+        server.grpc_url, "grpc", model=GENERATE_MODEL, timeout_s=TIMEOUT_S
+    ) as client:
+        for chunk in client.generate(prompt, stream=True, max_tokens=48):
+            parts.append(chunk)
+            print(chunk, end="", flush=True)
     print(f"\n    [finish_reason: {client.last_finish_reason}]\n")
     return "".join(parts)
 
