@@ -36,7 +36,7 @@ REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY") or "model_repos
 def _repository() -> Path:
     if not any(REPOSITORY.glob("*/config.pbtxt")):
         pytest.skip(
-            f"no exported repository at {REPOSITORY} (run `make export` or set "
+            reason=f"no exported repository at {REPOSITORY} (run `make export` or set "
             "TRITONFORGE_MODEL_REPOSITORY)"
         )
     return REPOSITORY
@@ -48,7 +48,7 @@ def _pipeline(name: str) -> PipelineSpec:
 
         if not all((classifier_dir() / f"v{n}" / "config.json").is_file() for n in (1, 2)):
             pytest.skip(
-                f"the default classifier is not built in {classifier_dir()}; run "
+                reason=f"the default classifier is not built in {classifier_dir()}; run "
                 "`make classifier` (this test does not train it)"
             )
     return get_pipeline(name)
@@ -103,7 +103,7 @@ def test_pipeline_configs_are_byte_identical(name: str) -> None:
     repo = _repository()
     spec = _pipeline(name)
     if not (repo / spec.names.encoder("fp32") / "config.pbtxt").is_file():
-        pytest.skip(f"pipeline {name!r} is not exported into {repo}")
+        pytest.skip(reason=f"pipeline {name!r} is not exported into {repo}")
     rendered = {rel: text.encode() for rel, text in _encoder_texts(spec, repo)}
     assert len(rendered) >= 2
     rendered.update(
@@ -119,7 +119,7 @@ def test_generate_configs_are_byte_identical(name: str) -> None:
     int8 = (repo / models(spec, int8=True).get("int8", "-") / "config.pbtxt").is_file()
     exported = models(spec, int8)
     if not all((repo / m / "config.pbtxt").is_file() for m in exported.values()):
-        pytest.skip(f"decoder {name!r} is not exported into {repo}")
+        pytest.skip(reason=f"decoder {name!r} is not exported into {repo}")
     rendered = {
         f"{model}/config.pbtxt": render_config(spec, variant, int8).encode()
         for variant, model in exported.items()
