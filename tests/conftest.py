@@ -110,3 +110,18 @@ def tiny_corpus(tmp_path: Path) -> Path:
     path = tmp_path / "corpus.csv"
     path.write_bytes("\r\n".join(lines).encode("latin-1") + b"\r\n")
     return path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _verify_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Digests of verified artifacts (``tritonforge.integrity``) go to a directory of this test
+    session, not the user's cache; servers started by the tests inherit it."""
+    from tritonforge.integrity import CACHE_DIR_ENV
+
+    saved = os.environ.get(CACHE_DIR_ENV)
+    os.environ[CACHE_DIR_ENV] = str(tmp_path_factory.mktemp("verified"))
+    yield
+    if saved is None:
+        os.environ.pop(CACHE_DIR_ENV, None)
+    else:
+        os.environ[CACHE_DIR_ENV] = saved
