@@ -7,6 +7,7 @@ import queue
 import re
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -115,40 +116,47 @@ def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {code + ' ' if code else ''}{e}"[:300]
 
 
+def canary_once(url: str, name: str, config: ModelConfig, timeout_s: float) -> str:
+    """ "ok", "overloaded: <error>" or "failed: <error>" of one inference through ``name`` at
+    gRPC ``url`` on a connection of its own, bounded by ``timeout_s`` (a decoupled model over a
+    stream: :func:`stream_canary`)."""
+    import tritonclient.grpc as grpcclient
+
+    inputs = []
+    for input_name, value in canary_inputs(config).items():
+        tensor = grpcclient.InferInput(
+            input_name, list(value.shape), config.input(input_name).wire_dtype
+        )
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    try:
+        if config.raw.get("model_transaction_policy", {}).get("decoupled"):
+            stream_canary(url, name, inputs, timeout_s)
+        else:
+            client = grpcclient.InferenceServerClient(url)
+            try:
+                client.infer(name, inputs, client_timeout=timeout_s)
+            finally:
+                client.close()
+        return OK
+    except Exception as e:  # any failure is a failed canary; which kind, below
+        text = error_text(e)
+        return f"{classify_failure(text)}: {text}"
+
+
 def canary_round(
     url: str,
     configs: Mapping[str, ModelConfig],
     timeout_s: float,
     models: Iterable[str] | None = None,
+    concurrent: bool = False,
 ) -> dict[str, str]:
-    """Model -> "ok", "overloaded: <error>" or "failed: <error>" of one inference through each
-    model of ``configs`` (or only ``models``) at gRPC ``url``, each bounded by ``timeout_s``
-    (a decoupled model over a stream: :func:`stream_canary`)."""
-    import tritonclient.grpc as grpcclient
-
-    wanted = None if models is None else set(models)
-    results: dict[str, str] = {}
-    client = grpcclient.InferenceServerClient(url)
-    try:
-        for name, cfg in configs.items():
-            if wanted is not None and name not in wanted:
-                continue
-            inputs = []
-            for input_name, value in canary_inputs(cfg).items():
-                tensor = grpcclient.InferInput(
-                    input_name, list(value.shape), cfg.input(input_name).wire_dtype
-                )
-                tensor.set_data_from_numpy(value)
-                inputs.append(tensor)
-            try:
-                if cfg.raw.get("model_transaction_policy", {}).get("decoupled"):
-                    stream_canary(url, name, inputs, timeout_s)
-                else:
-                    client.infer(name, inputs, client_timeout=timeout_s)
-                results[name] = OK
-            except Exception as e:  # any failure is a failed canary; which kind, below
-                text = error_text(e)
-                results[name] = f"{classify_failure(text)}: {text}"
-    finally:
-        client.close()
-    return results
+    """Model -> :func:`canary_once` of each model of ``configs`` (or only ``models``), one after
+    the other, or all at once with ``concurrent`` (a recovery's check of the models it affects:
+    its time is then the slowest canary's, not their sum)."""
+    wanted = [n for n in configs if models is None or n in set(models)]
+    if not concurrent or len(wanted) < 2:
+        return {n: canary_once(url, n, configs[n], timeout_s) for n in wanted}
+    with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="canary") as pool:
+        futures = {n: pool.submit(canary_once, url, n, configs[n], timeout_s) for n in wanted}
+        return {n: f.result() for n, f in futures.items()}

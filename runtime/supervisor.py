@@ -151,12 +151,14 @@ class Supervisor:
         self._reload_requests: queue.Queue[tuple[frozenset[str], str, bool]] = queue.Queue()
 
     # -- checks ------------------------------------------------------------------------------
-    def canary(self, models: Iterable[str] | None = None) -> dict[str, str]:
+    def canary(
+        self, models: Iterable[str] | None = None, concurrent: bool = False
+    ) -> dict[str, str]:
         """Model -> "ok", "overloaded: <error>" or "failed: <error>" of one inference through
-        it (every public model, or only ``models``), on a connection of its own to Triton's
-        private socket (bounded in time)."""
+        it (every public model, or only ``models``; all at once with ``concurrent``), each on a
+        connection of its own to Triton's private socket (bounded in time)."""
         return canary_round(
-            self.server.direct_grpc_url, self.configs, self.canary_timeout_s, models
+            self.server.direct_grpc_url, self.configs, self.canary_timeout_s, models, concurrent
         )
 
     def check_front(self) -> str:
@@ -375,11 +377,13 @@ class Supervisor:
             ended = f"{', '.join(sorted(models))} is unavailable: its stub crashed and is reloading; retry"
             if dead or sick:  # a dead stub never ends the streams it held: end them, saying why
                 self._end_streams(orphaned, ended)
+            results: dict[str, str] = {}
             try:
                 for model in first:
                     self._load(model)
                     reloaded.append(model)
-                results = self.canary(affected)  # only those: a full round took minutes under load
+                # only the affected models (a full round took minutes under load), all at once
+                results = self.canary(affected, concurrent=True)
                 still = [m for m in affected if results.get(m, OK) != OK]
                 broken = {m for m in still if not results[m].startswith(OVERLOADED)}
                 wanted = {c for m in broken for c in callees(self.calls, m)}
@@ -400,7 +404,14 @@ class Supervisor:
                     f"{reason}; reloaded {', '.join(reloaded)} in "
                     f"{time.monotonic() - started:.1f} s{error}"
                 )
-            self._record(self.canary(affected), partial=True)
+            # what answered and calls nothing reloaded since is recorded as it is; the rest is
+            # asked again
+            since = set(reloaded[len(first) :])
+            again = [m for m in affected if results.get(m) != OK or callees(self.calls, m) & since]
+            results = {m: v for m, v in results.items() if v == OK}
+            if again:
+                results.update(self.canary(again, concurrent=True))
+            self._record(results, partial=True)
 
     def _end_streams(
         self, models: Iterable[str], reason: str, opened_before_s: float | None = None
