@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -64,6 +65,11 @@ class TimedSupervisor(Supervisor):
         finally:
             self._event("recovered", ",".join(sorted(models)))
 
+    def _restart_server(self, reason: str) -> None:
+        log_tail = self.server.log_text(last=60)  # the restart clears it
+        self._event("server_restart", f"{reason}\n{log_tail}")
+        super()._restart_server(reason)
+
     def _load(self, model: str) -> None:
         self._event("load", model)
         try:
@@ -74,11 +80,13 @@ class TimedSupervisor(Supervisor):
     def canary(
         self, models: Iterable[str] | None = None, concurrent: bool = False
     ) -> dict[str, str]:
+        # (positional ``concurrent`` only when set: the script also times older supervisors)
+        ask = functools.partial(super().canary, concurrent=True) if concurrent else super().canary
         if models is None:  # the periodic rounds: not part of a recovery
-            return super().canary(models, concurrent)
+            return ask(models)
         models = sorted(models)
         self._event("canary", ",".join(models))
-        results = super().canary(models, concurrent)
+        results = ask(models)
         self._event("canaried", json.dumps({m: v[:60] for m, v in results.items()}))
         return results
 
@@ -181,7 +189,7 @@ def kill_and_time(
     for thread in threads:
         thread.join(timeout=30)
     events = [
-        {"at_s": round(t - kill_s, 2), "what": w, "detail": d[:200]}
+        {"at_s": round(t - kill_s, 2), "what": w, "detail": d if w == "server_restart" else d[:200]}
         for t, w, d in supervisor.events[first:]
     ]
     backs = {p.target.model: p.back_after(kill_s) for p in probers}
@@ -196,6 +204,14 @@ def kill_and_time(
             for p in probers
         },
     }
+
+
+def linked(repository: Path, models: Sequence[str], target: Path) -> Path:
+    """A repository in ``target`` of only ``models``, each a symlink to its directory."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in models:
+        os.symlink((repository / name).resolve(), target / name)
+    return target
 
 
 def timeline(
@@ -264,6 +280,7 @@ def load_phases(repository: Path, model: str) -> dict[str, float]:
         ort = _timed(phases, "imports", lambda: __import__("onnxruntime"))
         path = version_dir / (config.default_model_filename or "model.onnx")
         _timed(phases, "sha256", lambda: verify_sidecar(path, required=True, cache=False))
+        verify_sidecar(path, required=True)  # remembered (the server's first load does this)
         _timed(phases, "sha256_remembered", lambda: verify_sidecar(path, required=True))
         options = ort.SessionOptions()
         options.intra_op_num_threads = config.param("intra_op_thread_count", 0, int)
@@ -282,6 +299,7 @@ def load_phases(repository: Path, model: str) -> dict[str, float]:
         torch = _timed(phases, "imports", lambda: __import__("torch"))
         path = version_dir / (config.default_model_filename or "model.pt")
         _timed(phases, "sha256", lambda: verify_sidecar(path, required=True, cache=False))
+        verify_sidecar(path, required=True)
         _timed(phases, "sha256_remembered", lambda: verify_sidecar(path, required=True))
         torch.set_num_threads(config.param("INTRA_OP_THREAD_COUNT", 1, int))
         module = _timed(
@@ -306,6 +324,7 @@ def load_phases(repository: Path, model: str) -> dict[str, float]:
                 f"sha256 {path.name}",
                 functools.partial(verify_sidecar, path, required=True, cache=False),
             )
+            verify_sidecar(path, required=True)  # remembered, as after the server's first load
         engine = _timed(
             phases,
             "engine (remembered sha256 + session + tokenizer)",
@@ -375,6 +394,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--models", default="generate,encoder_fp32,tokenizer,encoder_torchscript")
     p.add_argument("--hog", type=int, default=0, help="busy-loop processes during the kills")
     p.add_argument("--give-up-s", type=float, default=90.0)
+    p.add_argument(
+        "--serve", default="", help="serve only these models (comma-separated; default: all)"
+    )
     p.add_argument("--phases", action="store_true", help="time the load steps in-process instead")
     p.add_argument("--phase-of", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help="write the results as JSON")
@@ -388,7 +410,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         with hog(args.hog):
             results = phases_in_fresh_processes(repository, models)
     else:
-        results = timeline(repository, models, args.hog, args.give_up_s)
+        with tempfile.TemporaryDirectory(prefix="tritonforge-timeline-") as tmp:
+            served = [m.strip() for m in args.serve.split(",") if m.strip()]
+            if served:
+                repository = linked(repository, served, Path(tmp) / "repo")
+            results = timeline(repository, models, args.hog, args.give_up_s)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2))
