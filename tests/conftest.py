@@ -114,12 +114,12 @@ def tiny_corpus(tmp_path: Path) -> Path:
 
 @pytest.fixture(autouse=True, scope="session")
 def _verify_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Digests of verified artifacts (``tritonforge.integrity``) go to a directory of this test
+    """The per-user cache (digests of verified artifacts, optimised graphs) goes to a directory of this test
     session, not the user's cache; servers started by the tests inherit it."""
     from tritonforge.integrity import CACHE_DIR_ENV
 
     saved = os.environ.get(CACHE_DIR_ENV)
-    os.environ[CACHE_DIR_ENV] = str(tmp_path_factory.mktemp("verified"))
+    os.environ[CACHE_DIR_ENV] = str(tmp_path_factory.mktemp("tritonforge-cache"))
     yield
     if saved is None:
         os.environ.pop(CACHE_DIR_ENV, None)

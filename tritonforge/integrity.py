@@ -12,10 +12,10 @@ set ``ctime``, so a file changed in place is hashed again; the export replaces f
 not remembered (ctime comes from a coarse clock). The sidecar itself is read on every call: the
 cache holds what the artifact hashes to, never the verdict.
 
-Settings: ``$TRITONFORGE_VERIFY_CACHE_DIR`` (default ``$XDG_CACHE_HOME/tritonforge/verified``,
-``~/.cache/...``, or ``<tmp>/tritonforge-<uid>/verified`` when home is not writable); ``off``
-turns the cache off (every load hashes). The directory is created ``0700``; one that another
-user owns, or that group or others may write, is not used (every load then hashes).
+Settings: ``$TRITONFORGE_CACHE_DIR`` (default ``$XDG_CACHE_HOME/tritonforge``, ``~/.cache/...``,
+or ``<tmp>/tritonforge-<uid>`` when home is not writable; digests in its ``verified/``);
+``off`` turns the cache off (every load hashes). The directory is created ``0700``; one that
+another user owns, or that group or others may write, is not used (every load then hashes).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ from pathlib import Path
 from tritonforge.errors import ArtifactIntegrityError
 
 CHUNK = 1 << 20
-CACHE_DIR_ENV = "TRITONFORGE_VERIFY_CACHE_DIR"
+CACHE_DIR_ENV = "TRITONFORGE_CACHE_DIR"
 CACHE_OFF = "off"
 MAX_ENTRIES = 4096  # ~64 bytes each; the oldest go first past this
 # The kernel stamps ctime from a coarse clock (a few ms): two writes within one tick can leave
@@ -59,8 +60,9 @@ def write_sidecar(path: Path) -> Path:
 
 
 def default_cache_dir() -> Path | None:
-    """Where digests are remembered: ``$TRITONFORGE_VERIFY_CACHE_DIR`` (``off``: nowhere), else
-    the user's cache directory, else a per-user directory in the temp dir."""
+    """The per-user cache root (digests in its ``verified/``, optimised ONNX graphs in its
+    ``ort/``): ``$TRITONFORGE_CACHE_DIR`` (``off``: none), else the user's cache directory, else
+    a per-user directory in the temp dir."""
     configured = os.environ.get(CACHE_DIR_ENV, "").strip()
     if configured.lower() == CACHE_OFF:
         return None
@@ -71,8 +73,19 @@ def default_cache_dir() -> Path | None:
     with contextlib.suppress(OSError, RuntimeError):
         base.mkdir(parents=True, exist_ok=True)
         if os.access(base, os.W_OK | os.X_OK):
-            return base / "tritonforge" / "verified"
-    return Path(tempfile.gettempdir()) / f"tritonforge-{os.getuid()}" / "verified"
+            return base / "tritonforge"
+    return Path(tempfile.gettempdir()) / f"tritonforge-{os.getuid()}"
+
+
+def private_dir(directory: Path) -> bool:
+    """Create ``directory`` (0700, parents too) if needed; True only when it is a directory of
+    ours (not a symlink) that nobody else may write."""
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = directory.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 class VerifiedDigests:
@@ -87,14 +100,7 @@ class VerifiedDigests:
         return f"{st.st_dev}-{st.st_ino}-{st.st_size}-{st.st_mtime_ns}-{st.st_ctime_ns}"
 
     def _usable(self) -> bool:
-        """Create the directory (0700) if needed; True only when it is ours and nobody else
-        may write it."""
-        try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            st = self.directory.lstat()
-        except OSError:
-            return False
-        return st.st_uid == os.getuid() and not st.st_mode & 0o022 and self.directory.is_dir()
+        return private_dir(self.directory)
 
     def get(self, st: os.stat_result) -> str | None:
         if not self._usable():
@@ -153,7 +159,7 @@ def verify_sidecar(
     """Check ``path`` against its sidecar; raise :class:`ArtifactIntegrityError` naming the file.
 
     Returns the digest, or None when there is no sidecar and ``required`` is false.
-    ``cache_dir``: where digests of file versions are remembered (None:
+    ``cache_dir``: the cache root whose ``verified/`` remembers digests of file versions (None:
     :func:`default_cache_dir`); ``cache=False`` hashes the file whatever is remembered.
     """
     side = sidecar_of(path)
@@ -165,8 +171,8 @@ def verify_sidecar(
         return None
     text = side.read_text()
     want = text.split()[0].strip().lower() if text.strip() else ""
-    directory = (cache_dir or default_cache_dir()) if cache else None
-    got = _hash_version(path, VerifiedDigests(directory) if directory is not None else None)
+    root = (cache_dir or default_cache_dir()) if cache else None
+    got = _hash_version(path, VerifiedDigests(root / "verified") if root is not None else None)
     if got != want:
         raise ArtifactIntegrityError(
             f"{path}: sha256 {got[:16]}… does not match {side.name} ({want[:16]}…); the artifact "

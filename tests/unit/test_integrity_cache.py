@@ -48,7 +48,7 @@ def test_a_verified_version_is_not_hashed_again(
     second = verify_sidecar(artifact, required=True, cache_dir=cache)
     assert first == second
     assert len(hashes) == 1
-    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert stat.S_IMODE((cache / "verified").stat().st_mode) == 0o700
     # nothing written into the repository
     assert set(artifact.parent.iterdir()) == {artifact, integrity.sidecar_of(artifact)}
 
@@ -58,7 +58,7 @@ def test_a_file_corrupted_in_place_with_its_mtime_restored_is_caught(
 ) -> None:
     cache = tmp_path / "cache"
     verify_sidecar(artifact, required=True, cache_dir=cache)
-    assert len(list(cache.iterdir())) == 1  # remembered
+    assert len(list((cache / "verified").iterdir())) == 1  # remembered
     before = artifact.stat()
     data = bytearray(artifact.read_bytes())
     data[10] ^= 0xFF
@@ -89,18 +89,19 @@ def test_a_recently_changed_file_is_not_remembered(tmp_path: Path) -> None:
     write_sidecar(path)
     cache = tmp_path / "cache"
     verify_sidecar(path, required=True, cache_dir=cache)
-    assert not any(cache.iterdir())  # ctime within RACY_S of now: hashed, not remembered
+    assert not any((cache / "verified").iterdir())  # ctime within RACY_S: not remembered
 
 
 def test_an_untrusted_cache_directory_is_not_used(
     artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cache = tmp_path / "shared"
-    cache.mkdir()
+    root = tmp_path / "shared"
+    cache = root / "verified"
+    cache.mkdir(parents=True)
     cache.chmod(0o777)
     hashes = _count_hashes(monkeypatch)
-    verify_sidecar(artifact, required=True, cache_dir=cache)
-    verify_sidecar(artifact, required=True, cache_dir=cache)
+    verify_sidecar(artifact, required=True, cache_dir=root)
+    verify_sidecar(artifact, required=True, cache_dir=root)
     assert len(hashes) == 2
     assert not any(cache.iterdir())
     # a forged entry in a directory others may write is never believed
@@ -117,19 +118,20 @@ def test_settings_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monke
     assert integrity.default_cache_dir() == tmp_path / "c"
     monkeypatch.delenv(integrity.CACHE_DIR_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert integrity.default_cache_dir() == tmp_path / "xdg" / "tritonforge" / "verified"
+    assert integrity.default_cache_dir() == tmp_path / "xdg" / "tritonforge"
 
 
 def test_old_entries_are_pruned(
     artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(integrity, "MAX_ENTRIES", 3)
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
+    root = tmp_path / "cache"
+    cache = root / "verified"
+    cache.mkdir(mode=0o700, parents=True)
     for i in range(5):
         old = cache / f"0-{i}-0-0-0"
         old.write_text("a" * 64)
         os.utime(old, (1, 1))
-    verify_sidecar(artifact, required=True, cache_dir=cache)
+    verify_sidecar(artifact, required=True, cache_dir=root)
     assert len(list(cache.iterdir())) == 3
     assert VerifiedDigests(cache).get(artifact.stat()) is not None
