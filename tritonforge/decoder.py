@@ -40,18 +40,23 @@ class OrtDecoder:
         path: Path,
         intra_op_threads: int = 1,
         session_config: Mapping[str, str] | None = None,
+        digest: str | None = None,
     ) -> None:
         """``session_config``: ONNX Runtime session config entries (``session.*`` keys), passed
-        as they are over :data:`SESSION_DEFAULTS`."""
+        as they are over :data:`SESSION_DEFAULTS`. ``digest``: ``path``'s verified sha256; with
+        it the optimised graph is remembered for the next load (:mod:`tritonforge.ort_graphs`)."""
         import onnxruntime as ort
+
+        from tritonforge import ort_graphs
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        for key, value in {**SESSION_DEFAULTS, **(session_config or {})}.items():
+        entries = {**SESSION_DEFAULTS, **(session_config or {})}
+        for key, value in entries.items():
             options.add_session_config_entry(key, value)
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.session = ort_graphs.session(ort, path, digest, options, entries)
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.layers = sum(1 for n in inputs if n.startswith(PAST_PREFIX)) // 2
         self.past = past_names(self.layers)

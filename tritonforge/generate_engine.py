@@ -40,8 +40,9 @@ class GenerateEngine:
         decoder_path = version_dir / config.param("decoder_file", kind=str)
         tokenizer_path = version_dir / config.param("tokenizer_file", kind=str)
         meta_path = version_dir / config.param("generation_file", kind=str)
-        for path in (decoder_path, tokenizer_path, meta_path):
-            verify_sidecar(path, required=True)  # written by `make export`
+        digests = [
+            verify_sidecar(p, required=True) for p in (decoder_path, tokenizer_path, meta_path)
+        ]
         self.name, self.variant = config.name, variant
         meta = json.loads(meta_path.read_text())
         self.chat_template: str | None = meta.get("chat_template")
@@ -50,7 +51,9 @@ class GenerateEngine:
         # ONNX Runtime session entries from the config (``session.*`` parameters), as the
         # encoders' backend passes them.
         session = {k: v for k, v in config.parameters.items() if k.startswith("session.")}
-        self.decoder = OrtDecoder(decoder_path, config.param("intra_op_threads", 1, int), session)
+        self.decoder = OrtDecoder(
+            decoder_path, config.param("intra_op_threads", 1, int), session, digests[0]
+        )
         self.limits = GenerationLimits(
             max_prompt_tokens=config.param("max_prompt_tokens", kind=int),
             max_new_tokens_limit=config.param("max_new_tokens_limit", kind=int),
