@@ -182,7 +182,8 @@ def kill_and_time(
         time.sleep(0.2)
         recovered = any(w == "recovered" for _, w, _ in supervisor.events[first:])
         back = [p.back_after(kill_s) for p in probers]
-        if recovered and all(b is not None for b in back) and time.monotonic() - kill_s > 3:
+        settled = all(p.outcomes and p.outcomes[-1].kind == OK for p in probers)
+        if recovered and settled and all(b is not None for b in back):
             break
     for p in probers:
         p.stop.set()
@@ -199,6 +200,18 @@ def kill_and_time(
         "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
         "events": events,
         "back_after_s": {m: None if b is None else round(b, 2) for m, b in backs.items()},
+        "last_outcomes": {
+            p.target.model: [
+                (
+                    round(o.started_s - kill_s, 2),
+                    round(o.ended_s - kill_s, 2),
+                    o.kind,
+                    o.error[:120],
+                )
+                for o in p.outcomes[-4:]
+            ]
+            for p in probers
+        },
         "failed_requests": {
             p.target.model: sum(1 for o in p.outcomes if o.started_s >= kill_s and is_down(o))
             for p in probers
