@@ -35,7 +35,10 @@ def _options(ort: Any, entries: dict[str, str], level: str, threads: int) -> Any
     options.inter_op_num_threads = 1
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     for key, value in entries.items():
-        options.add_session_config_entry(key, value)
+        if key == "session.optimized_model_filepath":  # an attribute, not a config entry
+            options.optimized_model_filepath = value
+        else:
+            options.add_session_config_entry(key, value)
     return options
 
 
@@ -46,7 +49,6 @@ def prepare(source: Path, work: Path, threads: int) -> dict[str, Variant]:
     all_ = "ORT_ENABLE_ALL"
     variants: dict[str, Variant] = {
         "original (ENABLE_ALL)": (str(source), {}, all_),
-        "original, parallel prepack": (str(source), {"session.prepack.enable_parallel": "1"}, all_),
     }
     optimized = work / "optimized.onnx"
     ort.InferenceSession(
@@ -149,11 +151,13 @@ def load_once(variant: Variant, threads: int) -> dict[str, Any]:
     started = time.perf_counter()
     options = _options(ort, entries, level, threads)
     if entries.get("session.use_ort_model_bytes_directly") == "1":
-        import mmap
-
-        with open(path, "rb") as f:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+        # the buffer must outlive the session: ORT then reads the weights in place
+        load_once.buffer = Path(path).read_bytes()  # type: ignore[attr-defined]
+        session = ort.InferenceSession(
+            load_once.buffer,  # type: ignore[attr-defined]
+            options,
+            providers=["CPUExecutionProvider"],
+        )
     else:
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     created = time.perf_counter() - started
