@@ -309,8 +309,8 @@ def _int8(
     steps: Steps,
 ) -> list[str]:
     gate = spec.int8_gate
-    with steps("int8 weight-only quantization (MatMulNBits, 8 bits)"):
-        quantize_weights_int8(out["decoder"], out["int8"])
+    with steps(f"int8 weight-only quantization ({spec.int8_method.describe()})"):
+        quantize_weights_int8(out["decoder"], out["int8"], spec.int8_method)
         problems = check_graph(out["int8"], fp32.layers)
     q8 = OrtDecoder(out["int8"], intra_op_threads=2)
     with steps("int8 gate: greedy agreement with fp32 + held-out perplexity"):
@@ -348,7 +348,7 @@ def _int8(
         }
     )
     report["quantization"] = {
-        "method": "onnxruntime MatMulNBits: weight-only int8, blocks of 32, int8 compute",
+        "method": spec.int8_method.describe(),
         "greedy_agreement": agree,
         "free_running_agreement": free,
         # The served int8 model's greedy output is checked against these (integration test).

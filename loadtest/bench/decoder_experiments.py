@@ -124,14 +124,11 @@ def measure(
 
 
 def quantize(src: Path, dst: Path, bits: int, block: int) -> None:
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    """The export's quantization with ``bits`` and ``block`` (int8 compute)."""
+    from tritonforge.export.decoder.graph import quantize_weights_int8
+    from tritonforge.export.decoder.spec import WeightOnlyQuantization
 
-    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
-    q = MatMulNBitsQuantizer(
-        str(src), bits=bits, block_size=block, is_symmetric=True, accuracy_level=4
-    )
-    q.process()
-    q.model.save_model_to_file(str(dst), use_external_data_format=False)
+    quantize_weights_int8(src, dst, WeightOnlyQuantization(bits=bits, block_size=block))
 
 
 def gate(path: Path, report: dict[str, Any], tokenizer: Any, ppl_fp32: float) -> dict[str, Any]:
