@@ -26,8 +26,10 @@ def smollm2_spec() -> DecoderSpec:
         padded_batches=PADDED,
         prompts_file=DATA_DIR / "generation_prompts.txt",
         perplexity_file=DATA_DIR / "perplexity.txt",
-        # 8 bits, blocks of 32, int8 compute: fastest at 1-16 rows among the candidates that
-        # pass the gate (docs/performance.md, "Speed experiments on the decode step")
+        # 8 bits, blocks of 32, int8 compute: faster than fp32 at 1-8 rows, level at 16, best
+        # agreement with fp32; block 128 was faster in one run and slower in another (noise),
+        # fp32 compute 20x slower, 4 bits fail the gate (docs/performance.md, "Speed
+        # experiments on the decode step")
         int8_method=WeightOnlyQuantization(bits=8, block_size=32, accuracy_level=4),
         int8_gate=Int8Gate(min_greedy_agreement=0.9, max_perplexity_ratio=1.05),
         serving=GenerationServing(),
