@@ -107,6 +107,9 @@ class Scheduler:
         self.max_running, self.max_queue = max_running, max_queue
         self.waiting: deque[Generation] = deque()
         self.batch = KVBatch()
+        # prefilled (first token sent), waiting for their padding to fit the batch: (sequence,
+        # its cached keys/values, their length, its last token)
+        self.joining: deque[tuple[Generation, list[np.ndarray], int, int]] = deque()
         self.cond = threading.Condition()
         self.closed = False
         self.thread: threading.Thread | None = None
@@ -129,9 +132,9 @@ class Scheduler:
             self.cond.notify()
 
     def load(self) -> tuple[int, int]:
-        """``(running, waiting)``."""
+        """``(running, waiting)``; running counts the prefilled sequences about to join."""
         with self.cond:
-            return len(self.batch), len(self.waiting)
+            return len(self.batch) + len(self.joining), len(self.waiting)
 
     # -- the loop ------------------------------------------------------------------------
     def start(self) -> None:
@@ -143,7 +146,7 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self.cond:
-                while not self.closed and not self.waiting and not self.batch.rows:
+                while not self.closed and not self.waiting and not self.busy():
                     self.cond.wait()
                 if self.closed:
                     return
@@ -159,15 +162,20 @@ class Scheduler:
         if self.thread is not None:
             self.thread.join(timeout=30)
         with self.cond:
-            pending = [*self.waiting, *self.batch.rows]
+            pending = [*self.waiting, *(j[0] for j in self.joining), *self.batch.rows]
             self.waiting.clear()
+            self.joining.clear()
         self.batch = KVBatch()
         for seq in pending:
             seq.fail(StageUnavailableError(reason))
 
+    def busy(self) -> bool:
+        """Whether sequences are running or about to join."""
+        return bool(self.batch.rows or self.joining)
+
     def run_until_idle(self) -> None:
         """Step on the calling thread until nothing is queued or running (tests, export, bench)."""
-        while self.waiting or self.batch.rows:
+        while self.waiting or self.busy():
             self.step()
 
     def step(self) -> None:
@@ -175,6 +183,7 @@ class Scheduler:
             self._retire_cancelled()
             self._expire_queued()
             self._admit()
+            self._join()
             if self.batch.rows:
                 self._decode()
         except Exception as e:  # a failed step ends the running sequences, never the loop
@@ -194,6 +203,10 @@ class Scheduler:
             for seq in [s for s in self.waiting if s.is_cancelled()]:
                 self.waiting.remove(seq)
                 seq.fail(CancelledError(f"{self.name}: request cancelled"))
+        cancelled = [j[0] for j in self.joining if j[0].is_cancelled()]
+        self.joining = deque(j for j in self.joining if all(j[0] is not c for c in cancelled))
+        for seq in cancelled:
+            seq.fail(CancelledError(f"{self.name}: request cancelled"))
         gone = [i for i, s in enumerate(self.batch.rows) if s.is_cancelled()]
         for i in gone:
             self.batch.rows[i].fail(CancelledError(f"{self.name}: request cancelled"))
@@ -220,10 +233,14 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Prefill the sequences that fit (free slots, ``max_prefill_tokens`` padded tokens) in
-        one left-padded call, emit each one's first token, and join them to the batch."""
+        one call, emit each one's first token, and queue them to join the batch (:meth:`_join`).
+
+        Prompts are right-padded (each row's tokens first, from column 0): a row's prefill then
+        computes exactly what it computes alone (left padding changes its bits, measured)."""
         admitted: list[Generation] = []
         with self.cond:
-            while self.waiting and len(self.batch) + len(admitted) < self.max_running:
+            busy = len(self.batch) + len(self.joining)
+            while self.waiting and busy + len(admitted) < self.max_running:
                 width = max(len(s.prompt_ids) for s in [*admitted, self.waiting[0]])
                 if admitted and width * (len(admitted) + 1) > self.max_prefill_tokens:
                     break
@@ -234,11 +251,10 @@ class Scheduler:
         width = max(lengths)
         ids = np.zeros((len(admitted), width), np.int64)
         mask = np.zeros_like(ids)
-        positions = np.zeros_like(ids)
+        positions = np.tile(np.arange(width, dtype=np.int64), (len(admitted), 1))
         for i, (seq, n) in enumerate(zip(admitted, lengths, strict=True)):
-            ids[i, width - n :] = seq.prompt_ids
-            mask[i, width - n :] = 1
-            positions[i, width - n :] = np.arange(n)
+            ids[i, :n] = seq.prompt_ids
+            mask[i, :n] = 1
         try:
             logits, presents = self.step_fn(ids, mask, positions, self.empty_past(len(admitted)))
         except Exception as e:
@@ -246,10 +262,22 @@ class Scheduler:
                 seq.fail(ServingError(f"{self.name}: prefill failed ({type(e).__name__}: {e})"))
             return
         for i, (seq, n) in enumerate(zip(admitted, lengths, strict=True)):
-            token = self._emit(seq, logits[i, -1])
+            token = self._emit(seq, logits[i, n - 1])
             if not seq.finished:
-                row = [p[i : i + 1, :, width - n :] for p in presents]
+                row = [np.ascontiguousarray(p[i : i + 1, :, :n]) for p in presents]
+                self.joining.append((seq, row, n, token))
+
+    def _join(self) -> None:
+        """Move prefilled sequences into the running batch, in order, as soon as their padding
+        can be a multiple of the batch's ``align`` (:meth:`KVBatch.can_add`); the others wait
+        for the width to grow (one column per decode step, so at most ``align - 1`` steps)."""
+        still: deque[tuple[Generation, list[np.ndarray], int, int]] = deque()
+        for seq, row, n, token in self.joining:
+            if self.batch.can_add(n):
                 self.batch.add(seq, row, n, token)
+            else:
+                still.append((seq, row, n, token))
+        self.joining = still
 
     def _decode(self) -> None:
         b = self.batch

@@ -11,7 +11,14 @@ import torch
 
 from tritonforge.decoder import OrtDecoder, past_names, present_names
 from tritonforge.export.decoder.module import KVCacheDecoder
-from tritonforge.export.decoder.spec import BATCH_AXIS, PAST_AXIS, SEQ_AXIS, TOTAL_AXIS, DecoderSpec
+from tritonforge.export.decoder.spec import (
+    BATCH_AXIS,
+    PAST_AXIS,
+    SEQ_AXIS,
+    TOTAL_AXIS,
+    DecoderSpec,
+    WeightOnlyQuantization,
+)
 from tritonforge.export.errors import ExportError
 from tritonforge.export.onnx_export import torch_to_onnx
 
@@ -70,11 +77,11 @@ def check_graph(path: Path, layers: int) -> list[str]:
     return problems
 
 
-def quantize_weights_int8(src: Path, dst: Path, block_size: int = 32) -> None:
-    """Weight-only int8 (blockwise symmetric ``MatMulNBits``, bits=8) with int8 compute
-    (accuracy_level 4). Measured here against dynamic MatMul quantization (``quantize_dynamic``,
-    per-channel): dynamic was slower than fp32 per decode step and failed the perplexity gate
-    (ratio 1.89; 1.06 with lm_head and down_proj left in fp32), see docs/performance.md."""
+def quantize_weights_int8(src: Path, dst: Path, method: WeightOnlyQuantization) -> None:
+    """Weight-only quantization (blockwise symmetric ``MatMulNBits``) as ``method`` declares.
+    Measured here against dynamic MatMul quantization (``quantize_dynamic``, per-channel):
+    dynamic was slower than fp32 per decode step and failed the perplexity gate (ratio 1.89;
+    1.06 with lm_head and down_proj left in fp32), see docs/performance.md."""
     import logging
 
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
@@ -82,7 +89,11 @@ def quantize_weights_int8(src: Path, dst: Path, block_size: int = 32) -> None:
     # The quantizer logs a line per node at INFO (thousands); keep warnings only.
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     quantizer = MatMulNBitsQuantizer(
-        str(src), bits=8, block_size=block_size, is_symmetric=True, accuracy_level=4
+        str(src),
+        bits=method.bits,
+        block_size=method.block_size,
+        is_symmetric=True,
+        accuracy_level=method.accuracy_level,
     )
     quantizer.process()
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)

@@ -44,6 +44,26 @@ class GenerationServing:
 
 
 @dataclass(frozen=True)
+class WeightOnlyQuantization:
+    """The int8 decoder's quantization: ONNX Runtime ``MatMulNBits`` (blockwise symmetric
+    weights); ``accuracy_level`` 4 quantizes each activation row per block and computes in int8,
+    0 dequantizes the weights and computes in fp32. Measured choices: docs/performance.md."""
+
+    bits: int = 8
+    block_size: int = 32
+    accuracy_level: int = 4
+
+    def describe(self) -> str:
+        compute = (
+            "int8 compute" if self.accuracy_level == 4 else f"accuracy_level {self.accuracy_level}"
+        )
+        return (
+            f"onnxruntime MatMulNBits: weight-only int{self.bits}, blocks of {self.block_size}, "
+            f"{compute}"
+        )
+
+
+@dataclass(frozen=True)
 class Int8Gate:
     """int8 vs fp32 on held-out data: greedy tokens and perplexity."""
 
@@ -73,6 +93,7 @@ class DecoderSpec:
     fidelity_prompts: int = 20
     fidelity_new_tokens: int = 32
     perplexity_file: Path = Path()
+    int8_method: WeightOnlyQuantization = field(default_factory=WeightOnlyQuantization)
     int8_gate: Int8Gate = field(default_factory=Int8Gate)
     serving: GenerationServing = field(default_factory=GenerationServing)
 

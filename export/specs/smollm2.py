@@ -4,7 +4,12 @@ Llama architecture (30 layers, 3 KV heads x 64), tokenizer and chat template ins
 from __future__ import annotations
 
 from tritonforge.export.decoder import DATA_DIR
-from tritonforge.export.decoder.spec import DecoderSpec, GenerationServing, Int8Gate
+from tritonforge.export.decoder.spec import (
+    DecoderSpec,
+    GenerationServing,
+    Int8Gate,
+    WeightOnlyQuantization,
+)
 
 # (batch, past, new): past 0 (prefill) and decode (new 1) at several past lengths.
 GRID = tuple((b, p, s) for b in (1, 3) for p in (0, 1, 17, 70) for s in (1, 5))
@@ -21,6 +26,11 @@ def smollm2_spec() -> DecoderSpec:
         padded_batches=PADDED,
         prompts_file=DATA_DIR / "generation_prompts.txt",
         perplexity_file=DATA_DIR / "perplexity.txt",
+        # 8 bits, blocks of 32, int8 compute: faster than fp32 at 1-8 rows, level at 16, best
+        # agreement with fp32; block 128 was faster in one run and slower in another (noise),
+        # fp32 compute 20x slower, 4 bits fail the gate (docs/performance.md, "Speed
+        # experiments on the decode step")
+        int8_method=WeightOnlyQuantization(bits=8, block_size=32, accuracy_level=4),
         int8_gate=Int8Gate(min_greedy_agreement=0.9, max_perplexity_ratio=1.05),
         serving=GenerationServing(),
     )

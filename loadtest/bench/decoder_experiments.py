@@ -8,7 +8,10 @@ shared machine hits all alike), one decode step at batch 1 and 16 with 64 cached
 - IO binding: the step's presents stay ORT values and are bound as the next step's pasts (no
   numpy copy of the cache), against ``session.run`` with numpy arrays;
 - weight-only ``MatMulNBits`` bits (4, 8) and block size (32, 128), each with the export's gate:
-  teacher-forced top-1 agreement with fp32's greedy tokens and held-out perplexity ratio.
+  teacher-forced top-1 agreement with fp32's greedy tokens and held-out perplexity ratio;
+- ``--sweep``: decode-step time against batch size (1, 4, 8, 16 rows at a realistic cache
+  length) and one batched prefill, for fp32 and every int8/int4 candidate (bits, block size,
+  ``accuracy_level`` 4 = int8 compute vs 0 = fp32 compute), each with its gate.
 
 ``python -m tritonforge.loadtest.bench.decoder_experiments [--quantize]`` writes
 ``build/decoder_experiments.json``; the numbers are recorded in docs/performance.md.
@@ -101,32 +104,31 @@ def bound_steps(sess: Any, meta: OrtDecoder, batch: int) -> float:
 
 
 def measure(
-    candidates: dict[str, Callable[[int], float]], repeats: int
+    candidates: dict[str, Callable[[int], float]],
+    repeats: int,
+    batches: Sequence[int] = BATCHES,
 ) -> dict[str, dict[str, float]]:
     """Median ms per decode step, per candidate and batch, over interleaved repeats."""
     times: dict[tuple[str, int], list[float]] = {}
     for fn in candidates.values():  # warm-up
-        for b in BATCHES:
+        for b in batches:
             fn(b)
     for _ in range(repeats):
         for name, fn in candidates.items():
-            for b in BATCHES:
+            for b in batches:
                 times.setdefault((name, b), []).append(fn(b) / STEPS * 1000)
     return {
-        name: {f"b{b}_ms": round(float(np.median(times[name, b])), 2) for b in BATCHES}
+        name: {f"b{b}_ms": round(float(np.median(times[name, b])), 2) for b in batches}
         for name in candidates
     }
 
 
 def quantize(src: Path, dst: Path, bits: int, block: int) -> None:
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    """The export's quantization with ``bits`` and ``block`` (int8 compute)."""
+    from tritonforge.export.decoder.graph import quantize_weights_int8
+    from tritonforge.export.decoder.spec import WeightOnlyQuantization
 
-    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
-    q = MatMulNBitsQuantizer(
-        str(src), bits=bits, block_size=block, is_symmetric=True, accuracy_level=4
-    )
-    q.process()
-    q.model.save_model_to_file(str(dst), use_external_data_format=False)
+    quantize_weights_int8(src, dst, WeightOnlyQuantization(bits=bits, block_size=block))
 
 
 def gate(path: Path, report: dict[str, Any], tokenizer: Any, ppl_fp32: float) -> dict[str, Any]:
@@ -159,6 +161,112 @@ def gate(path: Path, report: dict[str, Any], tokenizer: Any, ppl_fp32: float) ->
         "perplexity_ratio": round(ppl / ppl_fp32, 4),
         "passes": agree >= g.min_greedy_agreement and ppl / ppl_fp32 <= g.max_perplexity_ratio,
     }
+
+
+SWEEP_BATCHES = (1, 4, 8, 16)
+SWEEP_PAST = 72  # a ~40-token chat prompt plus ~32 generated tokens
+PREFILL = (8, 40)  # rows x tokens: what 8 simultaneous arrivals prefill
+
+
+def with_accuracy_level(src: Path, dst: Path, level: int) -> None:
+    """``src``'s ``MatMulNBits`` graph with every node's ``accuracy_level`` set to ``level``
+    (0: dequantize and compute in fp32; 4: quantize activations, int8 compute)."""
+    import onnx
+
+    model = onnx.load(str(src))
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            for a in node.attribute:
+                if a.name == "accuracy_level":
+                    a.i = level
+    onnx.save(model, str(dst))
+
+
+def sweep_step(dec: OrtDecoder, batch: int) -> float:
+    """Seconds for :data:`STEPS` decode steps of ``batch`` rows from :data:`SWEEP_PAST`."""
+    past = [np.zeros((batch, dec.kv_heads, SWEEP_PAST, dec.head_dim), np.float32)] * len(dec.past)
+    t = time.perf_counter()
+    for s in range(STEPS):
+        n = SWEEP_PAST + s
+        ids = np.full((batch, 1), 5 + s, np.int64)
+        _, past = dec(
+            ids, np.ones((batch, n + 1), np.int64), np.full((batch, 1), n, np.int64), past
+        )
+    return time.perf_counter() - t
+
+
+def prefill_once(dec: OrtDecoder, _: int) -> float:
+    """Seconds for one prefill of :data:`PREFILL` (rows, tokens), times :data:`STEPS` so that
+    :func:`measure`'s per-step division leaves the prefill's own time."""
+    rows, n = PREFILL
+    ids = np.tile(np.arange(7, 7 + n, dtype=np.int64), (rows, 1))
+    t = time.perf_counter()
+    dec(
+        ids,
+        np.ones_like(ids),
+        np.tile(np.arange(n, dtype=np.int64), (rows, 1)),
+        dec.empty_past(rows),
+    )
+    return (time.perf_counter() - t) * STEPS
+
+
+def sweep(args: argparse.Namespace) -> dict[str, Any]:
+    """fp32 and the int8/int4 candidates: ms per decode step at :data:`SWEEP_BATCHES` rows and
+    one prefill, interleaved repeats (medians), plus each candidate's gate."""
+    from tokenizers import Tokenizer
+
+    from tritonforge.pipelines import generators_from_repository
+
+    group = generators_from_repository(args.model_repository)["generate"]
+    version = args.model_repository / group.model("int8") / "1"
+    int8 = decoder_file(args.model_repository / group.model("int8"))
+    fp32 = decoder_file(args.model_repository / group.model("fp32"))
+    report = json.loads((version / "export_report.json").read_text())
+    work = args.build_dir / "decoder-experiments"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "generation.json").write_text((version / "generation.json").read_text())
+    variants: dict[str, Path] = {
+        "fp32 (served)": fp32,
+        "int8 block 32, int8 compute (served)": int8,
+    }
+    acc0 = work / "decoder_q8_b32_acc0.onnx"
+    if not acc0.is_file():
+        with_accuracy_level(int8, acc0, 0)
+    variants["int8 block 32, fp32 compute"] = acc0
+    for bits, block in args.sweep_quantize:
+        dst = work / f"decoder_q{bits}_b{block}.onnx"
+        if not dst.is_file():
+            log.info("    quantizing %d bits, block %d", bits, block)
+            t = time.perf_counter()
+            quantize(fp32, dst, bits, block)
+            log.info("    quantized in %.0f s", time.perf_counter() - t)
+        variants[f"int{bits} block {block}, int8 compute"] = dst
+    decoders = {name: OrtDecoder(path, intra_op_threads=2) for name, path in variants.items()}
+    out: dict[str, Any] = {"load_average": os.getloadavg(), "past": SWEEP_PAST, "prefill": PREFILL}
+    cands: dict[str, Callable[[int], float]] = {}
+    for name, dec in decoders.items():
+        cands[name] = functools.partial(sweep_step, dec)
+    steps = measure(cands, args.repeats, SWEEP_BATCHES)
+    prefills = measure(
+        {name: functools.partial(prefill_once, dec) for name, dec in decoders.items()},
+        args.repeats,
+        (1,),
+    )
+    out["load_average_mid"] = os.getloadavg()
+    gates = {}
+    if not args.no_gate:
+        tokenizer = Tokenizer.from_file(str(version / "tokenizer.json"))
+        ppl32 = float(report["quantization"]["perplexity"]["fp32"])
+        for name, path in variants.items():
+            if not name.startswith("fp32"):
+                gates[name] = gate(path, report, tokenizer, ppl32)
+                log.info("    %s: %s", name, gates[name])
+    out["variants"] = {
+        name: {**steps[name], "prefill_ms": prefills[name]["b1_ms"], **gates.get(name, {})}
+        for name in variants
+    }
+    out["load_average_end"] = os.getloadavg()
+    return out
 
 
 def decoder_file(model_dir: Path) -> Path:
@@ -244,7 +352,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quantize", action="store_true", help="also bits x block size (+ gate)")
     p.add_argument("--served", action="store_true", help="only: served int8, spinning on vs off")
     p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--sweep", action="store_true", help="only: step time vs batch, candidates")
+    p.add_argument(
+        "--sweep-quantize",
+        type=lambda v: tuple(int(x) for x in v.split(":")),
+        nargs="*",
+        default=[(8, 128), (4, 32)],
+        metavar="BITS:BLOCK",
+        help="quantized candidates of --sweep beside the served ones (default 8:128 4:32)",
+    )
+    p.add_argument("--no-gate", action="store_true", help="--sweep without the gates")
     args = p.parse_args(argv)
+    if args.sweep:
+        result = sweep(args)
+        (args.build_dir / "decoder_sweep.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+        return 0
     if args.served:
         out: dict[str, Any] = {"load_average": os.getloadavg()}
         out["served_spinning"] = served_spinning(

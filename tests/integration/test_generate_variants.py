@@ -112,13 +112,10 @@ def test_served_int8_greedy_output_is_the_gated_one(pipeline_server: EmbeddedSer
     assert alone == want
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 20 item 3, open: the int8 decoder's greedy tokens depend on the batch "
-    "(export 2026-12-01: 7 of 20 prompts differ alone vs in a batch of 8; MatMulNBits runs "
-    "other kernels for one row than for several); fp32 is invariant",
-)
 def test_served_int8_answers_do_not_depend_on_the_batch(pipeline_server: EmbeddedServer) -> None:
+    """Issue 20 item 3: 7-10 of 20 int8 prompts' greedy tokens changed inside a batch (a row's
+    left padding modulo 4 changes ONNX Runtime's bits, int8's activation quantization amplifies
+    them). The export checks 20 prompts alone vs 8 at a time; the served model the same here."""
     _needs_int8()
     q = _report("int8")["quantization"]
     assert not q["batching_invariance_differences"]

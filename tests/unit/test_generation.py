@@ -109,7 +109,7 @@ def test_text_stream_never_splits_a_character_or_leaks_a_stop():
 
 
 def test_kv_batch_left_pads_joins_and_trims():
-    batch = KVBatch()
+    batch = KVBatch(align=1)
     row = lambda n, v: [np.full((1, 1, n, 1), v, np.float32)]  # noqa: E731
     a, b = make([1]), make([2])
     batch.add(a, row(2, 1.0), 2, 5)
@@ -122,6 +122,20 @@ def test_kv_batch_left_pads_joins_and_trims():
     assert batch.past[0].shape == (1, 1, 2, 1) and batch.rows == [a]
     batch.remove([0])
     assert len(batch) == 0
+
+
+def test_kv_batch_keeps_every_rows_padding_a_multiple_of_align():
+    batch = KVBatch(align=4)
+    row = lambda n: [np.ones((1, 1, n, 1), np.float32)]  # noqa: E731
+    batch.add(make([1]), row(3), 3, 5)
+    assert not batch.can_add(5) and not batch.can_add(2)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        batch.add(make([2]), row(5), 5, 6)
+    batch.add(make([2]), row(7), 7, 6)  # the batch grows by 4: both paddings stay aligned
+    batch.add(make([3]), row(3), 3, 7)
+    assert (batch.mask == 0).sum(1).tolist() == [4, 0, 4]
+    batch.remove([1])  # the 4 columns nobody attends any more are trimmed
+    assert batch.mask.tolist() == [[1, 1, 1], [1, 1, 1]]
 
 
 def run_alone(prompt, max_new=6):
@@ -348,3 +362,43 @@ def test_the_engine_names_its_scheduler_after_the_served_config(
         engine.scheduler.submit(make([1], 2))
         with pytest.raises(StageUnavailableError, match=f"^{name}: overloaded"):
             engine.scheduler.submit(make([1], 2))
+
+
+def pad_sensitive_step(ids, mask, positions, past):
+    """:func:`toy_step` whose answer also moves with each row's left padding modulo 4, as ONNX
+    Runtime's reductions over the cache columns do (measured: bits change unless a row's
+    padding is a multiple of 4)."""
+    logits, present = toy_step(ids, mask, positions, past)
+    pads = mask.argmax(1) % 4  # leading masked columns
+    return np.stack([np.roll(lg, int(p), -1) for lg, p in zip(logits, pads, strict=True)]), present
+
+
+def test_answers_do_not_depend_on_the_batch_even_when_the_decoder_sees_padding():
+    """Issue 20: int8 greedy tokens changed with the batch (10 of 20 prompts) because a row's
+    left padding (mod 4) changes the decoder's bits. Prefills are right-padded and rows join
+    only when their padding is a multiple of 4, so every row decodes exactly as alone."""
+
+    def alone(prompt):
+        sched = Scheduler(
+            pad_sensitive_step, empty_past, [EOS], max_running=1, max_queue=1, name="generate"
+        )
+        seq = make(prompt, 6)
+        sched.submit(seq)
+        sched.run_until_idle()
+        return seq.tokens
+
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 2, 1], [3, 3], [2] * 5, [7, 1, 4, 4, 4, 4, 4]]
+    want = [alone(p) for p in prompts]
+    sched = Scheduler(
+        pad_sensitive_step, empty_past, [EOS], max_running=4, max_queue=8, name="generate"
+    )
+    seqs = [make(p, 6) for p in prompts[:3]]
+    for s in seqs:
+        sched.submit(s)
+    sched.step()
+    for p in prompts[3:]:  # these join mid-flight, some waiting for the width to fit
+        seqs.append(make(p, 6))
+        sched.submit(seqs[-1])
+    sched.run_until_idle()
+    assert [s.tokens for s in seqs] == want
+    assert max(sched.batch_sizes) == 4
