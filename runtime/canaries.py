@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import re
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -153,10 +154,12 @@ def canary_round(
     configs: Mapping[str, ModelConfig],
     timeout_s: float,
     models: Iterable[str] | None = None,
+    cancel: threading.Event | None = None,
 ) -> dict[str, str]:
     """Model -> "ok", "overloaded: <error>" or "failed: <error>" of one inference through each
     model of ``configs`` (or only ``models``) at gRPC ``url``, each bounded by ``timeout_s``
-    (a decoupled model over a stream: :func:`stream_canary`)."""
+    (a decoupled model over a stream: :func:`stream_canary`). Once ``cancel`` is set (the
+    supervisor stopping for a shutdown) the models not yet checked are skipped."""
     import tritonclient.grpc as grpcclient
 
     wanted = None if models is None else set(models)
@@ -166,6 +169,8 @@ def canary_round(
         for name, cfg in configs.items():
             if wanted is not None and name not in wanted:
                 continue
+            if cancel is not None and cancel.is_set():
+                break
             inputs = []
             for input_name, value in canary_inputs(cfg).items():
                 tensor = grpcclient.InferInput(

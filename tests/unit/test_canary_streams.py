@@ -114,3 +114,36 @@ def test_end_stream_cancels_a_call_the_server_does_not_finish_in_time(
     assert client.calls == ["stop_stream(cancel_requests=True)"]
     stream._handler.join(timeout=5)
     assert not stream._handler.is_alive()  # the reading thread ended too: no thread leak
+
+
+def test_a_canary_round_skips_the_models_left_once_the_supervisor_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shutdown stops the supervisor first and waits for its threads: a round of canaries
+    (each bounded by the canary timeout, slow on a loaded machine) must not run to its end."""
+    import threading
+
+    from tritonforge.modelconfig import ModelConfig
+
+    stop = threading.Event()
+    asked: list[str] = []
+
+    class Client:
+        def __init__(self, url: str) -> None:
+            pass
+
+        def infer(self, model: str, inputs: list[Any], client_timeout: float) -> None:
+            asked.append(model)
+            stop.set()  # the supervisor is told to stop during the first canary
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(grpcclient, "InferenceServerClient", Client)
+    config = {
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+        "max_batch_size": 0,
+    }
+    configs = {name: ModelConfig.from_json({"name": name, **config}) for name in ("a", "b", "c")}
+    results = canaries.canary_round("unix:/x", configs, timeout_s=5, cancel=stop)
+    assert asked == ["a"] and results == {"a": canaries.OK}
