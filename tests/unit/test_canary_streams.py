@@ -147,3 +147,22 @@ def test_a_canary_round_skips_the_models_left_once_the_supervisor_stops(
     configs = {name: ModelConfig.from_json({"name": name, **config}) for name in ("a", "b", "c")}
     results = canaries.canary_round("unix:/x", configs, timeout_s=5, cancel=stop)
     assert asked == ["a"] and results == {"a": canaries.OK}
+
+
+@pytest.mark.parametrize(
+    ("cancel_after_first", "ended"),
+    [(False, "stop_stream(cancel_requests=False)"), (True, "stop_stream(cancel_requests=True)")],
+)
+def test_the_chaos_stream_probe_cancels_only_the_streams_it_means_to_cancel(
+    fake_client: type[FakeClient], cancel_after_first: bool, ended: str
+) -> None:
+    """The chaos run's gRPC probe: a stream read to its final response ends gracefully (through
+    the front, a cancel there is passed on to Triton); its fault streams are still cancelled."""
+    from tritonforge.loadtest.reliability.chaos import probes
+
+    kind, _ = probes.stream_once(
+        "unix:/x", "generate", [], max_tokens=1, timeout_s=5, cancel_after_first=cancel_after_first
+    )
+    assert kind == probes.OK
+    (client,) = fake_client.instances
+    assert client.calls == [ended, "close"]
