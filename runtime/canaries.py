@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import re
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -71,17 +72,23 @@ def unhealthy_stubs(error: str) -> list[str]:
 def stream_canary(url: str, model: str, inputs: list[Any], timeout_s: float) -> None:
     """One request to a decoupled model over a gRPC stream (a unary infer is refused), asking
     for one token (``max_tokens``: the generate convention); raises unless it ends with a final
-    response within ``timeout_s`` (TimeoutError: no answer in time)."""
+    response within ``timeout_s`` (TimeoutError: no answer in time).
+
+    A stream that got its final response is ended gracefully (:func:`end_stream`), never
+    cancelled: Triton 2.51's gRPC handler can leak the state of a stream cancelled around its
+    request's completion, and that state holds the model, so it never unloads and tritonserver
+    waits out its exit timeout at shutdown (a canary every few seconds made it likely)."""
     import tritonclient.grpc as grpcclient
 
     responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
+    answered = False
+    deadline = time.monotonic() + timeout_s
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         client.async_stream_infer(
             model, inputs, parameters={"max_tokens": 1}, enable_empty_final_response=True
         )
-        deadline = time.monotonic() + timeout_s
         while True:
             try:
                 result, error = responses.get(timeout=max(0.01, deadline - time.monotonic()))
@@ -91,10 +98,37 @@ def stream_canary(url: str, model: str, inputs: list[Any], timeout_s: float) -> 
                 raise error
             final = result.get_response().parameters.get("triton_final_response")
             if final is not None and final.bool_param:
+                answered = True
                 return
     finally:
-        stop_stream(client)
+        if answered:
+            end_stream(client, max(STREAM_END_S, deadline - time.monotonic()))
+        else:
+            stop_stream(client)
         client.close()
+
+
+STREAM_END_S = 2.0  # at least this long for Triton to close a stream whose requests are done
+
+
+def end_stream(client: Any, timeout_s: float) -> bool:
+    """End ``client``'s stream gracefully: half-close it and wait up to ``timeout_s`` for Triton
+    to finish the call (it does once every request on it got its final response); cancel it
+    (:func:`stop_stream`) only if Triton has not by then. True when it ended without a cancel.
+    (tritonclient's ``stop_stream(cancel_requests=False)`` waits without a bound.)"""
+    stream = getattr(client, "_stream", None)
+    queued = getattr(stream, "_request_queue", None)
+    handler = getattr(stream, "_handler", None)
+    if queued is None or handler is None:
+        stop_stream(client)
+        return False
+    queued.put(None)  # the end of the request stream: a half-close, not a cancel
+    handler.join(timeout_s)
+    if handler.is_alive():
+        stop_stream(client)
+        return False
+    client.stop_stream(cancel_requests=False)  # the call is over: returns at once
+    return True
 
 
 def stop_stream(client: Any) -> None:
@@ -150,13 +184,21 @@ def canary_round(
     timeout_s: float,
     models: Iterable[str] | None = None,
     concurrent: bool = False,
+    cancel: threading.Event | None = None,
 ) -> dict[str, str]:
     """Model -> :func:`canary_once` of each model of ``configs`` (or only ``models``), one after
     the other, or all at once with ``concurrent`` (a recovery's check of the models it affects:
-    its time is then the slowest canary's, not their sum)."""
+    its time is then the slowest canary's, not their sum). Once ``cancel`` is set (the
+    supervisor stopping for a shutdown) the models not yet checked one after the other are
+    skipped."""
     wanted = [n for n in configs if models is None or n in set(models)]
     if not concurrent or len(wanted) < 2:
-        return {n: canary_once(url, n, configs[n], timeout_s) for n in wanted}
+        results: dict[str, str] = {}
+        for n in wanted:
+            if cancel is not None and cancel.is_set():
+                break
+            results[n] = canary_once(url, n, configs[n], timeout_s)
+        return results
     with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="canary") as pool:
         futures = {n: pool.submit(canary_once, url, n, configs[n], timeout_s) for n in wanted}
         return {n: f.result() for n, f in futures.items()}

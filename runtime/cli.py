@@ -225,19 +225,32 @@ def _wait_for_signal(
             if endpoint is not None:
                 endpoint.stop()
             return 1
+    began = time.monotonic()
     if background is not None:
         background.stop()
     if endpoint is not None:
         endpoint.draining.set()
         if endpoint.supervisor is not None:
             endpoint.supervisor.stop()  # first: nothing restarts or probes during the drain
+    supervisor_s = time.monotonic() - began
     drained = server.drain_front(drain_timeout_s)
-    log.info("==> %s; stopping tritonserver", "drained" if drained else "drain timed out")
+    drain_s = time.monotonic() - began - supervisor_s
+    log.info(
+        "==> %s in %.1f s (supervisor stopped in %.1f s); stopping tritonserver",
+        "drained" if drained else "drain timed out",
+        drain_s,
+        supervisor_s,
+    )
     code = server.stop()
     if endpoint is not None:
         endpoint.stop()
     leftovers = server.leftover_processes()
-    log.info("==> stopped (tritonserver exit status %s; leftover processes: %s)", code, leftovers)
+    log.info(
+        "==> stopped %.1f s after the signal (tritonserver exit status %s; leftover processes: %s)",
+        time.monotonic() - began,
+        code,
+        leftovers,
+    )
     if code not in (0, None):
         log.error("tritonserver exited with status %s on shutdown", code)
     return 0 if code in (0, None) and not leftovers else 1

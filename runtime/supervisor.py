@@ -158,7 +158,12 @@ class Supervisor:
         it (every public model, or only ``models``; all at once with ``concurrent``), each on a
         connection of its own to Triton's private socket (bounded in time)."""
         return canary_round(
-            self.server.direct_grpc_url, self.configs, self.canary_timeout_s, models, concurrent
+            self.server.direct_grpc_url,
+            self.configs,
+            self.canary_timeout_s,
+            models,
+            concurrent,
+            self._stop,
         )
 
     def check_front(self) -> str:
@@ -322,8 +327,8 @@ class Supervisor:
 
     def _probe_once(self) -> None:
         results = self.canary()
-        if self._action.locked():
-            return  # broke because a recovery started meanwhile
+        if self._action.locked() or self._stop.is_set():
+            return  # broke because a recovery started meanwhile, or stopping (a shutdown)
         front = self.check_front()
         self._record(results, front)
         for model, state in results.items():

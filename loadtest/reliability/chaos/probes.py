@@ -22,6 +22,7 @@ from tritonforge.loadtest.reliability.chaos.outcomes import CLEAN, HUNG, LOST, O
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config
+from tritonforge.runtime.canaries import STREAM_END_S, end_stream
 from tritonforge.runtime.supervisor import (
     stop_stream,
 )
@@ -46,6 +47,7 @@ def stream_once(
 
     responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
+    answered = False
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         client.async_stream_infer(
@@ -64,6 +66,7 @@ def stream_once(
                 return OK, ""
             final = result.get_response().parameters.get("triton_final_response")
             if final is not None and final.bool_param:
+                answered = True  # ended gracefully below: a cancel now can leak Triton's state
                 return OK, ""
     except Exception as e:  # the stream itself broke
         # "The stream is no longer in valid state, the error detail is reported through provided
@@ -77,7 +80,10 @@ def stream_once(
         return outcome_kind(str(e)), f"{type(e).__name__}: {e}"[:300]
     finally:
         with contextlib.suppress(Exception):
-            stop_stream(client)
+            if answered:
+                end_stream(client, STREAM_END_S)
+            else:
+                stop_stream(client)
         client.close()
 
 
