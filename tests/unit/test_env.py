@@ -76,6 +76,7 @@ ENV_NAME = re.compile(r"""["']((?:TRITONFORGE|FASTAPI)_[A-Z0-9_]+)["']""")
 FREE_TEXT = {
     "TRITONFORGE_ADMIN_KEY",
     "TRITONFORGE_BENCH_URL",
+    "TRITONFORGE_CACHE_DIR",  # a directory, or "off" (integrity.py checks ownership and mode)
     "TRITONFORGE_CLASSIFIER_DIR",  # a checkpoint directory (#11, on main)
     "TRITONFORGE_EXPORT_TARGET",  # a target name: export checks it against its targets, naming it
     "TRITONFORGE_GRPC_URL",
