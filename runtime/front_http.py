@@ -1,11 +1,11 @@
 """The front's HTTP relay: an aiohttp handler forwarding to Triton's HTTP Unix socket, after the
 body bounds and checks (:mod:`runtime.front_body`), the admin key check on the restricted APIs and
-the headers turned into request parameters; ``generate_stream`` streams on a pool of their own."""
+the headers turned into request parameters; ``generate_stream`` is served by the front itself
+over Triton's gRPC (:mod:`runtime.front_sse`), so open streams hold no Triton HTTP thread."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import grpc
 from aiohttp import web
 
-from tritonforge.runtime import degrade_headers
+from tritonforge.runtime import degrade_headers, front_sse, front_stream
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front_body import (
     INFLATE_WBITS,
@@ -29,6 +30,7 @@ from tritonforge.runtime.front_body import (
     json_depth,
     json_has_version,
 )
+from tritonforge.runtime.front_grpc import TRACEPARENT_KEY
 from tritonforge.runtime.front_guard import (
     LENGTH_HEADER,
     VERSION_HEADER,
@@ -39,7 +41,9 @@ from tritonforge.runtime.front_guard import (
     admin_ok,
     check_model_name,
     parse_header_length,
+    parse_version,
     shown,
+    stream_capacities,
 )
 from tritonforge.runtime.front_settings import FrontLimits
 
@@ -71,23 +75,25 @@ SHUTTING_DOWN = "the server is shutting down"
 _DRAIN_NOT_FOUND = ("has no available versions", "unknown model", "is not found")
 
 
+def _model_and_version(path: str) -> tuple[str, str]:
+    """``(model, version)`` of a ``/v2/models/<name>[/versions/<v>]/...`` path ("" when none)."""
+    parts = path.split("/")
+    version = parts[5] if len(parts) > 6 and parts[4] == "versions" else ""
+    return parts[3], version
+
+
 def _model_of(path: str) -> str | None:
     """The model name of a ``/v2/models/<name>/...`` path (None for other paths)."""
     parts = path.split("/")
     return parts[3] if len(parts) > 3 and parts[1:3] == ["v2", "models"] else None
 
 
-def sse_event(payload: dict[str, Any]) -> bytes:
-    """One server-sent event as Triton's ``generate_stream`` writes it."""
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-
 class HttpFront:
     """aiohttp server on ``host:port`` forwarding to Triton's HTTP Unix socket.
 
-    Short requests and ``generate_stream`` streams use separate upstream connection pools, so
-    open streams never take a connection a short request needs; streams are bounded by
-    ``admission`` (503 past the bound)."""
+    Short requests go over HTTP; ``generate_stream`` streams over Triton's gRPC
+    (``grpc_channel``), so open streams never take a connection or a Triton HTTP thread a short
+    request needs; streams are bounded per model by ``admission`` (503 past the bound)."""
 
     def __init__(
         self,
@@ -107,22 +113,21 @@ class HttpFront:
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._session_socket: Path | None = None
         self.openai: OpenAIFront | None = None  # the /v1 routes (runtime/openai_front.py)
+        # Triton's gRPC upstream (GrpcFront.channel): generate_stream streams over it
+        self.grpc_channel: Callable[[], grpc.aio.Channel] | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._pins: tuple[Path, float, PinPolicy] | None = None
 
     def session(self, pool: str = "short") -> aiohttp.ClientSession:
-        """The upstream session of ``pool`` ("short" or "stream"), reopened after a restart."""
+        """The upstream session (short requests; streams go over gRPC), reopened after a
+        restart."""
         path = self.upstream_socket()
         if self._session_socket != path:
             self._drop_sessions()
             self._session_socket = path
         session = self._sessions.get(pool)
         if session is None:
-            limit = (
-                self.limits.max_open_streams
-                if pool == "stream"
-                else self.limits.max_upstream_connections
-            )
+            limit = self.limits.max_upstream_connections
             connector = aiohttp.UnixConnector(path=str(path), limit=max(1, limit))
             session = self._sessions[pool] = aiohttp.ClientSession(
                 connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
@@ -139,7 +144,8 @@ class HttpFront:
 
     async def pin_policy(self) -> PinPolicy | None:
         """Which models honour a version pin, from the served configs (cached for
-        ``PIN_POLICY_TTL_S`` and per upstream); None when tritonserver cannot say."""
+        ``PIN_POLICY_TTL_S`` and per upstream); None when tritonserver cannot say. Also sets
+        the per-model stream bounds (:func:`stream_capacities`) from the same configs."""
         now = time.monotonic()
         key = self.upstream_socket()
         cached = self._pins
@@ -165,6 +171,7 @@ class HttpFront:
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
             return None
         policy = PinPolicy.from_configs(configs)
+        self.admission.capacities = stream_capacities(configs)
         self._pins = (key, now, policy)
         return policy
 
@@ -348,59 +355,142 @@ class HttpFront:
     async def _forward_stream(
         self, request: web.BaseRequest, headers: dict[str, str], body: bytes
     ) -> web.StreamResponse:
-        """A ``generate_stream`` SSE stream on the stream pool, holding one of the
-        ``max_open_streams`` slots; a client that goes away closes the upstream stream at
-        once (Triton cancels the request, the decode loop frees its slot at the next step);
-        on drain the stream ends with an ``error`` event saying why."""
+        """A ``generate_stream`` SSE stream, served by the front itself over Triton's gRPC
+        (:mod:`runtime.front_sse`: Triton's request mapping and wire format), holding one of its
+        model's stream slots (:class:`Admission`): no Triton HTTP thread and no short-request
+        connection is held while it streams. A client that goes away cancels the gRPC call at
+        once (Triton cancels the request, the decode loop frees its slot at the next step); on
+        drain or :meth:`Admission.end_streams` the stream ends with an ``error`` event saying
+        why."""
+        model, version = _model_and_version(request.path)
+        if request.method != "POST":
+            return web.json_response({"error": "Method Not Allowed"}, status=405)
+        if self.grpc_channel is None:
+            return _unavailable("generate_stream needs the front's gRPC upstream")
+        await self.pin_policy()  # the per-model stream bounds come with the served configs
         ended: list[str] = []
-        current: list[Any] = []
+        calls: list[Any] = []
 
         def end(reason: str) -> None:
             ended.append(reason)
-            for upstream in current:
-                _close_upstream(upstream)
+            for call in calls:
+                call.cancel()
 
-        token = self.admission.open_stream(end, _model_of(request.path))
+        token = self.admission.open_stream(end, model)
         if token is None:
-            return _unavailable(self.admission.full_message())
-        response: web.StreamResponse | None = None
+            return _unavailable(self.admission.full_message(model))
         try:
-            async with self._upstream("stream", request, headers, body) as upstream:
-                current.append(upstream)
-                out_headers = {
-                    k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP
-                }
-                if upstream.content_length is not None:  # an error before the stream began
-                    data = await upstream.read()
-                    return web.Response(status=upstream.status, headers=out_headers, body=data)
-                response = web.StreamResponse(status=upstream.status, headers=out_headers)
-                await response.prepare(request)
-                watcher = asyncio.get_running_loop().create_task(_watch_client(request, upstream))
-                try:
-                    async for chunk in upstream.content.iter_any():
-                        await response.write(chunk)
-                except (aiohttp.ClientError, ConnectionResetError):
-                    if _client_gone(request):
-                        return response  # nobody to tell; the upstream stream is closed
-                    if not ended:
-                        ended.append("tritonserver closed the stream (restarting?)")
-                finally:
-                    watcher.cancel()
-                with contextlib.suppress(aiohttp.ClientError, ConnectionResetError):
-                    if ended:
-                        await response.write(sse_event({"error": f"{ended[0]}: stream ended"}))
-                    await response.write_eof()
-                return response
-        except TimeoutError:
-            if response is None:
-                return _unavailable(self.timeout_message())
-            raise
-        except (aiohttp.ClientError, OSError) as e:
-            if response is None:
-                return _unavailable(f"tritonserver not reachable (restarting?): {type(e).__name__}")
-            raise ConnectionResetError(str(e)) from e
+            version = await self._stream_version(request, model, version)
+            channel = self.grpc_channel()
+            try:
+                inputs = await front_stream.model_inputs(
+                    channel, model, version, self.limits.queue_timeout_s
+                )
+            except grpc.aio.AioRpcError as e:
+                return self._grpc_refusal(e)
+            try:
+                parsed = json.loads(body or b"{}")
+            except ValueError as e:
+                raise FrontError(f"the generate request is not JSON: {shown(str(e))}", 400) from e
+            message = front_sse.infer_request(model, version, parsed, inputs)
+            trace = [(k.lower(), v) for k, v in headers.items() if k.lower() == TRACEPARENT_KEY]
+            call = front_stream.start_stream(channel, message, trace)
+            calls.append(call)
+            if ended:  # ended while it was being set up
+                call.cancel()
+            return await self._relay_sse(request, call, ended)
         finally:
+            for call in calls:
+                call.cancel()  # no-op once it ended; a client gone or a failure: Triton cancels
             self.admission.close_stream(token)
+
+    async def _stream_version(self, request: web.BaseRequest, model: str, version: str) -> str:
+        """The version to stream from: the path's, else an ``X-Model-Version`` the model can
+        pin (400 where it cannot, as on ``/infer``)."""
+        pinned = request.headers.get(VERSION_HEADER)
+        if pinned is None:
+            return version
+        parse_version(pinned, VERSION_HEADER)
+        await self.check_pin(model, VERSION_HEADER)
+        return version or pinned.strip()
+
+    def _grpc_refusal(self, e: grpc.aio.AioRpcError) -> web.Response:
+        """A refusal before the stream began, as Triton's HTTP endpoint answers it."""
+        code, details = e.code(), e.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE or code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED or "connect" in details.lower():
+                details = "tritonserver not reachable (restarting?)"
+            return _unavailable(details)
+        if self.admission.draining is not None and any(m in details for m in _DRAIN_NOT_FOUND):
+            return _unavailable(f"{self.admission.draining}; retry later")
+        status = {grpc.StatusCode.NOT_FOUND: 400, grpc.StatusCode.INTERNAL: 500}.get(code, 400)
+        return web.json_response({"error": details}, status=status)
+
+    async def _relay_sse(
+        self, request: web.BaseRequest, call: Any, ended: list[str]
+    ) -> web.StreamResponse:
+        """Write ``call``'s responses as Triton's SSE events; the status is the first one's."""
+        watcher = asyncio.get_running_loop().create_task(_watch_client(request, call))
+        response: web.StreamResponse | None = None
+        timeout_s = self.limits.request_timeout_s
+        try:
+            while True:
+                event, last = b"", False
+                try:
+                    message = await front_stream.next_response(call, timeout_s)
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if _client_gone(request) or (task is not None and task.cancelling()):
+                        raise
+                    reason = ended[0] if ended else "the stream was cancelled"
+                    event, last = front_sse.error_event(f"{reason}: stream ended"), True
+                except TimeoutError:
+                    silent = f"no output from tritonserver within request_timeout_s={timeout_s:g}"
+                    if response is None:
+                        return _unavailable(silent)
+                    event, last = front_sse.error_event(f"{silent}: stream ended"), True
+                except grpc.aio.AioRpcError as e:
+                    if response is None:
+                        return self._grpc_refusal(e)
+                    reason = ended[0] if ended else "tritonserver closed the stream (restarting?)"
+                    event, last = front_sse.error_event(f"{reason}: stream ended"), True
+                else:
+                    if message is None:
+                        break
+                    if message.error_message:
+                        event = front_sse.error_event(message.error_message)
+                    else:
+                        event = front_sse.response_event(message.infer_response) or b""
+                        last = front_stream.is_final(message)
+                if response is None:
+                    if not event:
+                        if last:
+                            break
+                        continue
+                    status = 200
+                    if event.startswith(b'data: {"error"'):
+                        status = front_stream.in_stream_status(event.decode("utf-8", "replace"))
+                        status = 400 if status == 499 else status
+                    response = web.StreamResponse(
+                        status=status, headers={"Content-Type": front_sse.CONTENT_TYPE}
+                    )
+                    await response.prepare(request)
+                if event:
+                    await response.write(event)
+                if last:
+                    break
+            if response is None:  # ended without a response: Triton answered an empty 200
+                response = web.StreamResponse(
+                    status=200, headers={"Content-Type": front_sse.CONTENT_TYPE}
+                )
+                await response.prepare(request)
+            await response.write_eof()
+            return response
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            call.cancel()  # the client went away: free the decoding slot now
+            return response or web.Response(status=499)
+        finally:
+            watcher.cancel()
 
 
 def _with_parameters(
@@ -437,18 +527,13 @@ def _with_length(headers: dict[str, str], length: str | None) -> dict[str, str]:
     return out
 
 
-async def _watch_client(request: web.BaseRequest, upstream: Any, poll_s: float = 0.2) -> None:
-    """Close ``upstream`` once the client's connection is gone, even while the stream is silent
-    (queued): Triton then cancels the request and the decode loop drops it at its next step."""
+async def _watch_client(request: web.BaseRequest, call: Any, poll_s: float = 0.2) -> None:
+    """Cancel the upstream gRPC ``call`` once the client's connection is gone, even while the
+    stream is silent (queued): Triton then cancels the request and the decode loop drops it at
+    its next step."""
     while not _client_gone(request):
         await asyncio.sleep(poll_s)
-    _close_upstream(upstream)
-
-
-def _close_upstream(upstream: Any) -> None:
-    """Close an upstream response now, waking a reader blocked on its body."""
-    upstream.content.set_exception(aiohttp.ClientConnectionError("closed by the front"))
-    upstream.close()
+    call.cancel()
 
 
 def _client_gone(request: web.BaseRequest) -> bool:
