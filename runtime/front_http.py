@@ -46,6 +46,9 @@ from tritonforge.runtime.front_guard import (
     stream_capacities,
 )
 from tritonforge.runtime.front_settings import FrontLimits
+from tritonforge.runtime.front_sse import sse_event
+
+__all__ = ["HOP_BY_HOP", "HTTP_RESTRICTED", "STREAM_PATH_SUFFIX", "HttpFront", "sse_event"]
 
 if TYPE_CHECKING:
     from tritonforge.runtime.openai_front import OpenAIFront
