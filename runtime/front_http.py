@@ -443,8 +443,10 @@ class HttpFront:
                     message = await front_stream.next_response(call, timeout_s)
                 except asyncio.CancelledError:
                     task = asyncio.current_task()
-                    if _client_gone(request) or (task is not None and task.cancelling()):
+                    if task is not None and task.cancelling():
                         raise
+                    if _client_gone(request):  # the watcher cancelled the call: nobody to tell
+                        return response or web.Response(status=499)
                     reason = ended[0] if ended else "the stream was cancelled"
                     event, last = front_sse.error_event(f"{reason}: stream ended"), True
                 except TimeoutError:
