@@ -120,6 +120,7 @@ class HttpFront:
         self.grpc_channel: Callable[[], grpc.aio.Channel] | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._pins: tuple[Path, float, PinPolicy] | None = None
+        self._pins_lock: asyncio.Lock | None = None
 
     def session(self, pool: str = "short") -> aiohttp.ClientSession:
         """The upstream session (short requests; streams go over gRPC), reopened after a
@@ -149,6 +150,12 @@ class HttpFront:
         """Which models honour a version pin, from the served configs (cached for
         ``PIN_POLICY_TTL_S`` and per upstream); None when tritonserver cannot say. Also sets
         the per-model stream bounds (:func:`stream_capacities`) from the same configs."""
+        if self._pins_lock is None:
+            self._pins_lock = asyncio.Lock()
+        async with self._pins_lock:  # a burst of streams fetches the configs once
+            return await self._fetch_pin_policy()
+
+    async def _fetch_pin_policy(self) -> PinPolicy | None:
         now = time.monotonic()
         key = self.upstream_socket()
         cached = self._pins
