@@ -308,7 +308,8 @@ class Admission:
         if declared is not None:
             why += f"; its config admits {declared}: max_running + max_queue"
         return (
-            f"{model}: {self.holding(model)} streams open, its bound is {self.bound(model)} "
+            f"{model}: overloaded: {self.holding(model)} streams open, its bound is "
+            f"{self.bound(model)} "
             f"({why}); retry later"
         )
 

@@ -161,7 +161,7 @@ def test_each_model_has_its_own_stream_bound_from_its_config() -> None:
     ended: list[str] = []
     int8 = [admission.open_stream(ended.append, "generate_int8") for _ in range(4)]
     assert None not in int8 and admission.open_stream(ended.append, "generate_int8") is None
-    assert "generate_int8: 4 streams open, its bound is 4" in admission.full_message(
+    assert "generate_int8: overloaded: 4 streams open, its bound is 4" in admission.full_message(
         "generate_int8"
     )
     gen = [admission.open_stream(ended.append, "generate") for _ in range(3)]

@@ -390,10 +390,10 @@ def test_each_streaming_model_has_its_own_bound_from_its_config(
     f, _, _ = sse_front
     floods = [sse(f, "generate_int8"), sse(f, "generate_int8")]
     status, body = refused_sse(f, "generate_int8")
-    assert status == 503 and "generate_int8: 2 streams open, its bound is 2" in body
+    assert status == 503 and "generate_int8: overloaded: 2 streams open, its bound is 2" in body
     generate = sse(f, "generate")  # still accepted
     status, body = refused_sse(f, "generate")
-    assert status == 503 and "generate: 1 streams open, its bound is 1" in body
+    assert status == 503 and "generate: overloaded: 1 streams open, its bound is 1" in body
     assert "its config admits 1: max_running + max_queue" in body
     metrics = f.metrics()
     assert 'tritonforge_front_open_streams{model="generate"} 1' in metrics
@@ -404,7 +404,7 @@ def test_each_streaming_model_has_its_own_bound_from_its_config(
         with pytest.raises(grpc.RpcError) as err:
             next(call)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "generate: 1 streams open, its bound is 1" in (err.value.details() or "")
+        assert "generate: overloaded: 1 streams open, its bound is 1" in (err.value.details() or "")
     for sock in (*floods, generate):
         sock.close()
     assert wait_for(lambda: f.admission.open_streams == 0)
