@@ -399,10 +399,9 @@ class HttpFront:
             except grpc.aio.AioRpcError as e:
                 return self._grpc_refusal(e)
             try:
-                parsed = json.loads(body or b"{}")
-            except ValueError as e:
-                raise FrontError(f"the generate request is not JSON: {shown(str(e))}", 400) from e
-            message = front_sse.infer_request(model, version, parsed, inputs)
+                message = front_sse.infer_request(model, version, _json(body), inputs)
+            except FrontError as e:
+                return _triton_error(e.status, str(e))
             trace = [(k.lower(), v) for k, v in headers.items() if k.lower() == TRACEPARENT_KEY]
             call = front_stream.start_stream(channel, message, trace)
             calls.append(call)
@@ -433,8 +432,7 @@ class HttpFront:
             return _unavailable(details)
         if self.admission.draining is not None and any(m in details for m in _DRAIN_NOT_FOUND):
             return _unavailable(f"{self.admission.draining}; retry later")
-        status = {grpc.StatusCode.NOT_FOUND: 400, grpc.StatusCode.INTERNAL: 500}.get(code, 400)
-        return web.json_response({"error": details}, status=status)
+        return _triton_error(_TRITON_HTTP_STATUS.get(code, 400), details)
 
     async def _relay_sse(
         self, request: web.BaseRequest, call: Any, ended: list[str]
@@ -551,6 +549,29 @@ async def _watch_client(request: web.BaseRequest, call: Any, poll_s: float = 0.2
 def _client_gone(request: web.BaseRequest) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
+
+
+# Triton's HTTP status of an error before a stream began (its HttpCodeFromError)
+_TRITON_HTTP_STATUS = {
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+}
+
+
+def _triton_error(status: int, message: str) -> web.Response:
+    """An error answered as Triton's HTTP endpoint writes it (compact JSON, its content type)."""
+    return web.Response(
+        status=status, body=front_sse.dumps({"error": message}), content_type="application/json"
+    )
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body or b"{}")
+    except ValueError as e:
+        raise FrontError(f"the generate request is not JSON: {shown(str(e))}", 400) from e
 
 
 def _unavailable(message: str) -> web.Response:

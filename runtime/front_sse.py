@@ -3,7 +3,7 @@
 The request: every key of the JSON object, and every key of its ``parameters`` object, is an
 input tensor when the model has an input of that name (datatype and shape from the model's
 metadata: the fixed dimensions take their size, the innermost variable one the rest) and a
-request parameter otherwise (string, integer or boolean) — Triton 2.51's
+request parameter otherwise (string, integer, number or boolean) — Triton 2.51's
 ``GenerateRequestClass::ConvertGenerateRequest``.
 
 The response: each one is a server-sent event ``data: {json}\\n\\n`` whose object has the keys
@@ -77,7 +77,7 @@ def _tensor(name: str, value: Any, datatype: str, dims: list[int]) -> tuple[list
         if shape[i] != -1:
             if shape[i] == 0 or count % shape[i]:
                 raise FrontError(
-                    f"The schema can not convert input '{shown(name)}' to tensor with proper shape",
+                    f"The schema can not convert input {shown(name)} to tensor with proper shape",
                     400,
                 )
             count //= shape[i]
@@ -86,11 +86,11 @@ def _tensor(name: str, value: Any, datatype: str, dims: list[int]) -> tuple[list
             shape[i], count = count, 1
     if count != 1:
         raise FrontError(
-            f"The schema can not convert input '{shown(name)}' to tensor with proper shape", 400
+            f"The schema can not convert input {shown(name)} to tensor with proper shape", 400
         )
     if datatype == "BYTES":
         if not all(isinstance(v, str) for v in values):
-            raise FrontError(f"Unable to parse JSON bytes array for input '{shown(name)}'", 400)
+            raise FrontError(f"Unable to parse JSON bytes array for input {shown(name)}", 400)
         return shape, _bytes_tensor([v.encode("utf-8", "surrogateescape") for v in values])
     dtype = _NUMPY.get(datatype)
     ok = (
@@ -101,13 +101,13 @@ def _tensor(name: str, value: Any, datatype: str, dims: list[int]) -> tuple[list
         else (lambda v: isinstance(v, int) and not isinstance(v, bool))
     )
     if dtype is None or not all(ok(v) for v in values):
-        raise FrontError(f"input '{shown(name)}': values are not {datatype}", 400)
+        raise FrontError(f"input {shown(name)}: values are not {datatype}", 400)
     try:
         return shape, np.asarray(values, dtype=dtype).astype(
             np.dtype(dtype).newbyteorder("<")
         ).tobytes()
     except (OverflowError, ValueError) as e:
-        raise FrontError(f"input '{shown(name)}': {shown(str(e))}", 400) from e
+        raise FrontError(f"input {shown(name)}: {shown(str(e))}", 400) from e
 
 
 def _parameter(request: service_pb2.ModelInferRequest, key: str, value: Any) -> None:
@@ -118,11 +118,12 @@ def _parameter(request: service_pb2.ModelInferRequest, key: str, value: Any) -> 
         param.bool_param = value
     elif isinstance(value, int) and -(2**63) <= value < 2**63:
         param.int64_param = value
+    elif isinstance(value, float):
+        param.double_param = value
     else:
         del request.parameters[key]
         raise FrontError(
-            f"parameter '{shown(key)}' has invalid type. It should be either 'int', 'bool', "
-            "or 'string'.",
+            f"parameter {shown(key)} has invalid type: a string, number or boolean is expected",
             400,
         )
 

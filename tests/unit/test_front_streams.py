@@ -367,7 +367,7 @@ def test_a_bad_generate_request_is_a_400_naming_the_key(
     f, upstream, _ = sse_front
     for body, named in (
         (b'{"text_input": 5}', "text_input"),
-        (b'{"text_input": "x", "parameters": {"top_p": 0.5}}', "top_p"),
+        (b'{"text_input": "x", "parameters": {"top_p": [0.5]}}', "top_p"),
         (b'{"text_input": "x", "parameters": 3}', "parameters"),
     ):
         request = urllib.request.Request(
