@@ -270,11 +270,11 @@ def test_open_streams_do_not_starve_short_requests_and_are_bounded(
             assert took_s < 8.0  # before: 9.7 s or 503 after queue_timeout_s=10
         # The SSE streams go over gRPC: the front counts them, and Triton's HTTP socket holds
         # no more connections than the short-request pool (before: one per SSE stream too)
-        front = front_metrics(server)
-        assert front['tritonforge_front_open_streams{model="generate"}'] == limit, front
         held = triton_http_connections(server)
         print(f"Triton HTTP connections with {limit} streams open: {held}")
         assert held <= server.settings.front_limits.max_upstream_connections < limit - 2
+        front = front_metrics(server)
+        assert front['tritonforge_front_open_streams{model="generate"}'] == limit, front
         body = json.dumps({"text_input": "x", "parameters": {"max_tokens": 2}}).encode()
         request = urllib.request.Request(
             f"http://{server.http_url}/v2/models/generate/generate_stream", data=body
