@@ -73,6 +73,7 @@ HOP_BY_HOP = {
     "content-length",
 }
 STREAM_PATH_SUFFIX = "/generate_stream"
+GENERATE_PATH_SUFFIX = "/generate"
 PIN_POLICY_TTL_S = 30.0
 SHUTTING_DOWN = "the server is shutting down"
 _DRAIN_NOT_FOUND = ("has no available versions", "unknown model", "is not found")
@@ -277,9 +278,37 @@ class HttpFront:
             return await self._forward_stream(request, headers, body)
         self.admission.short += 1
         try:
+            if model is not None and request.path.endswith(GENERATE_PATH_SUFFIX):
+                return await self._forward_generate(request, headers, body, model)
             return await self._forward(request, headers, body)
         finally:
             self.admission.short -= 1
+
+    async def _forward_generate(
+        self, request: web.BaseRequest, headers: dict[str, str], body: bytes, model: str
+    ) -> web.StreamResponse:
+        """A non-streamed v2 ``generate``: Triton answers it after the model's last response,
+        so it is in flight for a whole generation; it is tracked like a stream
+        (:meth:`Admission.track`), so that the supervisor (a crashed stub never sends that last
+        response) and the drain end it with a 503 saying why instead of ``request_timeout_s``."""
+        reasons: list[str] = []
+        forward = asyncio.ensure_future(self._forward(request, headers, body))
+
+        def end(reason: str) -> None:
+            reasons.append(reason)
+            forward.cancel()
+
+        token = self.admission.track(end, model)
+        try:
+            return await forward
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not reasons or (task is not None and task.cancelling()):
+                raise
+            return _unavailable(f"{reasons[0]}: request ended")
+        finally:
+            forward.cancel()
+            self.admission.close_stream(token)
 
     def _check_admin(self, request: web.BaseRequest) -> None:
         """403 for a restricted API called without the admin key (when there is one)."""

@@ -203,7 +203,7 @@ class HttpUpstream:
     ``generate_stream`` that counts its calls: the front must never stream over HTTP."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.http_streams = path, 0
+        self.path, self.http_streams, self.generates = path, 0, 0
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -213,6 +213,7 @@ class HttpUpstream:
         index = [{"name": m, "version": "1", "state": "READY"} for m in CONFIGS]
         app = web.Application()
         app.router.add_post("/v2/models/{model}/generate_stream", self._stream)
+        app.router.add_post("/v2/models/{model}/generate", self._generate)
         app.router.add_get("/v2/health/ready", lambda _: web.Response(text=""))
         app.router.add_post("/v2/repository/index", lambda _: web.json_response(index))
         app.router.add_get(
@@ -226,6 +227,13 @@ class HttpUpstream:
     async def _stream(self, request: web.Request) -> web.Response:
         self.http_streams += 1
         return web.Response(status=500, text="streamed over HTTP")
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        """A non-streamed generate whose model never answers (a crashed stub)."""
+        self.generates += 1
+        while request.transport is not None and not request.transport.is_closing():
+            await asyncio.sleep(0.05)
+        return web.Response(status=500)
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
@@ -474,3 +482,34 @@ def test_port_0_binds_free_ports_and_reports_them(tmp_path: Path) -> None:
         assert get(f, "/v2/health/ready")[0] == 503  # the front answers: Triton is not there
     finally:
         f.stop()
+
+
+def test_end_streams_ends_a_non_streamed_generate_with_a_503(
+    sse_front: tuple[Front, Upstream, HttpUpstream],
+) -> None:
+    """A v2 ``generate`` (non-streamed) to a model whose stub crashed waited
+    ``request_timeout_s`` for an answer that never came; the supervisor's ``end_streams`` ends
+    it with a 503 saying why."""
+    f, _, http = sse_front
+    answer: list[tuple[int, str]] = []
+
+    def generate() -> None:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{f.http_port}/v2/models/generate/generate", data=b"{}"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                answer.append((r.status, r.read().decode()))
+        except urllib.error.HTTPError as e:
+            answer.append((e.code, e.read().decode()))
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    assert wait_for(lambda: http.generates == 1)
+    assert f.end_streams(["other"], "other crashed") == 0
+    assert f.end_streams(["generate"], "generate crashed and is reloading; retry") == 1
+    thread.join(timeout=10)
+    [(status, body)] = answer
+    assert status == 503
+    assert json.loads(body)["error"] == "generate crashed and is reloading; retry: request ended"
+    assert f.wait_idle(timeout_s=5)
