@@ -169,7 +169,7 @@ class Front:
             self.errors,
             pins=self.http.check_pin,
             traced=traced,
-            served=self.http.pin_policy,
+            served=self.http.stream_capacity,
         )
         self.http.grpc_channel = self.grpc.channel
         if openai is not None:

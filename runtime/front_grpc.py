@@ -84,10 +84,10 @@ class GrpcFront(grpc.GenericRpcHandler):
         errors: ThrottledLog | None = None,
         pins: Callable[[str, str], Awaitable[None]] | None = None,
         traced: bool = False,
-        served: Callable[[], Awaitable[object]] | None = None,
+        served: Callable[[str], Awaitable[object]] | None = None,
     ) -> None:
         """``pins(model, field)`` raises :class:`FrontError` when ``model`` cannot pin;
-        ``served()`` refreshes the served configs (and with them the per-model stream bounds).
+        ``served(model)`` reads ``model``'s stream bound from its served config (once).
         ``traced``: tritonserver exports OpenTelemetry spans, so a unary call carrying a
         ``traceparent`` goes over a channel of its own (:meth:`unary_channel`)."""
         self.upstream_target = upstream_target
@@ -215,7 +215,7 @@ class GrpcFront(grpc.GenericRpcHandler):
                 try:
                     model = await self._checked_message(message)
                     if self.served is not None:
-                        await self.served()
+                        await self.served(model)
                     if not self.admission.stream_model(token, model):
                         raise FrontError(self.admission.full_message(model), 503)
                 except FrontError as e:

@@ -122,6 +122,8 @@ class HttpFront:
         self._closing: set[asyncio.Task[None]] = set()
         self._pins: tuple[Path, float, PinPolicy] | None = None
         self._pins_lock: asyncio.Lock | None = None
+        self._capacity_socket: Path | None = None
+        self._capacity_known: set[str] = set()
 
     def session(self, pool: str = "short") -> aiohttp.ClientSession:
         """The upstream session (short requests; streams go over gRPC), reopened after a
@@ -149,8 +151,7 @@ class HttpFront:
 
     async def pin_policy(self) -> PinPolicy | None:
         """Which models honour a version pin, from the served configs (cached for
-        ``PIN_POLICY_TTL_S`` and per upstream); None when tritonserver cannot say. Also sets
-        the per-model stream bounds (:func:`stream_capacities`) from the same configs."""
+        ``PIN_POLICY_TTL_S`` and per upstream); None when tritonserver cannot say."""
         if self._pins_lock is None:
             self._pins_lock = asyncio.Lock()
         async with self._pins_lock:  # a burst of streams fetches the configs once
@@ -182,9 +183,36 @@ class HttpFront:
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
             return None
         policy = PinPolicy.from_configs(configs)
-        self.admission.capacities = stream_capacities(configs)
         self._pins = (key, now, policy)
         return policy
+
+    async def stream_capacity(self, model: str) -> None:
+        """Read ``model``'s stream bound (:func:`stream_capacities`) from its served config,
+        once per model and upstream (a restart reads it again): one config read the first time
+        a stream goes to it, none after."""
+        key = self.upstream_socket()
+        if self._capacity_socket != key:
+            self._capacity_socket, self._capacity_known = key, set()
+            self.admission.capacities = {}
+        if model in self._capacity_known:
+            return
+        headers = {self.admin_header: self.admin_key} if self.admin_key else {}
+        timeout = aiohttp.ClientTimeout(total=self.limits.queue_timeout_s)
+        try:
+            async with self.session().get(
+                f"http://triton/v2/models/{urllib.parse.quote(model)}/config",
+                headers=headers,
+                timeout=timeout,
+            ) as resp:
+                if resp.status != 200:
+                    return  # unknown or not loaded: max_open_streams until it is
+                config = await resp.json(content_type=None)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            return
+        capacity = stream_capacities([config]).get(model)
+        if capacity is not None:
+            self.admission.capacities[model] = capacity
+        self._capacity_known.add(model)
 
     async def check_pin(self, model: str, field: str) -> None:
         """400 naming ``field`` when ``model`` cannot pin a version (see :class:`PinPolicy`)."""
@@ -406,7 +434,7 @@ class HttpFront:
             return web.json_response({"error": "Method Not Allowed"}, status=405)
         if self.grpc_channel is None:
             return _unavailable("generate_stream needs the front's gRPC upstream")
-        await self.pin_policy()  # the per-model stream bounds come with the served configs
+        await self.stream_capacity(model)
         ended: list[str] = []
         calls: list[Any] = []
 

@@ -346,7 +346,7 @@ class OpenAIFront:
             slot.what = "request"
             slot.token = admission.track(slot.end, model.triton_model)
             return slot
-        await self.http.pin_policy()  # the per-model bounds come with the served configs
+        await self.http.stream_capacity(model.triton_model)
         slot.token = admission.open_stream(slot.end, model.triton_model)
         if slot.token is None:
             raise OpenAIError(admission.full_message(model.triton_model), 503, None, "overloaded")
