@@ -73,7 +73,6 @@ from tritonforge.runtime.front_http import (
     SHUTTING_DOWN,
     STREAM_PATH_SUFFIX,
     HttpFront,
-    sse_event,
 )
 from tritonforge.runtime.front_settings import (
     OPENAI_KEY_ENV,
@@ -83,6 +82,7 @@ from tritonforge.runtime.front_settings import (
     openai_settings,
     triton_listen_args,
 )
+from tritonforge.runtime.front_sse import sse_event
 
 if TYPE_CHECKING:
     from tritonforge.runtime.openai_front import OpenAISettings
@@ -169,7 +169,9 @@ class Front:
             self.errors,
             pins=self.http.check_pin,
             traced=traced,
+            served=self.http.stream_capacity,
         )
+        self.http.grpc_channel = self.grpc.channel
         if openai is not None:
             from tritonforge.runtime.openai_front import OpenAIFront
 
@@ -273,6 +275,10 @@ class Front:
         with contextlib.suppress(Exception):
             return asyncio.run_coroutine_threadsafe(end(), self._loop).result(timeout=5)
         return 0
+
+    def metrics(self) -> str:
+        """The front's gauges in Prometheus text (appended to Triton's on the metrics port)."""
+        return self.admission.metrics()
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight through the front (short requests finished,

@@ -70,8 +70,9 @@ def _goodbye(reason: str) -> bytes:
 class GrpcFront(grpc.GenericRpcHandler):
     """grpc.aio server forwarding raw messages to Triton's gRPC Unix socket (no re-encoding).
 
-    Streams (``ModelStreamInfer``) hold one of the ``max_open_streams`` slots (UNAVAILABLE past
-    the bound); a client that cancels or whose deadline passes cancels the upstream call at once."""
+    Streams (``ModelStreamInfer``) hold a slot of each model they send a request to (its
+    bound: :class:`Admission`; UNAVAILABLE naming the model past it); a client that cancels or
+    whose deadline passes cancels the upstream call at once."""
 
     def __init__(
         self,
@@ -83,8 +84,10 @@ class GrpcFront(grpc.GenericRpcHandler):
         errors: ThrottledLog | None = None,
         pins: Callable[[str, str], Awaitable[None]] | None = None,
         traced: bool = False,
+        served: Callable[[str], Awaitable[object]] | None = None,
     ) -> None:
-        """``pins(model, field)`` raises :class:`FrontError` when ``model`` cannot pin.
+        """``pins(model, field)`` raises :class:`FrontError` when ``model`` cannot pin;
+        ``served(model)`` reads ``model``'s stream bound from its served config (once).
         ``traced``: tritonserver exports OpenTelemetry spans, so a unary call carrying a
         ``traceparent`` goes over a channel of its own (:meth:`unary_channel`)."""
         self.upstream_target = upstream_target
@@ -95,6 +98,7 @@ class GrpcFront(grpc.GenericRpcHandler):
         self.errors = errors or ThrottledLog(log)
         self.pins = pins
         self.traced = traced
+        self.served = served
         self._channel: grpc.aio.Channel | None = None
         self._channel_target = ""
 
@@ -201,16 +205,22 @@ class GrpcFront(grpc.GenericRpcHandler):
 
         token = self.admission.open_stream(end)
         if token is None:
-            await self._abort(context, grpc.StatusCode.UNAVAILABLE, self.admission.full_message())
-        bad: list[FrontError] = []
+            await self._abort(
+                context, grpc.StatusCode.UNAVAILABLE, self.admission.full_message(None)
+            )
+        bad: list[tuple[grpc.StatusCode, str]] = []
 
         async def checked() -> AsyncIterator[bytes]:
             async for message in requests:
                 try:
                     model = await self._checked_message(message)
-                    self.admission.stream_model(token, model)
+                    if self.served is not None:
+                        await self.served(model)
+                    if not self.admission.stream_model(token, model):
+                        raise FrontError(self.admission.full_message(model), 503)
                 except FrontError as e:
-                    bad.append(e)
+                    code = grpc.StatusCode.UNAVAILABLE if e.status == 503 else None
+                    bad.append((code or grpc.StatusCode.INVALID_ARGUMENT, str(e)))
                     for call in calls:
                         call.cancel()
                     return
@@ -226,7 +236,7 @@ class GrpcFront(grpc.GenericRpcHandler):
                     yield response
             except (grpc.aio.AioRpcError, asyncio.CancelledError) as e:
                 if bad:
-                    await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(bad[0]))
+                    await self._abort(context, *bad[0])
                 if ended:
                     yield _goodbye(ended[0])
                     return
@@ -234,7 +244,7 @@ class GrpcFront(grpc.GenericRpcHandler):
                     raise
                 await self._abort(context, e.code(), e.details() or "")
             if bad:
-                await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(bad[0]))
+                await self._abort(context, *bad[0])
         finally:
             call.cancel()  # a client that cancelled or timed out: Triton cancels the request
             self.admission.close_stream(token)

@@ -181,20 +181,46 @@ def check_model_name(name: str, field: str = "model name") -> None:
 @dataclass
 class OpenStream:
     """One open stream: how to end it, when it opened (``time.monotonic``) and the models its
-    requests went to (an SSE stream has one; a gRPC stream may name several)."""
+    requests went to (an SSE stream has one; a gRPC stream may name several). ``slot``: whether
+    it holds stream slots (a non-streamed ``/v1`` generation is tracked, so that the supervisor
+    can end it, but holds none)."""
 
     end: Callable[[str], None]
     opened_s: float
     models: set[str]
+    slot: bool = True
+
+
+def stream_capacities(configs: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """How many requests each decoupled model of ``configs`` admits at once: its running plus
+    queued sequences (the ``max_running`` and ``max_queue`` parameters its engine reads; a
+    request past them is refused anyway). Models that declare neither are left out."""
+    out: dict[str, int] = {}
+    for config in configs:
+        policy = config.get("model_transaction_policy") or {}
+        if not (isinstance(policy, Mapping) and policy.get("decoupled")):
+            continue
+        params = _parameters(config)
+        try:
+            capacity = int(params["max_running"]) + int(params["max_queue"])
+        except (KeyError, ValueError):
+            continue
+        if capacity > 0:
+            out[str(config.get("name", ""))] = capacity
+    return out
 
 
 class Admission:
-    """What the front lets through: every request while accepting, at most ``max_open_streams``
-    long-lived streams (SSE and gRPC) at once; on drain, nothing new, and every open stream is
+    """What the front lets through: every request while accepting, and long-lived streams (SSE,
+    gRPC, ``/v1``) within a bound **per model**: ``min(max_open_streams, what the model's config
+    admits)`` (:func:`stream_capacities`, set by the front from the served configs), so a flood
+    of streams to one model never refuses another; gRPC streams that named no model yet are
+    bounded by ``max_open_streams`` together. On drain, nothing new, and every open stream is
     ended with the reason. Used from the front's event loop only."""
 
     def __init__(self, max_open_streams: int) -> None:
         self.max_open_streams = max_open_streams
+        self.capacities: dict[str, int] = {}  # per decoupled model, from the served configs
         self.draining: str | None = None  # the reason, once draining
         self.short = 0  # short requests in flight
         self._streams: dict[int, OpenStream] = {}
@@ -202,22 +228,51 @@ class Admission:
 
     @property
     def open_streams(self) -> int:
-        return len(self._streams)
+        return sum(1 for s in self._streams.values() if s.slot)
+
+    def bound(self, model: str) -> int:
+        """The most streams ``model`` may hold open at once."""
+        return min(self.max_open_streams, self.capacities.get(model, self.max_open_streams))
+
+    def holding(self, model: str | None) -> int:
+        """Open streams to ``model`` (None: those that named no model yet)."""
+        return sum(
+            1
+            for s in self._streams.values()
+            if s.slot and (model in s.models if model is not None else not s.models)
+        )
+
+    def _full(self, model: str | None) -> bool:
+        limit = self.max_open_streams if model is None else self.bound(model)
+        return self.holding(model) >= limit
 
     def open_stream(self, end: Callable[[str], None], model: str | None = None) -> int | None:
         """A slot for a stream (``end(reason)`` ends it on drain or :meth:`end_streams`); None
-        past the bound. ``model``: where it goes, when known at once (SSE)."""
-        if len(self._streams) >= self.max_open_streams:
+        past the bound of ``model`` (where it goes, when known at once: SSE, ``/v1``)."""
+        if self._full(model):
             return None
         self._next += 1
         self._streams[self._next] = OpenStream(end, time.monotonic(), {model} if model else set())
         return self._next
 
-    def stream_model(self, token: int | None, model: str) -> None:
-        """Record that stream ``token`` sent a request to ``model``."""
+    def track(self, end: Callable[[str], None], model: str) -> int:
+        """Register a request in flight to ``model`` that holds no stream slot (a non-streamed
+        ``/v1`` generation), so that :meth:`end_streams` and the drain end it too."""
+        self._next += 1
+        self._streams[self._next] = OpenStream(end, time.monotonic(), {model}, slot=False)
+        return self._next
+
+    def stream_model(self, token: int | None, model: str) -> bool:
+        """Record that stream ``token`` sent a request to ``model``; False (nothing recorded)
+        when ``model`` already holds its bound of streams (the caller refuses the request with
+        :meth:`full_message`)."""
         stream = self._streams.get(token) if token is not None else None
-        if stream is not None:
-            stream.models.add(model)
+        if stream is None or model in stream.models:
+            return True
+        if self._full(model):
+            return False
+        stream.models.add(model)
+        return True
 
     def close_stream(self, token: int | None) -> None:
         if token is not None:
@@ -226,10 +281,10 @@ class Admission:
     def end_streams(
         self, models: Iterable[str], reason: str, opened_before_s: float | None = None
     ) -> int:
-        """End every open stream that sent a request to one of ``models`` (and opened before
-        ``opened_before_s``, a ``time.monotonic`` value, when given) with ``reason``; how many.
-        A decoupled model whose stub died never sends the final response of the requests it
-        held: without this their clients would wait forever."""
+        """End every open stream (and tracked request) that sent a request to one of
+        ``models`` (and opened before ``opened_before_s``, a ``time.monotonic`` value, when
+        given) with ``reason``; how many. A decoupled model whose stub died never sends the
+        final response of the requests it held: without this their clients would wait forever."""
         wanted = set(models)
         ended = 0
         for stream in list(self._streams.values()):
@@ -241,10 +296,21 @@ class Admission:
             ended += 1
         return ended
 
-    def full_message(self) -> str:
+    def full_message(self, model: str | None = None) -> str:
+        """Why a stream to ``model`` was refused, naming the model and its bound."""
+        if model is None:
+            return (
+                f"{self.holding(None)} streams open that named no model yet "
+                f"(max_open_streams={self.max_open_streams}); retry later"
+            )
+        declared = self.capacities.get(model)
+        why = f"max_open_streams={self.max_open_streams} per model"
+        if declared is not None:
+            why += f"; its config admits {declared}: max_running + max_queue"
         return (
-            f"{len(self._streams)} streams open (max_open_streams={self.max_open_streams}); "
-            "retry later"
+            f"{model}: overloaded: {self.holding(model)} streams open, its bound is "
+            f"{self.bound(model)} "
+            f"({why}); retry later"
         )
 
     def begin_drain(self, reason: str) -> None:
@@ -255,6 +321,38 @@ class Admission:
 
     def idle(self) -> bool:
         return self.short == 0 and not self._streams
+
+    def metrics(self) -> str:
+        """Prometheus text: the open streams and the bound per model, short requests in flight."""
+        per_model: dict[str, int] = {m: 0 for m in self.capacities}
+        for stream in list(self._streams.values()):
+            if stream.slot:
+                for model in stream.models:
+                    per_model[model] = per_model.get(model, 0) + 1
+        lines = [
+            "# HELP tritonforge_front_open_streams Streams open through the front, per model "
+            "(SSE generate_stream, gRPC ModelStreamInfer, /v1 streams; all over gRPC to Triton).",
+            "# TYPE tritonforge_front_open_streams gauge",
+            *(
+                f'tritonforge_front_open_streams{{model="{_label(m)}"}} {n}'
+                for m, n in sorted(per_model.items())
+            ),
+            "# HELP tritonforge_front_stream_bound The most streams a model may hold open.",
+            "# TYPE tritonforge_front_stream_bound gauge",
+            *(
+                f'tritonforge_front_stream_bound{{model="{_label(m)}"}} {self.bound(m)}'
+                for m in sorted(per_model)
+            ),
+            "# HELP tritonforge_front_short_requests Short requests in flight through the front.",
+            "# TYPE tritonforge_front_short_requests gauge",
+            f"tritonforge_front_short_requests {self.short}",
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value (escaped, bounded)."""
+    return value[:128].replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 VERSION_PARAMETER = "version"  # the request parameter the BLS pins a version with

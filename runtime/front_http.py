@@ -1,11 +1,11 @@
 """The front's HTTP relay: an aiohttp handler forwarding to Triton's HTTP Unix socket, after the
 body bounds and checks (:mod:`runtime.front_body`), the admin key check on the restricted APIs and
-the headers turned into request parameters; ``generate_stream`` streams on a pool of their own."""
+the headers turned into request parameters; ``generate_stream`` is served by the front itself
+over Triton's gRPC (:mod:`runtime.front_sse`), so open streams hold no Triton HTTP thread."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import grpc
 from aiohttp import web
 
-from tritonforge.runtime import degrade_headers
+from tritonforge.runtime import degrade_headers, front_sse, front_stream
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front_body import (
     INFLATE_WBITS,
@@ -29,6 +30,7 @@ from tritonforge.runtime.front_body import (
     json_depth,
     json_has_version,
 )
+from tritonforge.runtime.front_grpc import TRACEPARENT_KEY
 from tritonforge.runtime.front_guard import (
     LENGTH_HEADER,
     VERSION_HEADER,
@@ -39,9 +41,14 @@ from tritonforge.runtime.front_guard import (
     admin_ok,
     check_model_name,
     parse_header_length,
+    parse_version,
     shown,
+    stream_capacities,
 )
 from tritonforge.runtime.front_settings import FrontLimits
+from tritonforge.runtime.front_sse import sse_event
+
+__all__ = ["HOP_BY_HOP", "HTTP_RESTRICTED", "STREAM_PATH_SUFFIX", "HttpFront", "sse_event"]
 
 if TYPE_CHECKING:
     from tritonforge.runtime.openai_front import OpenAIFront
@@ -66,9 +73,17 @@ HOP_BY_HOP = {
     "content-length",
 }
 STREAM_PATH_SUFFIX = "/generate_stream"
+GENERATE_PATH_SUFFIX = "/generate"
 PIN_POLICY_TTL_S = 30.0
 SHUTTING_DOWN = "the server is shutting down"
 _DRAIN_NOT_FOUND = ("has no available versions", "unknown model", "is not found")
+
+
+def _model_and_version(path: str) -> tuple[str, str]:
+    """``(model, version)`` of a ``/v2/models/<name>[/versions/<v>]/...`` path ("" when none)."""
+    parts = path.split("/")
+    version = parts[5] if len(parts) > 6 and parts[4] == "versions" else ""
+    return parts[3], version
 
 
 def _model_of(path: str) -> str | None:
@@ -77,17 +92,12 @@ def _model_of(path: str) -> str | None:
     return parts[3] if len(parts) > 3 and parts[1:3] == ["v2", "models"] else None
 
 
-def sse_event(payload: dict[str, Any]) -> bytes:
-    """One server-sent event as Triton's ``generate_stream`` writes it."""
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-
 class HttpFront:
     """aiohttp server on ``host:port`` forwarding to Triton's HTTP Unix socket.
 
-    Short requests and ``generate_stream`` streams use separate upstream connection pools, so
-    open streams never take a connection a short request needs; streams are bounded by
-    ``admission`` (503 past the bound)."""
+    Short requests go over HTTP; ``generate_stream`` streams over Triton's gRPC
+    (``grpc_channel``), so open streams never take a connection or a Triton HTTP thread a short
+    request needs; streams are bounded per model by ``admission`` (503 past the bound)."""
 
     def __init__(
         self,
@@ -107,22 +117,24 @@ class HttpFront:
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._session_socket: Path | None = None
         self.openai: OpenAIFront | None = None  # the /v1 routes (runtime/openai_front.py)
+        # Triton's gRPC upstream (GrpcFront.channel): generate_stream streams over it
+        self.grpc_channel: Callable[[], grpc.aio.Channel] | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._pins: tuple[Path, float, PinPolicy] | None = None
+        self._pins_lock: asyncio.Lock | None = None
+        self._capacity_socket: Path | None = None
+        self._capacity_known: set[str] = set()
 
     def session(self, pool: str = "short") -> aiohttp.ClientSession:
-        """The upstream session of ``pool`` ("short" or "stream"), reopened after a restart."""
+        """The upstream session (short requests; streams go over gRPC), reopened after a
+        restart."""
         path = self.upstream_socket()
         if self._session_socket != path:
             self._drop_sessions()
             self._session_socket = path
         session = self._sessions.get(pool)
         if session is None:
-            limit = (
-                self.limits.max_open_streams
-                if pool == "stream"
-                else self.limits.max_upstream_connections
-            )
+            limit = self.limits.max_upstream_connections
             connector = aiohttp.UnixConnector(path=str(path), limit=max(1, limit))
             session = self._sessions[pool] = aiohttp.ClientSession(
                 connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
@@ -140,6 +152,12 @@ class HttpFront:
     async def pin_policy(self) -> PinPolicy | None:
         """Which models honour a version pin, from the served configs (cached for
         ``PIN_POLICY_TTL_S`` and per upstream); None when tritonserver cannot say."""
+        if self._pins_lock is None:
+            self._pins_lock = asyncio.Lock()
+        async with self._pins_lock:  # a burst of streams fetches the configs once
+            return await self._fetch_pin_policy()
+
+    async def _fetch_pin_policy(self) -> PinPolicy | None:
         now = time.monotonic()
         key = self.upstream_socket()
         cached = self._pins
@@ -167,6 +185,34 @@ class HttpFront:
         policy = PinPolicy.from_configs(configs)
         self._pins = (key, now, policy)
         return policy
+
+    async def stream_capacity(self, model: str) -> None:
+        """Read ``model``'s stream bound (:func:`stream_capacities`) from its served config,
+        once per model and upstream (a restart reads it again): one config read the first time
+        a stream goes to it, none after."""
+        key = self.upstream_socket()
+        if self._capacity_socket != key:
+            self._capacity_socket, self._capacity_known = key, set()
+            self.admission.capacities = {}
+        if model in self._capacity_known:
+            return
+        headers = {self.admin_header: self.admin_key} if self.admin_key else {}
+        timeout = aiohttp.ClientTimeout(total=self.limits.queue_timeout_s)
+        try:
+            async with self.session().get(
+                f"http://triton/v2/models/{urllib.parse.quote(model)}/config",
+                headers=headers,
+                timeout=timeout,
+            ) as resp:
+                if resp.status != 200:
+                    return  # unknown or not loaded: max_open_streams until it is
+                config = await resp.json(content_type=None)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            return
+        capacity = stream_capacities([config]).get(model)
+        if capacity is not None:
+            self.admission.capacities[model] = capacity
+        self._capacity_known.add(model)
 
     async def check_pin(self, model: str, field: str) -> None:
         """400 naming ``field`` when ``model`` cannot pin a version (see :class:`PinPolicy`)."""
@@ -260,9 +306,37 @@ class HttpFront:
             return await self._forward_stream(request, headers, body)
         self.admission.short += 1
         try:
+            if model is not None and request.path.endswith(GENERATE_PATH_SUFFIX):
+                return await self._forward_generate(request, headers, body, model)
             return await self._forward(request, headers, body)
         finally:
             self.admission.short -= 1
+
+    async def _forward_generate(
+        self, request: web.BaseRequest, headers: dict[str, str], body: bytes, model: str
+    ) -> web.StreamResponse:
+        """A non-streamed v2 ``generate``: Triton answers it after the model's last response,
+        so it is in flight for a whole generation; it is tracked like a stream
+        (:meth:`Admission.track`), so that the supervisor (a crashed stub never sends that last
+        response) and the drain end it with a 503 saying why instead of ``request_timeout_s``."""
+        reasons: list[str] = []
+        forward = asyncio.ensure_future(self._forward(request, headers, body))
+
+        def end(reason: str) -> None:
+            reasons.append(reason)
+            forward.cancel()
+
+        token = self.admission.track(end, model)
+        try:
+            return await forward
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not reasons or (task is not None and task.cancelling()):
+                raise
+            return _unavailable(f"{reasons[0]}: request ended")
+        finally:
+            forward.cancel()
+            self.admission.close_stream(token)
 
     def _check_admin(self, request: web.BaseRequest) -> None:
         """403 for a restricted API called without the admin key (when there is one)."""
@@ -348,59 +422,142 @@ class HttpFront:
     async def _forward_stream(
         self, request: web.BaseRequest, headers: dict[str, str], body: bytes
     ) -> web.StreamResponse:
-        """A ``generate_stream`` SSE stream on the stream pool, holding one of the
-        ``max_open_streams`` slots; a client that goes away closes the upstream stream at
-        once (Triton cancels the request, the decode loop frees its slot at the next step);
-        on drain the stream ends with an ``error`` event saying why."""
+        """A ``generate_stream`` SSE stream, served by the front itself over Triton's gRPC
+        (:mod:`runtime.front_sse`: Triton's request mapping and wire format), holding one of its
+        model's stream slots (:class:`Admission`): no Triton HTTP thread and no short-request
+        connection is held while it streams. A client that goes away cancels the gRPC call at
+        once (Triton cancels the request, the decode loop frees its slot at the next step); on
+        drain or :meth:`Admission.end_streams` the stream ends with an ``error`` event saying
+        why."""
+        model, version = _model_and_version(request.path)
+        if request.method != "POST":
+            return web.json_response({"error": "Method Not Allowed"}, status=405)
+        if self.grpc_channel is None:
+            return _unavailable("generate_stream needs the front's gRPC upstream")
+        await self.stream_capacity(model)
         ended: list[str] = []
-        current: list[Any] = []
+        calls: list[Any] = []
 
         def end(reason: str) -> None:
             ended.append(reason)
-            for upstream in current:
-                _close_upstream(upstream)
+            for call in calls:
+                call.cancel()
 
-        token = self.admission.open_stream(end, _model_of(request.path))
+        token = self.admission.open_stream(end, model)
         if token is None:
-            return _unavailable(self.admission.full_message())
-        response: web.StreamResponse | None = None
+            return _unavailable(self.admission.full_message(model))
         try:
-            async with self._upstream("stream", request, headers, body) as upstream:
-                current.append(upstream)
-                out_headers = {
-                    k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP
-                }
-                if upstream.content_length is not None:  # an error before the stream began
-                    data = await upstream.read()
-                    return web.Response(status=upstream.status, headers=out_headers, body=data)
-                response = web.StreamResponse(status=upstream.status, headers=out_headers)
-                await response.prepare(request)
-                watcher = asyncio.get_running_loop().create_task(_watch_client(request, upstream))
-                try:
-                    async for chunk in upstream.content.iter_any():
-                        await response.write(chunk)
-                except (aiohttp.ClientError, ConnectionResetError):
-                    if _client_gone(request):
-                        return response  # nobody to tell; the upstream stream is closed
-                    if not ended:
-                        ended.append("tritonserver closed the stream (restarting?)")
-                finally:
-                    watcher.cancel()
-                with contextlib.suppress(aiohttp.ClientError, ConnectionResetError):
-                    if ended:
-                        await response.write(sse_event({"error": f"{ended[0]}: stream ended"}))
-                    await response.write_eof()
-                return response
-        except TimeoutError:
-            if response is None:
-                return _unavailable(self.timeout_message())
-            raise
-        except (aiohttp.ClientError, OSError) as e:
-            if response is None:
-                return _unavailable(f"tritonserver not reachable (restarting?): {type(e).__name__}")
-            raise ConnectionResetError(str(e)) from e
+            version = await self._stream_version(request, model, version)
+            channel = self.grpc_channel()
+            try:
+                inputs = await front_stream.model_inputs(
+                    channel, model, version, self.limits.queue_timeout_s
+                )
+            except grpc.aio.AioRpcError as e:
+                return self._grpc_refusal(e)
+            try:
+                message = front_sse.infer_request(model, version, _json(body), inputs)
+            except FrontError as e:
+                return _triton_error(e.status, str(e))
+            trace = [(k.lower(), v) for k, v in headers.items() if k.lower() == TRACEPARENT_KEY]
+            call = front_stream.start_stream(channel, message, trace)
+            calls.append(call)
+            if ended:  # ended while it was being set up
+                call.cancel()
+            return await self._relay_sse(request, call, ended)
         finally:
+            for call in calls:
+                call.cancel()  # no-op once it ended; a client gone or a failure: Triton cancels
             self.admission.close_stream(token)
+
+    async def _stream_version(self, request: web.BaseRequest, model: str, version: str) -> str:
+        """The version to stream from: the path's, else an ``X-Model-Version`` the model can
+        pin (400 where it cannot, as on ``/infer``)."""
+        pinned = request.headers.get(VERSION_HEADER)
+        if pinned is None:
+            return version
+        parse_version(pinned, VERSION_HEADER)
+        await self.check_pin(model, VERSION_HEADER)
+        return version or pinned.strip()
+
+    def _grpc_refusal(self, e: grpc.aio.AioRpcError) -> web.Response:
+        """A refusal before the stream began, as Triton's HTTP endpoint answers it."""
+        code, details = e.code(), e.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE or code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED or "connect" in details.lower():
+                details = "tritonserver not reachable (restarting?)"
+            return _unavailable(details)
+        if self.admission.draining is not None and any(m in details for m in _DRAIN_NOT_FOUND):
+            return _unavailable(f"{self.admission.draining}; retry later")
+        return _triton_error(_TRITON_HTTP_STATUS.get(code, 400), details)
+
+    async def _relay_sse(
+        self, request: web.BaseRequest, call: Any, ended: list[str]
+    ) -> web.StreamResponse:
+        """Write ``call``'s responses as Triton's SSE events; the status is the first one's."""
+        watcher = asyncio.get_running_loop().create_task(_watch_client(request, call))
+        response: web.StreamResponse | None = None
+        timeout_s = self.limits.request_timeout_s
+        try:
+            while True:
+                event, last = b"", False
+                try:
+                    message = await front_stream.next_response(call, timeout_s)
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise
+                    if _client_gone(request):  # the watcher cancelled the call: nobody to tell
+                        return response or web.Response(status=499)
+                    reason = ended[0] if ended else "the stream was cancelled"
+                    event, last = front_sse.error_event(f"{reason}: stream ended"), True
+                except TimeoutError:
+                    silent = f"no output from tritonserver within request_timeout_s={timeout_s:g}"
+                    if response is None:
+                        return _unavailable(silent)
+                    event, last = front_sse.error_event(f"{silent}: stream ended"), True
+                except grpc.aio.AioRpcError as e:
+                    if response is None:
+                        return self._grpc_refusal(e)
+                    reason = ended[0] if ended else "tritonserver closed the stream (restarting?)"
+                    event, last = front_sse.error_event(f"{reason}: stream ended"), True
+                else:
+                    if message is None:
+                        break
+                    if message.error_message:
+                        event = front_sse.error_event(message.error_message)
+                    else:
+                        event = front_sse.response_event(message.infer_response) or b""
+                        last = front_stream.is_final(message)
+                if response is None:
+                    if not event:
+                        if last:
+                            break
+                        continue
+                    status = 200
+                    if event.startswith(b'data: {"error"'):
+                        status = front_stream.in_stream_status(event.decode("utf-8", "replace"))
+                        status = 400 if status == 499 else status
+                    response = web.StreamResponse(
+                        status=status, headers={"Content-Type": front_sse.CONTENT_TYPE}
+                    )
+                    await response.prepare(request)
+                if event:
+                    await response.write(event)
+                if last:
+                    break
+            if response is None:  # ended without a response: Triton answered an empty 200
+                response = web.StreamResponse(
+                    status=200, headers={"Content-Type": front_sse.CONTENT_TYPE}
+                )
+                await response.prepare(request)
+            await response.write_eof()
+            return response
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            call.cancel()  # the client went away: free the decoding slot now
+            return response or web.Response(status=499)
+        finally:
+            watcher.cancel()
 
 
 def _with_parameters(
@@ -437,23 +594,41 @@ def _with_length(headers: dict[str, str], length: str | None) -> dict[str, str]:
     return out
 
 
-async def _watch_client(request: web.BaseRequest, upstream: Any, poll_s: float = 0.2) -> None:
-    """Close ``upstream`` once the client's connection is gone, even while the stream is silent
-    (queued): Triton then cancels the request and the decode loop drops it at its next step."""
+async def _watch_client(request: web.BaseRequest, call: Any, poll_s: float = 0.2) -> None:
+    """Cancel the upstream gRPC ``call`` once the client's connection is gone, even while the
+    stream is silent (queued): Triton then cancels the request and the decode loop drops it at
+    its next step."""
     while not _client_gone(request):
         await asyncio.sleep(poll_s)
-    _close_upstream(upstream)
-
-
-def _close_upstream(upstream: Any) -> None:
-    """Close an upstream response now, waking a reader blocked on its body."""
-    upstream.content.set_exception(aiohttp.ClientConnectionError("closed by the front"))
-    upstream.close()
+    call.cancel()
 
 
 def _client_gone(request: web.BaseRequest) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
+
+
+# Triton's HTTP status of an error before a stream began (its HttpCodeFromError)
+_TRITON_HTTP_STATUS = {
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+}
+
+
+def _triton_error(status: int, message: str) -> web.Response:
+    """An error answered as Triton's HTTP endpoint writes it (compact JSON, its content type)."""
+    return web.Response(
+        status=status, body=front_sse.dumps({"error": message}), content_type="application/json"
+    )
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body or b"{}")
+    except ValueError as e:
+        raise FrontError(f"the generate request is not JSON: {shown(str(e))}", 400) from e
 
 
 def _unavailable(message: str) -> web.Response:

@@ -58,9 +58,10 @@ class FrontLimits:
     # old upstream channel is closed; short against Triton's exit timeout, since a client that
     # keeps an idle stream open would otherwise hold tritonserver's shutdown.
     drain_grace_s: float = 10.0
-    # Long-lived streams (SSE generate_stream and gRPC ModelStreamInfer together) open at once;
-    # past it a new stream gets 503 / UNAVAILABLE. Streams use their own upstream pool, so short
-    # requests keep max_upstream_connections to themselves.
+    # Long-lived streams (SSE generate_stream, gRPC ModelStreamInfer, /v1 streams) open at once
+    # per model: each model holds at most min(this, max_running + max_queue of its config)
+    # (runtime.front_guard.Admission); past it a new stream gets 503 / UNAVAILABLE naming the
+    # model. Streams go over Triton's gRPC, so short requests keep max_upstream_connections.
     max_open_streams: int = 64
 
 

@@ -45,8 +45,15 @@ class MetricsProxy:
     ``GET /metrics`` there (503 while Triton is down)."""
 
     def __init__(
-        self, host: str, port: int, upstream_port: Callable[[], int | None], timeout_s: float = 10.0
+        self,
+        host: str,
+        port: int,
+        upstream_port: Callable[[], int | None],
+        timeout_s: float = 10.0,
+        extra: Callable[[], str] | None = None,
     ) -> None:
+        """``extra()``: Prometheus text appended to Triton's on ``/metrics`` (the front's
+        gauges)."""
         import threading
         import urllib.error
         import urllib.request
@@ -65,6 +72,8 @@ class MetricsProxy:
                     with urllib.request.urlopen(url, timeout=timeout_s) as resp:
                         status, body = resp.status, resp.read()
                         content_type = resp.headers.get("Content-Type", "text/plain")
+                    if extra is not None and status == 200 and self.path.startswith("/metrics"):
+                        body += extra().encode()
                 except urllib.error.HTTPError as e:
                     status, body, content_type = e.code, e.read(), "text/plain"
                 except OSError:

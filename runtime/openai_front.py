@@ -18,7 +18,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,8 +27,8 @@ import aiohttp
 import grpc
 import numpy as np
 from aiohttp import web
-from tritonclient.grpc import service_pb2
 
+from tritonforge.runtime import front_stream
 from tritonforge.runtime import openai_api as api
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front_body import INFLATE_WBITS, inflate, json_depth
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PREFIX = "/v1"
-STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 # The upstream session does not inflate (it forwards v2 bytes as they are): ask for none.
 IDENTITY = {"Accept-Encoding": "identity"}
 
@@ -73,11 +72,13 @@ class _Slot:
     :class:`~runtime.front_guard.Admission` as the v2 SSE and gRPC streams): :meth:`end`, called
     on drain or when the supervisor ends a crashed model's streams, records why and cancels the
     upstream call; the stream then ends with an error event saying so. A non-streamed
-    completion has no slot (``token`` None)."""
+    completion holds no slot: its ``token`` only tracks it (:meth:`Admission.track`), and it
+    ends with a 503 saying why."""
 
     token: int | None = None
     call: Any = None
     reason: str | None = None
+    what: str = "stream"  # what the last message says ended
 
     def end(self, reason: str) -> None:
         self.reason = self.reason or reason
@@ -305,9 +306,11 @@ class OpenAIFront:
         api.check_prompt_tokens(prompt_tokens, req.model, "messages" if chat else "prompt")
         rid = api.new_id("chatcmpl" if chat else "cmpl")
         created, mid = api.now(), req.model.id
-        slot = self._open_stream(req.model) if req.stream else _Slot()
+        slot = await self._open_slot(req.model, req.stream)
         try:
             call = slot.call = self._start(req, rid)
+            if slot.reason is not None:  # ended while the prompt was counted
+                call.cancel()
             first = await self._next(call, mid, slot)  # errors before any text: a real status
             if not req.stream:
                 parts = [first.text]
@@ -315,7 +318,7 @@ class OpenAIFront:
                 while finish is None:
                     if request.transport is None or request.transport.is_closing():
                         return web.Response(status=499)  # gone: the finally cancels the call
-                    chunk = await self._next(call, mid)
+                    chunk = await self._next(call, mid, slot)
                     parts.append(chunk.text)
                     finish = chunk.finish_reason
                 text = "".join(parts)
@@ -332,13 +335,21 @@ class OpenAIFront:
                 slot.call.cancel()
             self.http.admission.close_stream(slot.token)
 
-    def _open_stream(self, model: ServedModel) -> _Slot:
-        """A slot for a streamed completion to ``model`` among the front's
-        ``max_open_streams`` (shared with the v2 streams); 503 in OpenAI's shape past it."""
+    async def _open_slot(self, model: ServedModel, stream: bool) -> _Slot:
+        """A streamed completion: a slot among ``model``'s open streams (its bound, shared with
+        the v2 SSE and gRPC streams to it: :class:`~runtime.front_guard.Admission`); 503 in
+        OpenAI's shape past it. A non-streamed one holds no slot but is tracked, so that the
+        supervisor (a crashed stub) and the drain end it with a 503 saying why."""
+        admission = self.http.admission
         slot = _Slot()
-        slot.token = self.http.admission.open_stream(slot.end, model.triton_model)
+        if not stream:
+            slot.what = "request"
+            slot.token = admission.track(slot.end, model.triton_model)
+            return slot
+        await self.http.stream_capacity(model.triton_model)
+        slot.token = admission.open_stream(slot.end, model.triton_model)
         if slot.token is None:
-            raise OpenAIError(self.http.admission.full_message(), 503, None, "overloaded")
+            raise OpenAIError(admission.full_message(model.triton_model), 503, None, "overloaded")
         return slot
 
     async def _stream(
@@ -413,27 +424,19 @@ class OpenAIFront:
         message = api.generate_request(
             req.model.triton_model, req.prompt, req.parameters, req.stop, rid
         )
-
-        async def requests() -> AsyncIterator[service_pb2.ModelInferRequest]:
-            yield message
-
-        return self.channel().stream_stream(
-            STREAM_METHOD,
-            request_serializer=service_pb2.ModelInferRequest.SerializeToString,
-            response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
-        )(requests())
+        return front_stream.start_stream(self.channel(), message)
 
     async def _next(self, call: Any, model: str, slot: _Slot | None = None) -> api.StreamChunk:
         """The next chunk of ``call``; a call the front ended (``slot.end``: drain, a crashed
         stub) is a 503 saying why, like the v2 streams' last event."""
         timeout_s = self.http.limits.request_timeout_s
         try:
-            message = await asyncio.wait_for(call.read(), timeout_s)
+            message = await front_stream.next_response(call, timeout_s)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if slot is None or slot.reason is None or (task is not None and task.cancelling()):
                 raise
-            raise OpenAIError(f"{slot.reason}: stream ended", 503) from None
+            raise OpenAIError(f"{slot.reason}: {slot.what} ended", 503) from None
         except TimeoutError as e:
             raise OpenAIError(
                 f"{model}: no output from tritonserver within request_timeout_s={timeout_s:g}",
@@ -443,7 +446,7 @@ class OpenAIFront:
             code = e.code()
             status = 503 if code == grpc.StatusCode.UNAVAILABLE else 500
             raise OpenAIError(f"{model}: {code.name}: {e.details() or ''}"[:300], status) from e
-        if message is grpc.aio.EOF:
+        if message is None:
             raise OpenAIError(f"{model}: the stream ended without a final response", 500)
         return api.stream_chunk(message, model)
 

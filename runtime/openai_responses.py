@@ -129,12 +129,15 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 def upstream_error(message: str, model: str) -> OpenAIError:
     """The generate model's in-stream error (its messages name the field or the overload) as
-    an OpenAI error with the status a v2 client would get."""
-    lowered = message.lower()
-    if any(h in lowered for h in ("overloaded", "shutting down", "unavailable", "not ready")):
+    an OpenAI error with the status a v2 client would get (:func:`front_stream.in_stream_status`,
+    the v2 SSE relay's too)."""
+    from tritonforge.runtime.front_stream import in_stream_status
+
+    status = in_stream_status(message)
+    if status == 503:
         return OpenAIError(f"{model}: {message} (retry later)", 503, None, "overloaded")
-    if "cancel" in lowered:
+    if status == 499:
         return OpenAIError(f"{model}: {message}", 499, None, "cancelled")
-    if any(h in lowered for h in ("invalid", "must be", "max_prompt_tokens", "expected")):
+    if status == 400:
         return OpenAIError(f"{model}: {message}", 400)
     return OpenAIError(f"{model}: {message} (see the server log)", 500)

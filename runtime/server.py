@@ -162,7 +162,10 @@ class EmbeddedServer:
                 metrics.check_port_free(s.host, s.metrics_port)
             elif self._metrics_proxy is None:
                 self._metrics_proxy = metrics.MetricsProxy(
-                    s.host, s.metrics_port, lambda: self._triton_metrics_port
+                    s.host,
+                    s.metrics_port,
+                    lambda: self._triton_metrics_port,
+                    extra=self._front_metrics,
                 )
             if s.front and self._front is None:
                 self._front = self._make_front().start()  # binds the public ports first
@@ -203,6 +206,11 @@ class EmbeddedServer:
             self.stop()
             raise
         return self
+
+    def _front_metrics(self) -> str:
+        """The front's gauges (open streams and their bound per model), for ``/metrics``."""
+        front = self._front
+        return front.metrics() if front is not None else ""
 
     def _make_front(self) -> Front:
         s = self.settings

@@ -6,6 +6,7 @@ refused on every route (finding 7)."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import queue
 import re
@@ -97,6 +98,25 @@ def grpc_stream(
     return client, responses
 
 
+def front_metrics(server: EmbeddedServer) -> dict[str, float]:
+    """The front's own gauges (``tritonforge_front_*``) on the metrics port."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("tritonforge_front_")
+    }
+
+
+def triton_http_connections(server: EmbeddedServer) -> int:
+    """Connections Triton has accepted on its private HTTP socket (from /proc/net/unix: an
+    accepted socket carries the listener's path; state 03 = connected)."""
+    path = str(server.http_socket)
+    rows = Path("/proc/net/unix").read_text().splitlines()[1:]
+    return sum(1 for r in rows if r.split()[-1] == path and r.split()[5] == "03")
+
+
 def sse_socket(server: EmbeddedServer, prompt: str) -> socket.socket:
     """A raw HTTP generate_stream request whose first event has arrived (close() = disconnect)."""
     host, port = server.http_url.split(":")
@@ -148,11 +168,80 @@ def test_sse_disconnects_free_their_slots_at_once(generate_server: EmbeddedServe
     server = generate_server
     socks = [sse_socket(server, f"{LONG} ({i})") for i in range(4)]
     wait_inflight(server, 4)
+    assert front_metrics(server)['tritonforge_front_open_streams{model="generate"}'] == 4
     for sock in socks:
         sock.close()
     freed_s = seconds_until_idle(server)
     print(f"4 SSE clients gone: slots free after {freed_s:.2f} s")
     assert freed_s < FREED_WITHIN_S
+    deadline = time.monotonic() + FREED_WITHIN_S
+    while front_metrics(server)['tritonforge_front_open_streams{model="generate"}'] != 0:
+        assert time.monotonic() < deadline, front_metrics(server)
+        time.sleep(0.05)
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path) -> None:
+        super().__init__("triton", timeout=120)
+        self.path = str(path)
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(120)
+        self.sock.connect(self.path)
+
+
+def generate_stream(
+    server: EmbeddedServer, model: str, body: dict[str, Any], direct: bool
+) -> tuple[int, str, bytes]:
+    """``(status, content type, body)`` of a ``generate_stream`` request through the front, or
+    ``direct`` to Triton's own HTTP endpoint on its private socket."""
+    data = json.dumps(body).encode()
+    path = f"/v2/models/{model}/generate_stream"
+    if direct:
+        conn = _UnixHTTPConnection(server.http_socket)
+        try:
+            conn.request("POST", path, data, {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            return r.status, r.getheader("Content-Type") or "", r.read()
+        finally:
+            conn.close()
+    request = urllib.request.Request(f"http://{server.http_url}{path}", data=data)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read()
+
+
+def test_the_fronts_sse_is_tritons_generate_stream_byte_for_byte(
+    generate_server: EmbeddedServer,
+) -> None:
+    """The front serves generate_stream itself over gRPC, in Triton's own wire format: the
+    same status, content type and events (greedy, so both runs decode the same tokens) as
+    Triton's HTTP endpoint, for streams, a request the model refuses in-stream, an unknown
+    model and a request Triton cannot map."""
+    server = generate_server
+    greedy = {"max_tokens": 12, "temperature": 0.0}
+    for model, body, exact in (
+        ("generate", {"text_input": "Hello, how are you?", "parameters": greedy}, True),
+        ("generate", {"text_input": "", "parameters": greedy}, True),
+        ("generate", {"text_input": "Hi", "parameters": {"max_tokens": -3}}, True),
+        ("no_such_model", {"text_input": "Hi"}, False),
+        ("generate", {"text_input": "Hi", "parameters": {"not_an_input": 0.5, **greedy}}, True),
+        ("generate", {"text_input": "Hi", "parameters": {"not_an_input": [1]}}, False),
+    ):
+        direct = generate_stream(server, model, body, direct=True)
+        front = generate_stream(server, model, body, direct=False)
+        print(f"{model} {body}:\n  triton {direct}\n  front  {front}")
+        assert front[:2] == direct[:2], (front, direct)
+        if exact:
+            assert front == direct
+    # Triton answers 500 ("attempt to access JSON non-string as string"); the front never
+    # answers 500 to input (A4): 400 naming the key
+    front = generate_stream(server, "generate", {"text_input": 5}, direct=False)
+    assert front[0] == 400 and b"text_input" in front[2], front
+    assert front_metrics(server)['tritonforge_front_open_streams{model="generate"}'] == 0
 
 
 def test_open_streams_do_not_starve_short_requests_and_are_bounded(
@@ -179,6 +268,13 @@ def test_open_streams_do_not_starve_short_requests_and_are_bounded(
             took_s = time.monotonic() - started
             print(f"embed + ready with {limit} streams open: {took_s:.2f} s")
             assert took_s < 8.0  # before: 9.7 s or 503 after queue_timeout_s=10
+        # The SSE streams go over gRPC: the front counts them, and Triton's HTTP socket holds
+        # no more connections than the short-request pool (before: one per SSE stream too)
+        held = triton_http_connections(server)
+        print(f"Triton HTTP connections with {limit} streams open: {held}")
+        assert held <= server.settings.front_limits.max_upstream_connections < limit - 2
+        front = front_metrics(server)
+        assert front['tritonforge_front_open_streams{model="generate"}'] == limit, front
         body = json.dumps({"text_input": "x", "parameters": {"max_tokens": 2}}).encode()
         request = urllib.request.Request(
             f"http://{server.http_url}/v2/models/generate/generate_stream", data=body

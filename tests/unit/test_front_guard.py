@@ -136,3 +136,68 @@ def test_front_helpers_find_the_model_the_pin_and_write_sse_like_triton() -> Non
     assert not json_has_version(None, b'{"inputs": [{"name": "version"}]}')
     assert not json_has_version(None, b'{"parameters": {"version": 1' + b"9" * 5000 + b"}}")
     assert sse_event({"error": "x"}) == b'data: {"error":"x"}\n\n'
+
+
+def test_each_model_has_its_own_stream_bound_from_its_config() -> None:
+    from tritonforge.runtime.front_guard import stream_capacities
+
+    def decoupled(name: str, **params: str) -> dict[str, object]:
+        return {
+            "name": name,
+            "model_transaction_policy": {"decoupled": True},
+            "parameters": {k: {"string_value": v} for k, v in params.items()},
+        }
+
+    configs = [
+        decoupled("generate", max_running="2", max_queue="1"),
+        decoupled("generate_int8", max_running="16", max_queue="64"),
+        decoupled("echo"),  # declares nothing: max_open_streams
+        {"name": "embed", "parameters": {"max_running": {"string_value": "9"}}},  # not decoupled
+    ]
+    admission = Admission(max_open_streams=4)
+    admission.capacities = stream_capacities(configs)
+    assert admission.capacities == {"generate": 3, "generate_int8": 80}
+    assert [admission.bound(m) for m in ("generate", "generate_int8", "echo")] == [3, 4, 4]
+    ended: list[str] = []
+    int8 = [admission.open_stream(ended.append, "generate_int8") for _ in range(4)]
+    assert None not in int8 and admission.open_stream(ended.append, "generate_int8") is None
+    assert "generate_int8: overloaded: 4 streams open, its bound is 4" in admission.full_message(
+        "generate_int8"
+    )
+    gen = [admission.open_stream(ended.append, "generate") for _ in range(3)]
+    assert None not in gen and admission.open_stream(ended.append, "generate") is None
+    assert "its config admits 3: max_running + max_queue" in admission.full_message("generate")
+    # a gRPC stream names its model with its first request: refused there when that one is full
+    pending = admission.open_stream(ended.append)
+    assert pending is not None and not admission.stream_model(pending, "generate")
+    assert admission.stream_model(pending, "echo")
+    # a tracked request (non-streamed /v1) holds no slot but is ended with the streams
+    tracked = admission.track(ended.append, "generate")
+    assert admission.open_streams == 8
+    assert admission.end_streams(["generate"], "crashed") == 4 and ended == ["crashed"] * 4
+    admission.close_stream(tracked)
+    assert 'tritonforge_front_open_streams{model="generate"} 3' in admission.metrics()
+
+
+def test_sse_events_are_written_as_triton_writes_them() -> None:
+    from tritonclient.grpc import service_pb2
+
+    from tritonforge.runtime.front_sse import dumps, response_event
+
+    assert dumps({"error": 'a"\\\n\x01é'}) == b'{"error":"a\\"\\\\\\n\\u0001\xc3\xa9"}'
+    response = service_pb2.ModelInferResponse(model_name="generate", model_version="1")
+    response.parameters["triton_final_response"].bool_param = True
+    response.parameters["seq"].int64_param = 2
+    for name, values in (("text_output", [b"hi"]), ("finish_reason", [b"stop"])):
+        out = response.outputs.add(name=name, datatype="BYTES", shape=[1])
+        response.raw_output_contents.append(
+            b"".join(len(v).to_bytes(4, "little") + v for v in values)
+        )
+        assert out.name == name
+    assert response_event(response) == (
+        b'data: {"finish_reason":"stop","model_name":"generate","model_version":"1",'
+        b'"seq":2,"text_output":"hi"}\n\n'
+    )
+    flag_only = service_pb2.ModelInferResponse()
+    flag_only.parameters["triton_final_response"].bool_param = True
+    assert response_event(flag_only) is None

@@ -6,6 +6,7 @@ findings 2b (bound, separate pools), 4 (cancel, disconnect), 5 (drain)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from aiohttp import web
 from tritonclient.grpc import service_pb2
@@ -27,25 +29,54 @@ from tritonforge.runtime.settings import free_port
 STREAM = f"{GRPC_SERVICE}ModelStreamInfer"
 
 
+# The model metadata the stand-in answers: what Triton's generate mapping reads.
+INPUTS = {"text_input": ("BYTES", [1]), "max_tokens": ("INT32", [1]), "temperature": ("FP32", [1])}
+
+
+def text_response(model: str, text: str) -> bytes:
+    """A streamed response as Triton sends it: ``text_output`` (BYTES, one element)."""
+    response = service_pb2.ModelStreamInferResponse()
+    infer = response.infer_response
+    infer.model_name, infer.model_version = model, "1"
+    out = infer.outputs.add()
+    out.name, out.datatype = "text_output", "BYTES"
+    out.shape.append(1)
+    raw = text.encode()
+    infer.raw_output_contents.append(len(raw).to_bytes(4, "little") + raw)
+    return response.SerializeToString()
+
+
 class Upstream(grpc.GenericRpcHandler):
-    """Streams a response every 20 ms until cancelled; ModelInfer answers NOT_FOUND."""
+    """Streams a ``text_output`` response every 20 ms until cancelled (the requests it got are
+    recorded); ModelMetadata answers :data:`INPUTS`; ModelInfer answers NOT_FOUND."""
 
     def __init__(self) -> None:
         self.cancelled = threading.Semaphore(0)
         self.open = 0
+        self.requests: list[service_pb2.ModelInferRequest] = []
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         if details.method == STREAM:
             return grpc.stream_stream_rpc_method_handler(self._stream)
         if details.method == GRPC_INFER:
             return grpc.unary_unary_rpc_method_handler(self._infer)
+        if details.method == f"{GRPC_SERVICE}ModelMetadata":
+            return grpc.unary_unary_rpc_method_handler(self._metadata)
         return None
 
+    def _metadata(self, request: bytes, context: Any) -> bytes:
+        name = service_pb2.ModelMetadataRequest.FromString(request).name
+        answer = service_pb2.ModelMetadataResponse(name=name, versions=["1"])
+        for input_name, (datatype, shape) in INPUTS.items():
+            answer.inputs.add(name=input_name, datatype=datatype, shape=shape)
+        return answer.SerializeToString()
+
     def _stream(self, requests: Iterator[bytes], context: Any) -> Iterator[bytes]:
-        next(requests)
+        request = service_pb2.ModelInferRequest.FromString(next(requests))
+        self.requests.append(request)
         context.add_callback(self.cancelled.release)
         self.open += 1
-        response = service_pb2.ModelStreamInferResponse().SerializeToString()
+        response = text_response(request.model_name, "x")
         try:
             while context.is_active():
                 yield response
@@ -166,71 +197,102 @@ def test_end_streams_ends_only_the_streams_to_those_models_with_a_reason(
         channel.close()
 
 
-class SseUpstream:
-    """An aiohttp server on a Unix socket: ``generate_stream`` sends an event every 20 ms until
-    the front closes the connection (recorded), ``/v2/health/ready`` answers at once."""
+class HttpUpstream:
+    """Triton's HTTP socket as the front uses it: ``/v2/health/ready``, the configs (the stream
+    bounds: ``generate`` admits ``max_running + max_queue`` = 1 by its config), and a
+    ``generate_stream`` that counts its calls: the front must never stream over HTTP."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.gone = path, threading.Semaphore(0)
+        self.path, self.http_streams, self.generates = path, 0, 0
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
 
     async def _start(self) -> None:
+        index = [{"name": m, "version": "1", "state": "READY"} for m in CONFIGS]
         app = web.Application()
-        app.router.add_post("/v2/models/generate/generate_stream", self._stream)
+        app.router.add_post("/v2/models/{model}/generate_stream", self._stream)
+        app.router.add_post("/v2/models/{model}/generate", self._generate)
         app.router.add_get("/v2/health/ready", lambda _: web.Response(text=""))
+        app.router.add_post("/v2/repository/index", lambda _: web.json_response(index))
+        app.router.add_get(
+            "/v2/models/{model}/config",
+            lambda r: web.json_response(CONFIGS[r.match_info["model"]]),
+        )
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         await web.UnixSite(self.runner, str(self.path)).start()
 
-    async def _stream(self, request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        try:
-            while True:
-                await response.write(b'data: {"text_output":"x"}\n\n')
-                await asyncio.sleep(0.02)
-        except (ConnectionResetError, asyncio.CancelledError):
-            self.gone.release()
-        return response
+    async def _stream(self, request: web.Request) -> web.Response:
+        self.http_streams += 1
+        return web.Response(status=500, text="streamed over HTTP")
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        """A non-streamed generate whose model never answers (a crashed stub)."""
+        self.generates += 1
+        while request.transport is not None and not request.transport.is_closing():
+            await asyncio.sleep(0.05)
+        return web.Response(status=500)
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
+def _decoupled(name: str, **parameters: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "model_transaction_policy": {"decoupled": True},
+        "parameters": {k: {"string_value": str(v)} for k, v in parameters.items()},
+    }
+
+
+CONFIGS = {
+    "generate": _decoupled("generate", max_running=1, max_queue=0),
+    "generate_int8": _decoupled("generate_int8"),  # declares no capacity: max_open_streams
+}
+
+
 @pytest.fixture
-def sse_front(tmp_path: Path) -> Iterator[tuple[Front, SseUpstream]]:
-    upstream = SseUpstream(tmp_path / "http.sock")
+def sse_front(tmp_path: Path) -> Iterator[tuple[Front, Upstream, HttpUpstream]]:
+    upstream = Upstream()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), handlers=[upstream])
+    target = f"unix:{tmp_path}/grpc.sock"
+    server.add_insecure_port(target)
+    server.start()
+    http = HttpUpstream(tmp_path / "http.sock")
     f = Front(
         "127.0.0.1",
         free_port(),
         free_port(),
-        http_socket=lambda: upstream.path,
-        grpc_target=lambda: f"unix:{tmp_path}/absent.sock",
+        http_socket=lambda: http.path,
+        grpc_target=lambda: target,
         admin_key=None,
         admin_header="x-admin",
         grpc_admin_headers=("x-admin",),
         limits=FrontLimits(max_open_streams=2, max_upstream_connections=1),
     ).start()
     try:
-        yield f, upstream
+        yield f, upstream, http
     finally:
         f.stop()
-        upstream.stop()
+        http.stop()
+        server.stop(grace=None)
 
 
-def sse(f: Front) -> socket.socket:
+def sse(f: Front, model: str = "generate_int8", body: bytes = b"{}") -> socket.socket:
+    """An SSE ``generate_stream`` request whose first event arrived."""
     sock = socket.create_connection(("127.0.0.1", f.http_port), timeout=30)
     sock.sendall(
-        b"POST /v2/models/generate/generate_stream HTTP/1.1\r\nHost: x\r\n"
-        b"Content-Length: 2\r\n\r\n{}"
+        b"POST /v2/models/%s/generate_stream HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (model.encode(), len(body), body)
     )
     seen = b""
     while b"data:" not in seen:
-        seen += sock.recv(4096)
+        chunk = sock.recv(4096)
+        assert chunk, seen
+        seen += chunk
     return sock
 
 
@@ -242,55 +304,159 @@ def get(f: Front, path: str) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
-def test_sse_streams_are_bounded_and_leave_short_requests_their_pool(
-    sse_front: tuple[Front, SseUpstream],
-) -> None:
-    f, _ = sse_front
-    socks = [sse(f), sse(f)]  # more streams than short-request connections (1)
-    assert get(f, "/v2/health/ready")[0] == 200
+def refused_sse(f: Front, model: str) -> tuple[int, str]:
     request = urllib.request.Request(
-        f"http://127.0.0.1:{f.http_port}/v2/models/generate/generate_stream", data=b"{}"
+        f"http://127.0.0.1:{f.http_port}/v2/models/{model}/generate_stream", data=b"{}"
     )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=30)
-    assert refused.value.code == 503 and b"max_open_streams=2" in refused.value.read()
+    return refused.value.code, refused.value.read().decode()
+
+
+def wait_for(condition: Any, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_sse_streams_are_bounded_and_leave_short_requests_their_pool(
+    sse_front: tuple[Front, Upstream, HttpUpstream],
+) -> None:
+    f, _, http = sse_front
+    socks = [sse(f), sse(f)]  # more streams than short-request connections (1)
+    assert get(f, "/v2/health/ready")[0] == 200
+    status, body = refused_sse(f, "generate_int8")
+    assert status == 503 and "max_open_streams=2" in body and "generate_int8" in body
+    assert http.http_streams == 0  # the SSE streams went over gRPC, not Triton's HTTP
     for sock in socks:
         sock.close()
 
 
-def test_an_sse_client_that_leaves_closes_the_upstream_stream(
-    sse_front: tuple[Front, SseUpstream],
+def test_sse_is_served_over_grpc_in_tritons_wire_format(
+    sse_front: tuple[Front, Upstream, HttpUpstream],
 ) -> None:
-    f, upstream = sse_front
-    sse(f).close()
-    assert upstream.gone.acquire(timeout=5), "the upstream stream outlived its client"
+    """The front maps the JSON request like Triton's generate endpoint (keys that are inputs
+    become tensors, also inside ``parameters``; the others request parameters) and writes each
+    response as Triton's SSE event; Triton's HTTP socket never sees the stream."""
+    f, upstream, http = sse_front
+    body = json.dumps(
+        {"text_input": "hé", "parameters": {"max_tokens": 3, "temperature": 0.5, "seed_x": "s"}}
+    ).encode()
+    sock = sse(f, "generate_int8", body)
+    head = sock.recv(65536)
+    while head.count(b"data: ") < 2:
+        head += sock.recv(65536)
+    sock.close()
+    assert http.http_streams == 0
+    [request] = upstream.requests
+    assert request.model_name == "generate_int8"
+    tensors = {t.name: (t.datatype, list(t.shape)) for t in request.inputs}
+    assert tensors == {
+        "text_input": ("BYTES", [1]),
+        "max_tokens": ("INT32", [1]),
+        "temperature": ("FP32", [1]),
+    }
+    raw = dict(zip([t.name for t in request.inputs], request.raw_input_contents, strict=True))
+    assert raw["text_input"] == b"\x03\x00\x00\x00h\xc3\xa9"
+    assert raw["max_tokens"] == (3).to_bytes(4, "little")
+    assert raw["temperature"] == np.float32(0.5).tobytes()
+    assert request.parameters["seed_x"].string_param == "s"
+    assert request.parameters["triton_enable_empty_final_response"].bool_param
+    event = b'data: {"model_name":"generate_int8","model_version":"1","text_output":"x"}\n\n'
+    assert event in head
 
 
-def test_drain_ends_sse_streams_with_an_error_event(sse_front: tuple[Front, SseUpstream]) -> None:
-    f, upstream = sse_front
+def test_a_bad_generate_request_is_a_400_naming_the_key(
+    sse_front: tuple[Front, Upstream, HttpUpstream],
+) -> None:
+    f, upstream, _ = sse_front
+    for body, named in (
+        (b'{"text_input": 5}', "text_input"),
+        (b'{"text_input": "x", "parameters": {"top_p": [0.5]}}', "top_p"),
+        (b'{"text_input": "x", "parameters": 3}', "parameters"),
+    ):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{f.http_port}/v2/models/generate/generate_stream", data=body
+        )
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(request, timeout=30)
+        assert err.value.code == 400
+        assert named in json.loads(err.value.read())["error"]
+    assert not upstream.requests
+    assert f.admission.open_streams == 0
+
+
+def test_each_streaming_model_has_its_own_bound_from_its_config(
+    sse_front: tuple[Front, Upstream, HttpUpstream],
+) -> None:
+    """A flood of ``generate_int8`` streams cannot refuse ``generate``: each model holds its own
+    slots, ``min(max_open_streams, max_running + max_queue of its config)``; the 503 names the
+    model and its bound."""
+    f, _, _ = sse_front
+    floods = [sse(f, "generate_int8"), sse(f, "generate_int8")]
+    status, body = refused_sse(f, "generate_int8")
+    assert status == 503 and "generate_int8: overloaded: 2 streams open, its bound is 2" in body
+    generate = sse(f, "generate")  # still accepted
+    status, body = refused_sse(f, "generate")
+    assert status == 503 and "generate: overloaded: 1 streams open, its bound is 1" in body
+    assert "its config admits 1: max_running + max_queue" in body
+    metrics = f.metrics()
+    assert 'tritonforge_front_open_streams{model="generate"} 1' in metrics
+    assert 'tritonforge_front_open_streams{model="generate_int8"} 2' in metrics
+    assert 'tritonforge_front_stream_bound{model="generate"} 1' in metrics
+    with grpc.insecure_channel(f"127.0.0.1:{f.grpc_port}") as channel:  # gRPC: the same bound
+        call = channel.stream_stream(STREAM)(iter([request("generate")]), timeout=30)
+        with pytest.raises(grpc.RpcError) as err:
+            next(call)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "generate: overloaded: 1 streams open, its bound is 1" in (err.value.details() or "")
+    for sock in (*floods, generate):
+        sock.close()
+    assert wait_for(lambda: f.admission.open_streams == 0)
+
+
+def test_an_sse_client_that_leaves_cancels_the_upstream_call_and_frees_its_slot(
+    sse_front: tuple[Front, Upstream, HttpUpstream],
+) -> None:
+    f, upstream, _ = sse_front
+    sock = sse(f, "generate")
+    assert 'tritonforge_front_open_streams{model="generate"} 1' in f.metrics()
+    sock.close()
+    assert upstream.cancelled.acquire(timeout=5), "the upstream call outlived its client"
+    assert wait_for(lambda: f.admission.open_streams == 0)
+    assert 'tritonforge_front_open_streams{model="generate"} 0' in f.metrics()
+
+
+def test_drain_ends_sse_streams_with_an_error_event(
+    sse_front: tuple[Front, Upstream, HttpUpstream],
+) -> None:
+    f, upstream, _ = sse_front
     sock = sse(f)
     f.begin_drain()
     rest = b""
     while b"0\r\n\r\n" not in rest:  # the last chunk
         rest += sock.recv(65536)
     assert b'data: {"error":"the server is shutting down: stream ended"}' in rest
-    assert upstream.gone.acquire(timeout=5)
+    assert upstream.cancelled.acquire(timeout=5)
     assert get(f, "/v2/health/ready")[0] == 503
     sock.close()
 
 
 def test_end_streams_ends_sse_streams_to_the_model_with_an_error_event(
-    sse_front: tuple[Front, SseUpstream],
+    sse_front: tuple[Front, Upstream, HttpUpstream],
 ) -> None:
-    f, upstream = sse_front
-    sock = sse(f)
+    f, upstream, _ = sse_front
+    sock = sse(f, "generate")
     assert f.end_streams(["other"], "other crashed") == 0
     assert f.end_streams(["generate"], "generate crashed and is reloading; retry") == 1
     rest = b""
     while b"0\r\n\r\n" not in rest:
         rest += sock.recv(65536)
     assert b'"error":"generate crashed and is reloading; retry: stream ended"' in rest
-    assert upstream.gone.acquire(timeout=5)
+    assert upstream.cancelled.acquire(timeout=5)
     assert get(f, "/v2/health/ready")[0] == 200  # not draining
     sock.close()
 
@@ -316,3 +482,34 @@ def test_port_0_binds_free_ports_and_reports_them(tmp_path: Path) -> None:
         assert get(f, "/v2/health/ready")[0] == 503  # the front answers: Triton is not there
     finally:
         f.stop()
+
+
+def test_end_streams_ends_a_non_streamed_generate_with_a_503(
+    sse_front: tuple[Front, Upstream, HttpUpstream],
+) -> None:
+    """A v2 ``generate`` (non-streamed) to a model whose stub crashed waited
+    ``request_timeout_s`` for an answer that never came; the supervisor's ``end_streams`` ends
+    it with a 503 saying why."""
+    f, _, http = sse_front
+    answer: list[tuple[int, str]] = []
+
+    def generate() -> None:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{f.http_port}/v2/models/generate/generate", data=b"{}"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                answer.append((r.status, r.read().decode()))
+        except urllib.error.HTTPError as e:
+            answer.append((e.code, e.read().decode()))
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    assert wait_for(lambda: http.generates == 1)
+    assert f.end_streams(["other"], "other crashed") == 0
+    assert f.end_streams(["generate"], "generate crashed and is reloading; retry") == 1
+    thread.join(timeout=10)
+    [(status, body)] = answer
+    assert status == 503
+    assert json.loads(body)["error"] == "generate crashed and is reloading; retry: request ended"
+    assert f.wait_idle(timeout_s=5)

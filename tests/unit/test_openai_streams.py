@@ -49,6 +49,7 @@ class Generator(grpc.GenericRpcHandler):
 
     def __init__(self) -> None:
         self.cancelled = threading.Semaphore(0)
+        self.started = threading.Semaphore(0)
         chunk = service_pb2.ModelStreamInferResponse()
         out = chunk.infer_response.outputs.add()
         out.name, out.datatype = TEXT_OUTPUT, "BYTES"
@@ -63,6 +64,7 @@ class Generator(grpc.GenericRpcHandler):
     def _stream(self, requests: Iterator[bytes], context: Any) -> Iterator[bytes]:
         next(requests)
         context.add_callback(self.cancelled.release)
+        self.started.release()
         while context.is_active():
             yield self.chunk
             time.sleep(0.02)
@@ -228,3 +230,24 @@ def test_a_v1_request_in_flight_keeps_the_front_busy_for_the_drain(
     sock.close()  # the client leaves: its request ends, the front is idle again
     assert generator.cancelled.acquire(timeout=10)
     assert f.wait_idle(timeout_s=10)
+
+
+def test_end_streams_ends_a_non_streamed_v1_request_with_a_503(
+    front: tuple[Front, Generator],
+) -> None:
+    """A non-streamed completion to a model whose stub crashed waited ``request_timeout_s``
+    (60 s) for a final response that never came: the supervisor's ``end_streams`` now ends it
+    too, with a 503 saying why, and cancels its upstream call."""
+    f, generator = front
+    sock = completion(f, stream=False)
+    assert generator.started.acquire(timeout=20), "the generation never reached the upstream"
+    assert f.admission.open_streams == 0  # it holds no stream slot
+    assert f.end_streams(["other"], "other crashed") == 0
+    assert f.end_streams(["generate"], CRASHED) == 1
+    answer = read_until(sock, b"}}")
+    assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["message"] == f"{CRASHED}: request ended" and error["type"] == "server_error"
+    assert generator.cancelled.acquire(timeout=5), "the upstream call outlived the request"
+    assert f.wait_idle(timeout_s=5)
+    sock.close()

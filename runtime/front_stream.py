@@ -1,0 +1,96 @@
+"""One generation over Triton's gRPC stream, as the front runs it for every HTTP stream it serves
+(v2 ``generate_stream`` SSE, ``/v1`` completions): a decoupled ``ModelStreamInfer`` call carrying
+one request, read response by response. Open streams hold no Triton HTTP thread and no
+connection of the front's short-request pool; cancelling the call cancels the request in Triton
+(the decode loop frees its slot at its next step)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2
+
+from tritonforge.generation import TEXT_INPUT
+from tritonforge.pipelines import VARIANT_PARAMETER
+from tritonforge.runtime.front_grpc import GRPC_SERVICE
+from tritonforge.sampling import SAMPLING_FIELDS
+
+STREAM_METHOD = f"{GRPC_SERVICE}ModelStreamInfer"
+METADATA_METHOD = f"{GRPC_SERVICE}ModelMetadata"
+FINAL_PARAMETER = "triton_final_response"
+EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
+# In-stream errors carry no status over gRPC (only ``error_message``); the generate model's
+# messages name the overload or the field, which is what a v2 HTTP client got as the status.
+_UNAVAILABLE_HINTS = ("overloaded", "shutting down", "unavailable", "not ready")
+_INVALID_HINTS = (
+    "invalid",
+    "must be",
+    "max_prompt_tokens",
+    "expected",
+    # the model's InvalidInputError messages start with the field they name
+    *(f"{field}:" for field in (TEXT_INPUT, VARIANT_PARAMETER, *SAMPLING_FIELDS)),
+)
+
+
+def in_stream_status(message: str) -> int:
+    """The HTTP status of an in-stream error: 503 overload / shutdown, 499 cancelled, 400 a
+    bad field, 500 otherwise."""
+    lowered = message.lower()
+    if any(h in lowered for h in _UNAVAILABLE_HINTS):
+        return 503
+    if "cancel" in lowered:
+        return 499
+    if any(h in lowered for h in _INVALID_HINTS):
+        return 400
+    return 500
+
+
+def start_stream(
+    channel: grpc.aio.Channel,
+    message: service_pb2.ModelInferRequest,
+    metadata: Sequence[tuple[str, str]] = (),
+) -> Any:
+    """A ``ModelStreamInfer`` call sending ``message`` alone (then half-closed), with the empty
+    final response turned on so that the end of the request is always visible."""
+    message.parameters[EMPTY_FINAL_PARAMETER].bool_param = True
+
+    async def requests() -> AsyncIterator[service_pb2.ModelInferRequest]:
+        yield message
+
+    return channel.stream_stream(
+        STREAM_METHOD,
+        request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+        response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+    )(requests(), metadata=tuple(metadata) or None)
+
+
+async def next_response(call: Any, timeout_s: float) -> service_pb2.ModelStreamInferResponse | None:
+    """The next response of ``call`` (None once the call ended). Raises :class:`TimeoutError`
+    when none came within ``timeout_s``, ``grpc.aio.AioRpcError`` for a failed call and
+    ``asyncio.CancelledError`` for a cancelled one."""
+    message = await asyncio.wait_for(call.read(), timeout_s)
+    if message is grpc.aio.EOF:
+        return None
+    return message
+
+
+def is_final(message: service_pb2.ModelStreamInferResponse) -> bool:
+    """Whether ``message`` is the last response of its request."""
+    final = message.infer_response.parameters.get(FINAL_PARAMETER)
+    return final is not None and final.bool_param
+
+
+async def model_inputs(
+    channel: grpc.aio.Channel, model: str, version: str, timeout_s: float
+) -> dict[str, tuple[str, list[int]]]:
+    """``{input: (datatype, shape)}`` of ``model`` from Triton's model metadata (what Triton's
+    own ``generate`` endpoint maps a request's keys onto)."""
+    answer = await channel.unary_unary(
+        METADATA_METHOD,
+        request_serializer=service_pb2.ModelMetadataRequest.SerializeToString,
+        response_deserializer=service_pb2.ModelMetadataResponse.FromString,
+    )(service_pb2.ModelMetadataRequest(name=model, version=version), timeout=timeout_s)
+    return {t.name: (t.datatype, [int(d) for d in t.shape]) for t in answer.inputs}
