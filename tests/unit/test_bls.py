@@ -94,10 +94,22 @@ def test_plan_reads_tokenizer_settings_and_marks_unexported_variants(plan_repo: 
     assert plan.tokenizer.pad_to_multiple_of == tokenizer.param("pad_to_multiple_of", kind=int)
     assert set(plan.encoders) == {"fp32"}
     assert plan.encoders["fp32"].output == "sentence_embedding"
+    assert plan.max_concurrent_calls == plan.encoders["fp32"].instances == 1  # Triton's default
     assert set(plan.missing) == {"int8", "torchscript"}
     assert request_variant(None, plan) == "fp32"
     with pytest.raises(StageUnavailableError, match="run `make export`"):
         request_variant('{"variant": "int8"}', plan)
+
+
+def test_an_execute_calls_the_encoder_as_often_at_once_as_it_has_instances(
+    plan_repo: Path,
+) -> None:
+    path = plan_repo / "encoder_fp32" / "config.pbtxt"
+    path.write_text(
+        path.read_text() + "instance_group [ { count: 2 kind: KIND_CPU }, { count: 1 } ]\n"
+    )
+    plan = build_plan(load_model_config(plan_repo, "embed_bls"), plan_repo)
+    assert plan.encoders["fp32"].instances == plan.max_concurrent_calls == 3
 
 
 def test_unknown_variant_is_named_but_a_long_one_is_not_echoed(plan_repo: Path) -> None:
