@@ -20,7 +20,17 @@ import functools
 from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
+from typing import (
+    Any,
+    Concatenate,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    Self,
+    TypeVar,
+    overload,
+)
 
 import numpy as np
 
@@ -211,6 +221,15 @@ class BaseClient:
         self._pipelines: dict[str, Pipeline] | None = None
         self._module: ModuleType = self.settings.tritonclient_module()
         self._open()
+
+    def sibling(self) -> Self:
+        """A new client of the same settings sharing this one's circuit breaker and discovered
+        pipelines, with its own transport: for another thread or greenlet (a blocking HTTP
+        client belongs to the thread that created it), e.g. an open-loop load generator whose
+        concurrent calls share one breaker and no discovery call each."""
+        other = type(self)(settings=self.settings, breaker=self.breaker)
+        other._pipelines = self._pipelines
+        return other
 
     def _open(self) -> None:
         """Set up the transport (the shell's; the core sends nothing)."""

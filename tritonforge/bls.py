@@ -33,6 +33,7 @@ class EncoderTarget:
     model: str
     inputs: Mapping[str, str]  # encoder input name -> tokenizer output name
     output: str
+    instances: int = 1  # the encoder's instance_group count: calls it can run at once
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,12 @@ class BlsPlan:
     version_output: str | None = None  # the output that says which version answered
     variant_output: str | None = None  # the output that says which variant answered
     degrade: DegradePolicy = field(default_factory=DegradePolicy)
+
+    @property
+    def max_concurrent_calls(self) -> int:
+        """Encoder calls one execute runs at once: as many as an encoder has instances (more
+        would only wait in the encoder's queue)."""
+        return max((e.instances for e in self.encoders.values()), default=1)
 
 
 def _latest_version(model_dir: Path) -> Path:
@@ -194,8 +201,16 @@ def encoder_targets(
                 f"{enc_out.data_type} {list(enc_out.dims)}, {consumer} "
                 f"{output.data_type} {list(output.dims)}"
             )
-        encoders[variant] = EncoderTarget(encoder.name, enc_map, enc_out.name)
+        encoders[variant] = EncoderTarget(
+            encoder.name, enc_map, enc_out.name, instance_count(encoder)
+        )
     return encoders, missing
+
+
+def instance_count(config: ModelConfig) -> int:
+    """Instances of a model (the sum of its ``instance_group`` counts; Triton's default 1)."""
+    groups = config.raw.get("instance_group") or [{}]
+    return max(1, sum(int(g.get("count", 1)) for g in groups))
 
 
 def _check_servable(

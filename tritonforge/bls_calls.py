@@ -1,22 +1,28 @@
 """The BLS's encoder calls: requests of one ``execute`` merged into as few calls as their shapes
-allow (:func:`plan_encoder_calls`), one synchronous ``exec`` each (:func:`call_encoder`), and the
-output cut back per request (:func:`split_encoder_output`).
+allow (:func:`plan_encoder_calls`, :class:`EncoderCall`), one synchronous ``exec`` each
+(:func:`call_encoder`), run concurrently on a thread pool and handed back as each finishes
+(:func:`run_calls`, retried on the spare variant when the encoder's queue refuses:
+:func:`call_with_spare`), and the output cut back per request (:func:`split_encoder_output`).
 
-Why synchronous ``exec`` and not ``async_exec`` + ``asyncio.gather``: in Triton 2.51 a
-non-decoupled model's concurrent ``async_exec`` calls are not overlapped; measured here, requests
-then sat 100-800 ms in the *idle* encoder's queue and throughput fell 3-5x at 4 clients
-(docs/performance.md). One batched call per shape is both faster and simpler.
+Why threads with the synchronous ``exec`` and not ``async def execute`` + ``async_exec``: in
+Triton 2.51 a non-decoupled ``async def execute`` does not overlap executes (server#7888), and
+that shape was measured 3-5x slower here (docs/performance.md). ``exec`` releases the GIL while
+it waits for the stage, and the parent process serves BLS calls from a thread pool, so the calls
+of one execute made from several threads do overlap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, as_completed
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tritonforge.batching import Batch, plan_batches, split_outputs
 from tritonforge.bls import EncoderTarget
+from tritonforge.bls_degrade import refused
 from tritonforge.errors import InvalidInputError, StageUnavailableError
 
 
@@ -80,3 +86,72 @@ def call_encoder(
     if tensor is None:
         raise StageUnavailableError(f"stage {target.model!r} returned no {target.output!r}")
     return np.asarray(tensor.as_numpy())
+
+
+@dataclass(frozen=True)
+class EncoderCall:
+    """One encoder call of an execute: ``batch`` for ``variant`` (``requested``, unless the
+    instance is overloaded and degraded it), pinned to ``version`` (-1: the latest); ``spare``
+    is the variant to retry on when the encoder's queue refuses the call (None: no retry)."""
+
+    batch: Batch
+    requested: str
+    variant: str
+    version: int = -1
+    spare: str | None = None
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """What an :class:`EncoderCall` produced: the variant that answered and its output, or the
+    error every member request gets."""
+
+    call: EncoderCall
+    variant: str
+    output: np.ndarray | None = None
+    error: Exception | None = None
+
+    @property
+    def degraded(self) -> bool:
+        return self.error is None and self.variant != self.call.requested
+
+
+RunFn = Callable[[EncoderCall, EncoderTarget], np.ndarray]
+"""``run(call, target) -> output``: one ``exec`` of ``call.batch`` on ``target``."""
+
+
+def call_with_spare(
+    call: EncoderCall, encoders: Mapping[str, EncoderTarget], run: RunFn
+) -> CallResult:
+    """``call`` on its variant's encoder; when that encoder's queue refused it (full, or timed
+    out) and the call has a spare variant fed the same inputs, once more on the spare. Never
+    raises: an error is returned in the result."""
+    target = encoders[call.variant]
+    try:
+        return CallResult(call, call.variant, run(call, target))
+    except Exception as e:
+        spare = encoders.get(call.spare or "")
+        if spare is None or spare.inputs != target.inputs or not refused(e):
+            return CallResult(call, call.variant, error=e)
+    assert call.spare is not None
+    try:
+        return CallResult(call, call.spare, run(call, spare))
+    except Exception as e:
+        return CallResult(call, call.spare, error=e)
+
+
+def run_calls(
+    calls: Sequence[EncoderCall],
+    encoders: Mapping[str, EncoderTarget],
+    run: RunFn,
+    pool: Executor | None = None,
+) -> Iterator[CallResult]:
+    """Every call's :class:`CallResult`, each as soon as it is done: concurrently on ``pool``
+    (completion order), or one after another in this thread (no pool, or a single call)."""
+    if pool is None or len(calls) < 2:
+        for call in calls:
+            yield call_with_spare(call, encoders, run)
+        return
+    futures = [pool.submit(call_with_spare, call, encoders, run) for call in calls]
+    for future in as_completed(futures):
+        yield future.result()

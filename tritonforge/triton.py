@@ -122,3 +122,33 @@ def pad_values_from(config: ModelConfig) -> dict[str, float | int]:
         config.input(name)  # must name a real input
         values[name] = float(value) if "." in value else int(value)
     return values
+
+
+class Answers:
+    """Each request of an ``execute`` answered exactly once, as soon as its answer is ready,
+    through its response sender (a default-mode model may since Python backend 24.06; its
+    ``execute`` then returns None). What was not answered when the execute ends gets
+    :meth:`fail_pending` (never leave a request without its one final response)."""
+
+    def __init__(self, pb_utils: Any, requests: Sequence[Any]) -> None:
+        self._senders = [r.get_response_sender() for r in requests]
+        self._final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        self._sent = [False] * len(self._senders)
+
+    def send(self, index: int, response: Any) -> None:
+        """Answer request ``index`` (a second answer to it is dropped)."""
+        if self._sent[index]:
+            return
+        self._sent[index] = True
+        try:
+            self._senders[index].send(response, flags=self._final)
+        except Exception:  # the caller went away, or the stub refused: nothing left to answer
+            traceback.print_exc()
+
+    def pending(self) -> list[int]:
+        return [i for i, sent in enumerate(self._sent) if not sent]
+
+    def fail_pending(self, response: Callable[[], Any]) -> None:
+        """Answer every request not answered yet with ``response()`` (an error response)."""
+        for i in self.pending():
+            self.send(i, response())

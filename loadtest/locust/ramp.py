@@ -9,8 +9,8 @@ Users (one request per second each, so the user count is the offered rate; the s
   answers are (a closed loop would offer less as latency grows, and a "3x" peak would not be).
 * ``RampClientUser``: the same through :class:`client.sync.EmbeddingClient` (``pipeline="bls"``)
   with its retries and circuit breaker; a :class:`CircuitOpenError` is counted as
-  ``breaker_open`` (failed fast, the server saw nothing). Closed loop (a call blocks its user,
-  as in an application), so it offers less than the HTTP ramp once answers take over a second.
+  ``breaker_open`` (failed fast, the server saw nothing). Open loop too: each request in its own
+  greenlet on its own sibling client, all of a user's requests behind the user's one breaker.
 * ``RampSaturationUser``: closed loop (no wait), to measure the saturation rate.
 
 At quit ``--ramp-out`` gets ``{"seconds": [...], "report": {...}}`` (:func:`loadtest.reliability.ramp.report`)
@@ -158,7 +158,12 @@ class RampSaturationUser(RampHttpUser):
 
 
 class RampClientUser(User):
-    """Through the project's client: retries with backoff and the circuit breaker."""
+    """Through the project's client: retries with backoff and the circuit breaker.
+
+    Open loop like :class:`RampHttpUser`: each request runs in its own greenlet on a
+    :meth:`sibling <client.core.BaseClient.sibling>` of the user's client (a blocking client
+    belongs to the greenlet that made it), so every request of a user shares its one breaker,
+    as the threads of one application would, and none waits for another's answer."""
 
     wait_time = constant_throughput(1)
 
@@ -173,7 +178,9 @@ class RampClientUser(User):
             pipeline="bls",
             timeout_s=options.request_timeout_s,
             deadline_s=options.request_timeout_s,
+            repository=options.model_repository or None,
         )
+        self.client.pipelines()  # discovered once per user, shared by the siblings
         self.n = options.texts_per_request
 
     def on_stop(self) -> None:
@@ -181,11 +188,15 @@ class RampClientUser(User):
 
     @task
     def embed(self) -> None:
+        _in_flight.spawn(self._embed)
+
+    def _embed(self) -> None:
         from tritonforge.client.errors import CircuitOpenError, ClientError, ServerUnavailableError
 
         start = time.perf_counter()
+        client = self.client.sibling()
         try:
-            self.client.embed(next_texts(self.n))
+            client.embed(next_texts(self.n))
             outcome = "fp32"  # the client pins nothing: the BLS default
         except CircuitOpenError:
             outcome = "breaker_open"
@@ -193,6 +204,8 @@ class RampClientUser(User):
             outcome = "refused"
         except ClientError:
             outcome = "failed"
+        finally:
+            client.close()
         _record(self.environment, "ramp client", start, outcome, fire=True)
 
 

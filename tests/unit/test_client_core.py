@@ -207,3 +207,14 @@ def test_configs_skip_a_model_unloaded_since_the_index_was_read() -> None:
     transport.get_model_config = config  # type: ignore[method-assign]
     names = [c["name"] for c in sync_client(transport).configs()]
     assert names == sorted(c["name"] for c in CONFIGS if c["name"] != gone)
+
+
+def test_a_sibling_shares_the_breaker_and_discovery_but_not_the_transport() -> None:
+    one = FakeTransport()
+    with sync_client(one) as c:
+        c.embed(["a"], route="bls")  # discovers
+        twin = c.sibling()
+        assert twin.breaker is c.breaker and twin.settings == c.settings
+        assert twin._pipelines is c._pipelines
+        assert twin._client is not c._client
+        twin.close()

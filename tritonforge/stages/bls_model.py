@@ -1,7 +1,9 @@
 """BLS orchestrator: text -> tokenize (here) -> encoder (per-request ``variant``) -> outputs.
 
 One ``execute`` handles all its requests together: decode and validate each (a bad one fails
-alone), tokenize every text in one batch, run one encoder call per variant and shape, split back.
+alone), tokenize the texts of each variant in one batch, make one encoder call per variant and
+shape, the calls concurrently (as many at once as the encoder has instances), and answer each
+call's requests as soon as that call is done (response senders; ``execute`` returns None).
 Embeddings are returned as the encoder computes them; a classifier's logits are turned into
 labels, probabilities and the (per-request ``top_k``) best classes here. With several model
 versions, a request pins one (parameter ``version``) or the canary split picks one by request id;
@@ -12,13 +14,20 @@ variant (docs/reliability.md); ``variant`` in the response says which answered.
 
 import triton_python_backend_utils as pb_utils
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from tritonforge.bls import build_plan
-from tritonforge.bls_calls import call_encoder, plan_encoder_calls, split_encoder_output
-from tritonforge.bls_degrade import LoadMonitor, degraded_counter, refused
+from tritonforge.bls_calls import (
+    EncoderCall,
+    call_encoder,
+    plan_encoder_calls,
+    run_calls,
+    split_encoder_output,
+)
+from tritonforge.bls_degrade import LoadMonitor, degraded_counter
 from tritonforge.bls_parameters import (
     request_fallback,
     request_top_k,
@@ -31,7 +40,7 @@ from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import PIPELINE_KEY
 from tritonforge.text import TextTokenizer, decode_texts, split_tokens
-from tritonforge.triton import encode_response, error_response
+from tritonforge.triton import Answers, encode_response, error_response
 
 
 class TritonPythonModel:
@@ -50,6 +59,12 @@ class TritonPythonModel:
         self.monitor = LoadMonitor(self.plan.degrade)
         pipeline = self.config.param(PIPELINE_KEY, self.config.name, str)
         self.count_degraded = degraded_counter(pb_utils, pipeline, self.config.name)
+        workers = self.plan.max_concurrent_calls
+        self.pool = ThreadPoolExecutor(workers, "bls-call") if workers > 1 else None
+
+    def finalize(self):
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
     def _decode(self, request):
         params = request.parameters()
@@ -72,59 +87,66 @@ class TritonPythonModel:
 
     def execute(self, requests):
         overloaded = self.monitor.start(len(requests))
+        answers = Answers(pb_utils, requests)
         try:
-            return self._execute(requests, overloaded)
+            self._execute(requests, overloaded, answers)
+        except Exception as e:  # every request still gets its one answer
+            answers.fail_pending(lambda e=e: error_response(pb_utils, e, self.config.name))
         finally:
             self.monitor.end()
+        return None
 
-    def _run(self, encoder, batch, version, requests):
-        # One call serves several requests: its trace spans go under the first one's.
-        trace = requests[batch.members[0].request_index].trace()
-        return call_encoder(
-            pb_utils, encoder, batch.inputs, self.plan.stage_timeout_ms, trace, version
+    def _run(self, requests):
+        def run(call, encoder):
+            # One call serves several requests: its trace spans go under the first one's.
+            trace = requests[call.batch.members[0].request_index].trace()
+            timeout_ms = self.plan.stage_timeout_ms
+            inputs = call.batch.inputs
+            return call_encoder(pb_utils, encoder, inputs, timeout_ms, trace, call.version)
+
+        return run
+
+    def _calls(self, members, requested, version, fallback, overloaded):
+        variant, spare = requested, fallback
+        if fallback is not None and overloaded:
+            variant, spare = fallback, None
+        texts = [t for _, ts in members for t in ts]
+        parts = split_tokens(
+            self.tokenizer.encode(texts),
+            [len(ts) for _, ts in members],
+            pad_to_multiple_of=self.tokenizer.pad_to_multiple_of,
         )
+        indexed = [(i, part) for (i, _), part in zip(members, parts, strict=True)]
+        batches = plan_encoder_calls(indexed, self.plan.encoders[variant])
+        return [EncoderCall(b, requested, variant, version, spare) for b in batches]
 
-    def _execute(self, requests, overloaded):
-        responses = [None] * len(requests)
+    def _answer(self, done, top_ks, answers):
+        members = [m.request_index for m in done.call.batch.members]
+        try:
+            if done.error is not None:
+                raise done.error
+            if done.degraded:
+                self.count_degraded(done.variant, len(members))
+            encoder = self.plan.encoders[done.variant]
+            for i, rows in split_encoder_output(done.output, done.call.batch, encoder):
+                outputs = self._outputs(rows, top_ks[i], done.call.version, done.variant)
+                answers.send(i, encode_response(pb_utils, outputs, self.config))
+        except Exception as e:
+            for i in members:
+                answers.send(i, error_response(pb_utils, e, self.config.name))
+
+    def _execute(self, requests, overloaded, answers):
         by_choice = {}
         top_ks = {}
         for i, request in enumerate(requests):
             try:
                 key, top_ks[i], texts = self._decode(request)
             except ServingError as e:
-                responses[i] = error_response(pb_utils, e, self.config.name)
+                answers.send(i, error_response(pb_utils, e, self.config.name))
                 continue
             by_choice.setdefault(key, []).append((i, texts))
+        calls = []
         for (requested, version, fallback), members in by_choice.items():
-            variant = requested
-            if fallback is not None and overloaded:
-                variant, fallback = fallback, None
-            encoder = self.plan.encoders[variant]
-            texts = [t for _, ts in members for t in ts]
-            parts = split_tokens(
-                self.tokenizer.encode(texts),
-                [len(ts) for _, ts in members],
-                pad_to_multiple_of=self.tokenizer.pad_to_multiple_of,
-            )
-            indexed = [(i, part) for (i, _), part in zip(members, parts, strict=True)]
-            for batch in plan_encoder_calls(indexed, encoder):
-                answered, used = encoder, variant
-                try:
-                    try:
-                        out = self._run(encoder, batch, version, requests)
-                    except Exception as e:
-                        spare = self.plan.encoders.get(fallback or "")
-                        if spare is None or spare.inputs != encoder.inputs or not refused(e):
-                            raise
-                        # the default encoder refused (queue full / timed out): degrade
-                        answered, used = spare, fallback
-                        out = self._run(answered, batch, version, requests)
-                    if used != requested:
-                        self.count_degraded(used, len(batch.members))
-                    for i, rows in split_encoder_output(out, batch, answered):
-                        outputs = self._outputs(rows, top_ks[i], version, used)
-                        responses[i] = encode_response(pb_utils, outputs, self.config)
-                except Exception as e:
-                    for m in batch.members:
-                        responses[m.request_index] = error_response(pb_utils, e, self.config.name)
-        return responses
+            calls += self._calls(members, requested, version, fallback, overloaded)
+        for done in run_calls(calls, self.plan.encoders, self._run(requests), self.pool):
+            self._answer(done, top_ks, answers)
