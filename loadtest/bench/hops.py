@@ -41,6 +41,7 @@ from tritonforge.loadtest import corpus
 from tritonforge.loadtest.bench.runners import model_stats, stats_delta, tree_cpu_s
 from tritonforge.loadtest.discovered import pipelines, stage_model
 from tritonforge.logs import run_main
+from tritonforge.ort_options import session_options
 from tritonforge.pipelines import Pipeline
 from tritonforge.repository import load_model_config
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
@@ -82,13 +83,7 @@ def encoder_session(path: Path, config_params: dict[str, str], served: bool) -> 
     for the session config (spinning on), both with the served thread counts."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = int(config_params.get("intra_op_thread_count", 0))
-    options.inter_op_num_threads = int(config_params.get("inter_op_thread_count", 0))
-    if served:
-        for key, value in config_params.items():
-            if key.startswith("session."):
-                options.add_session_config_entry(key, value)
+    options = session_options(ort, config_params, session_entries=served)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

@@ -36,6 +36,7 @@ from tritonforge.batching import Batch, infer_rows, infer_trimmed
 from tritonforge.bls import EncoderTarget, tokenizer_settings
 from tritonforge.bls_calls import plan_encoder_calls
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.ort_options import session_options
 from tritonforge.repository import load_model_config
 from tritonforge.text import TextTokenizer, split_tokens
 from tritonforge.triton import pad_values_from
@@ -53,12 +54,7 @@ def session(path: Path, config: ModelConfig) -> Any:
     """An ONNX Runtime session set up like the served encoder's (threads, ``session.*``)."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = config.param("intra_op_thread_count", 0, int)
-    options.inter_op_num_threads = config.param("inter_op_thread_count", 0, int)
-    for key, value in config.parameters.items():
-        if key.startswith("session."):
-            options.add_session_config_entry(key, value)
+    options = session_options(ort, config.parameters)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

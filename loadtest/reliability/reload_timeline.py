@@ -42,6 +42,7 @@ from tritonforge.loadtest.reliability.chaos.probes import (
     text_tensor,
 )
 from tritonforge.logs import run_main
+from tritonforge.ort_options import session_options
 from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 from tritonforge.runtime.supervisor import Supervisor, callees
 
@@ -295,12 +296,7 @@ def load_phases(repository: Path, model: str) -> dict[str, float]:
         _timed(phases, "sha256", lambda: verify_sidecar(path, required=True, cache=False))
         verify_sidecar(path, required=True)  # remembered (the server's first load does this)
         _timed(phases, "sha256_remembered", lambda: verify_sidecar(path, required=True))
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = config.param("intra_op_thread_count", 0, int)
-        options.inter_op_num_threads = config.param("inter_op_thread_count", 0, int)
-        for key, value in config.parameters.items():
-            if key.startswith("session."):
-                options.add_session_config_entry(key, value)
+        options = session_options(ort, config.parameters)
         session = _timed(
             phases,
             "session",

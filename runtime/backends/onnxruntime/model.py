@@ -25,6 +25,7 @@ import onnxruntime as ort
 from tritonforge.batching import infer_rows, infer_trimmed, rows_alone
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.ort_options import session_options
 from tritonforge.triton import execute_batched, pad_values_from
 
 
@@ -34,14 +35,8 @@ class TritonPythonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         path = version_dir / (self.config.default_model_filename or "model.onnx")
         verify_sidecar(path, required=True)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = self.config.param("intra_op_thread_count", 0, int)
-        options.inter_op_num_threads = self.config.param("inter_op_thread_count", 0, int)
-        # ONNX Runtime session config entries ("session.intra_op.allow_spinning" = "0", ...) pass
-        # through as they are; the native backend ignores parameters it does not know.
-        for key, value in self.config.parameters.items():
-            if key.startswith("session."):
-                options.add_session_config_entry(key, value)
+        # thread counts and session.* entries (spinning off, ...) from the config's parameters
+        options = session_options(ort, self.config.parameters)
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.output_names = [o.name for o in self.config.outputs]
         # Symbolic dims (dim_param) name the axes: outputs are unpadded along the inputs' names.
