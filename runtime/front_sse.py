@@ -26,6 +26,7 @@ from tritonclient.grpc import service_pb2
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front_guard import shown
 from tritonforge.runtime.front_stream import FINAL_PARAMETER
+from tritonforge.runtime.openai_triton import unbytes
 
 NESTED = "parameters"  # the one nested key of Triton's generate request schema
 CONTENT_TYPE = "text/event-stream; charset=utf-8"
@@ -165,12 +166,7 @@ def infer_request(
 
 def _output_values(datatype: str, raw: bytes) -> list[Any]:
     if datatype == "BYTES":
-        out, i = [], 0
-        while i + 4 <= len(raw):
-            n = int.from_bytes(raw[i : i + 4], "little")
-            out.append(raw[i + 4 : i + 4 + n].decode("utf-8", "surrogateescape"))
-            i += 4 + n
-        return out
+        return list[Any](unbytes(raw, errors="surrogateescape"))
     dtype = _NUMPY.get(datatype)
     if dtype is None:
         raise FrontError(f"output datatype {shown(datatype)} cannot be written as JSON", 500)

@@ -61,12 +61,13 @@ def bytes_tensor(values: Sequence[str]) -> bytes:
     return bytes(out)
 
 
-def unbytes(raw: bytes) -> list[str]:
-    """The strings of a raw BYTES tensor (:func:`bytes_tensor`'s inverse)."""
+def unbytes(raw: bytes, errors: str = "replace") -> list[str]:
+    """The strings of a raw BYTES tensor (:func:`bytes_tensor`'s inverse); ``errors``: how
+    invalid UTF-8 is decoded (:meth:`bytes.decode`)."""
     out, i = [], 0
     while i + 4 <= len(raw):
         n = int.from_bytes(raw[i : i + 4], "little")
-        out.append(raw[i + 4 : i + 4 + n].decode("utf-8", "replace"))
+        out.append(raw[i + 4 : i + 4 + n].decode("utf-8", errors))
         i += 4 + n
     return out
 
