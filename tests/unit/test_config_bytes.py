@@ -35,10 +35,8 @@ REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY") or "model_repos
 
 def _repository() -> Path:
     if not any(REPOSITORY.glob("*/config.pbtxt")):
-        pytest.skip(
-            reason=f"no exported repository at {REPOSITORY} (run `make export` or set "
-            "TRITONFORGE_MODEL_REPOSITORY)"
-        )
+        why = f"no exported repository at {REPOSITORY} (run `make export` or set TRITONFORGE_MODEL_REPOSITORY)"
+        pytest.skip(reason=why)
     return REPOSITORY
 
 
@@ -47,10 +45,10 @@ def _pipeline(name: str) -> PipelineSpec:
         from tritonforge.export.specs.sentiment import classifier_dir
 
         if not all((classifier_dir() / f"v{n}" / "config.json").is_file() for n in (1, 2)):
-            pytest.skip(
-                reason=f"the default classifier is not built in {classifier_dir()}; run "
-                "`make classifier` (this test does not train it)"
+            why = (
+                f"the default classifier is not built in {classifier_dir()}; run `make classifier`"
             )
+            pytest.skip(reason=why)
     return get_pipeline(name)
 
 
