@@ -42,18 +42,10 @@ from tritonforge.client.retry import breaker_failure
 from tritonforge.client.settings import ClientSettings
 from tritonforge.client.status import from_status, translate
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT, VARIANT_PARAMETER
+from tritonforge.stream_errors import says_invalid, says_unavailable
 
 DEFAULT_MODEL = "generate"
 STOP = "stop"
-_UNAVAILABLE_HINTS = ("overloaded", "shutting down", "unavailable", "not ready")
-_INVALID_HINTS = (
-    "invalid",
-    "must be",
-    f"{TEXT_INPUT}:",
-    f"{VARIANT_PARAMETER}:",
-    "max_prompt_tokens",
-    "expected",
-)
 
 
 @dataclass(frozen=True)
@@ -79,9 +71,9 @@ def stream_error(message: str, context: str) -> ClientError:
     text = f"{context}: {message}"
     if "overloaded" in lowered:
         return OverloadedError(f"{text} (retry later or degrade)")
-    if any(h in lowered for h in _UNAVAILABLE_HINTS):
+    if says_unavailable(message):
         return ServerUnavailableError(f"{text} (retry later)")
-    if any(h in lowered for h in _INVALID_HINTS):
+    if says_invalid(message):
         return InvalidRequestError(text)
     if "cancel" in lowered:
         return ClientError(text)

@@ -13,37 +13,24 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2
 
-from tritonforge.generation import TEXT_INPUT
-from tritonforge.pipelines import VARIANT_PARAMETER
 from tritonforge.runtime.front_grpc import GRPC_SERVICE
-from tritonforge.sampling import SAMPLING_FIELDS
+from tritonforge.stream_errors import says_invalid, says_unavailable
 
 STREAM_METHOD = f"{GRPC_SERVICE}ModelStreamInfer"
 METADATA_METHOD = f"{GRPC_SERVICE}ModelMetadata"
 FINAL_PARAMETER = "triton_final_response"
 EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
-# In-stream errors carry no status over gRPC (only ``error_message``); the generate model's
-# messages name the overload or the field, which is what a v2 HTTP client got as the status.
-_UNAVAILABLE_HINTS = ("overloaded", "shutting down", "unavailable", "not ready")
-_INVALID_HINTS = (
-    "invalid",
-    "must be",
-    "max_prompt_tokens",
-    "expected",
-    # the model's InvalidInputError messages start with the field they name
-    *(f"{field}:" for field in (TEXT_INPUT, VARIANT_PARAMETER, *SAMPLING_FIELDS)),
-)
 
 
 def in_stream_status(message: str) -> int:
     """The HTTP status of an in-stream error: 503 overload / shutdown, 499 cancelled, 400 a
     bad field, 500 otherwise."""
     lowered = message.lower()
-    if any(h in lowered for h in _UNAVAILABLE_HINTS):
+    if says_unavailable(message):
         return 503
     if "cancel" in lowered:
         return 499
-    if any(h in lowered for h in _INVALID_HINTS):
+    if says_invalid(message):
         return 400
     return 500
 
