@@ -177,7 +177,7 @@ class Setup:
 def _start_baselines(stack: contextlib.ExitStack, args: argparse.Namespace, setup: Setup) -> None:
     log.info("==> starting FastAPI + uvicorn (1 worker) + PyTorch eager")
     if setup.pipeline is not None:
-        embedding_baseline = stack.enter_context(fastapi_service())
+        embedding_baseline = stack.enter_context(fastapi_service(args.model_repository))
         setup.fastapi_urls[("embedding", setup.pipeline.name)] = embedding_baseline
         setup.plan.append(Target("fastapi", "http", name=setup.pipeline.name))
     for cp in setup.classifiers:

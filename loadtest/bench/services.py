@@ -11,10 +11,10 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from tritonforge.loadtest.bench import classify as classify_bench
 from tritonforge.loadtest.errors import LoadtestError
-from tritonforge.loadtest.locust import LOCUST_DIR
 from tritonforge.pipelines import Pipeline
 from tritonforge.runtime.server import free_port
 
@@ -42,10 +42,11 @@ def baseline_service(
     module: str, ready_timeout_s: float = 120, args: Sequence[str] = ()
 ) -> Iterator[str]:
     """A baseline app (``python -m MODULE --host 127.0.0.1 --port P [args]``) in its own process,
-    ready when ``/health`` answers 200; yields ``127.0.0.1:P``; terminated on exit."""
+    ready when ``/health`` answers 200; yields ``127.0.0.1:P``; terminated on exit. It runs in
+    the caller's working directory, so relative paths in ``args`` mean what they mean here."""
     port = free_port()
     command = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args]
-    proc = subprocess.Popen(command, cwd=LOCUST_DIR.parents[2])
+    proc = subprocess.Popen(command)
     try:
         _wait_http(f"http://127.0.0.1:{port}/health", ready_timeout_s)
         yield f"127.0.0.1:{port}"
@@ -59,9 +60,11 @@ def baseline_service(
 
 
 @contextlib.contextmanager
-def fastapi_service() -> Iterator[str]:
-    """The embedding baseline (one uvicorn worker); yields its base URL."""
-    with baseline_service("tritonforge.loadtest.anchors.fastapi.embed") as address:
+def fastapi_service(model_repository: Path) -> Iterator[str]:
+    """The embedding baseline (one uvicorn worker) with ``model_repository``'s served tokenizer;
+    yields its base URL."""
+    module, repository = "tritonforge.loadtest.anchors.fastapi.embed", str(model_repository)
+    with baseline_service(module, args=["--model-repository", repository]) as address:
         yield f"http://{address}"
 
 
