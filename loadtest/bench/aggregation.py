@@ -52,7 +52,8 @@ def _sum_stats(parts: Sequence[dict[str, dict[str, float]]]) -> dict[str, dict[s
 def aggregate(
     cells: list[Cell], inproc: list[dict[str, Any]]
 ) -> tuple[list[Cell], list[dict[str, Any]]]:
-    """Medians over the interleaved rounds, per (target, concurrency) and (variant, batch)."""
+    """Medians over the interleaved rounds per (target, concurrency); the best round per
+    in-process (variant, batch) (:func:`best_round`)."""
     by_cell: dict[tuple[Target, int], list[Cell]] = {}
     for c in cells:
         by_cell.setdefault((c.target, c.concurrency), []).append(c)
@@ -75,7 +76,21 @@ def aggregate(
     by_ip: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {}
     for r in inproc:
         by_ip.setdefault(_inproc_key(r), []).append(r)
-    return merged, [_median_rows(group) for group in by_ip.values()]
+    return merged, [best_round(group) for group in by_ip.values()]
+
+
+def best_round(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The in-process limit over its rounds: the round with the highest throughput, whole (its
+    own latencies), with every round's throughput beside it. A limit is what the hardware
+    allows; a neighbour's load only ever lowers it (measured: 112.9 then 33.4 sentences/s for
+    the same graph when two engineers' tests started), and a median of a starved round made the
+    served pipelines "beat the limit". Served cells stay medians, so the targets' ratios err
+    against us."""
+    finite = [r for r in rows if not math.isnan(float(r.get("sentences_per_s", math.nan)))]
+    best = dict(max(finite or rows, key=lambda r: float(r.get("sentences_per_s", 0.0))))
+    best["rounds_sentences_per_s"] = [float(r.get("sentences_per_s", math.nan)) for r in rows]
+    best["repeats"] = len(rows)
+    return best
 
 
 def _inproc_key(r: dict[str, Any]) -> tuple[str, str, str, int]:
