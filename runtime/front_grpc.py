@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2
 
+from tritonforge.runtime import stream_end
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front_body import check_infer_message
 from tritonforge.runtime.front_guard import (
@@ -58,6 +59,43 @@ GRPC_RESTRICTED = {
         "LogSettings",
     )
 }
+
+
+async def _read(call: Any) -> Any:
+    """The next message of ``call`` (``grpc.aio.EOF`` at its end). The read is shielded: grpc.aio
+    cancels the whole call when a read is cancelled, and a client that leaves after its final
+    response must not cancel the call (:mod:`~tritonforge.runtime.stream_end`); the finally
+    of the stream decides."""
+    read = asyncio.ensure_future(call.read())
+    read.add_done_callback(_retrieved)
+    return await asyncio.shield(read)
+
+
+def _retrieved(read: asyncio.Future[Any]) -> None:
+    if not read.cancelled():
+        read.exception()  # an orphaned read's failure: the stream's finally already ended it
+
+
+async def _until(messages: AsyncIterator[bytes], done: asyncio.Event) -> AsyncIterator[bytes]:
+    """``messages`` until they end, fail (the client cancelled) or ``done`` is set: then the
+    upstream request stream is half-closed. (A request iterator that raises makes grpc.aio
+    cancel the call, and one that never ends would keep it open.)"""
+    iterator = aiter(messages)
+    stop = asyncio.ensure_future(done.wait())
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(iterator))
+            await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                step.cancel()
+                return
+            try:
+                message = step.result()
+            except (StopAsyncIteration, asyncio.CancelledError, Exception):
+                return
+            yield message
+    finally:
+        stop.cancel()
 
 
 def _goodbye(reason: str) -> bytes:
@@ -209,9 +247,14 @@ class GrpcFront(grpc.GenericRpcHandler):
                 context, grpc.StatusCode.UNAVAILABLE, self.admission.full_message(None)
             )
         bad: list[tuple[grpc.StatusCode, str]] = []
+        # requests sent upstream and not yet finally answered: a client that leaves with none
+        # gets its call closed, not cancelled (stream_end: Triton 2.51 leaks a cancel that
+        # races a final response)
+        open_requests = [0]
+        client_done = asyncio.Event()
 
         async def checked() -> AsyncIterator[bytes]:
-            async for message in requests:
+            async for message in _until(requests, client_done):
                 try:
                     model = await self._checked_message(message)
                     if self.served is not None:
@@ -224,6 +267,7 @@ class GrpcFront(grpc.GenericRpcHandler):
                     for call in calls:
                         call.cancel()
                     return
+                open_requests[0] += 1
                 yield message
 
         call = self.channel().stream_stream(method)(
@@ -232,7 +276,9 @@ class GrpcFront(grpc.GenericRpcHandler):
         calls.append(call)
         try:
             try:
-                async for response in call:
+                while (response := await _read(call)) is not grpc.aio.EOF:
+                    if stream_end.final_in(response):
+                        open_requests[0] -= 1
                     yield response
             except (grpc.aio.AioRpcError, asyncio.CancelledError) as e:
                 if bad:
@@ -246,7 +292,10 @@ class GrpcFront(grpc.GenericRpcHandler):
             if bad:
                 await self._abort(context, *bad[0])
         finally:
-            call.cancel()  # a client that cancelled or timed out: Triton cancels the request
+            # a client that cancelled or timed out mid-request: Triton cancels the request; one
+            # whose requests were all answered: its call is half-closed and left to close
+            client_done.set()
+            stream_end.end_call(call, not open_requests[0] and not bad and not ended)
             self.admission.close_stream(token)
 
     async def _unary(self, method: str, request: bytes, context: Any) -> bytes:

@@ -19,7 +19,7 @@ import aiohttp
 import grpc
 from aiohttp import web
 
-from tritonforge.runtime import degrade_headers, front_sse, front_stream
+from tritonforge.runtime import degrade_headers, front_sse, front_stream, stream_end
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front_body import (
     INFLATE_WBITS,
@@ -437,6 +437,7 @@ class HttpFront:
         await self.stream_capacity(model)
         ended: list[str] = []
         calls: list[Any] = []
+        answered = [False]  # the final response came: the call is left to close
 
         def end(reason: str) -> None:
             ended.append(reason)
@@ -464,10 +465,11 @@ class HttpFront:
             calls.append(call)
             if ended:  # ended while it was being set up
                 call.cancel()
-            return await self._relay_sse(request, call, ended)
+            return await self._relay_sse(request, call, ended, answered)
         finally:
             for call in calls:
-                call.cancel()  # no-op once it ended; a client gone or a failure: Triton cancels
+                # a client gone or a failure: Triton cancels; answered: it closes the call
+                stream_end.end_call(call, answered[0] and not ended)
             self.admission.close_stream(token)
 
     async def _stream_version(self, request: web.BaseRequest, model: str, version: str) -> str:
@@ -492,10 +494,11 @@ class HttpFront:
         return _triton_error(_TRITON_HTTP_STATUS.get(code, 400), details)
 
     async def _relay_sse(
-        self, request: web.BaseRequest, call: Any, ended: list[str]
+        self, request: web.BaseRequest, call: Any, ended: list[str], answered: list[bool]
     ) -> web.StreamResponse:
-        """Write ``call``'s responses as Triton's SSE events; the status is the first one's."""
-        watcher = asyncio.get_running_loop().create_task(_watch_client(request, call))
+        """Write ``call``'s responses as Triton's SSE events; the status is the first one's.
+        ``answered[0]`` becomes true once the request's final response came."""
+        watcher = asyncio.get_running_loop().create_task(_watch_client(request, call, answered))
         response: web.StreamResponse | None = None
         timeout_s = self.limits.request_timeout_s
         try:
@@ -528,7 +531,7 @@ class HttpFront:
                         event = front_sse.error_event(message.error_message)
                     else:
                         event = front_sse.response_event(message.infer_response) or b""
-                        last = front_stream.is_final(message)
+                        last = answered[0] = stream_end.is_final(message)
                 if response is None:
                     if not event:
                         if last:
@@ -554,7 +557,7 @@ class HttpFront:
             await response.write_eof()
             return response
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            call.cancel()  # the client went away: free the decoding slot now
+            stream_end.end_call(call, answered[0])  # the client went away: free its slot now
             return response or web.Response(status=499)
         finally:
             watcher.cancel()
@@ -594,13 +597,15 @@ def _with_length(headers: dict[str, str], length: str | None) -> dict[str, str]:
     return out
 
 
-async def _watch_client(request: web.BaseRequest, call: Any, poll_s: float = 0.2) -> None:
-    """Cancel the upstream gRPC ``call`` once the client's connection is gone, even while the
+async def _watch_client(
+    request: web.BaseRequest, call: Any, answered: list[bool], poll_s: float = 0.2
+) -> None:
+    """End the upstream gRPC ``call`` once the client's connection is gone, even while the
     stream is silent (queued): Triton then cancels the request and the decode loop drops it at
-    its next step."""
+    its next step (:func:`stream_end.end_call`: not once it was answered)."""
     while not _client_gone(request):
         await asyncio.sleep(poll_s)
-    call.cancel()
+    stream_end.end_call(call, answered[0])
 
 
 def _client_gone(request: web.BaseRequest) -> bool:

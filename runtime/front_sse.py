@@ -25,8 +25,8 @@ from tritonclient.grpc import service_pb2
 
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front_guard import shown
-from tritonforge.runtime.front_stream import FINAL_PARAMETER
 from tritonforge.runtime.openai_triton import unbytes
+from tritonforge.runtime.stream_end import FINAL_PARAMETER
 
 NESTED = "parameters"  # the one nested key of Triton's generate request schema
 CONTENT_TYPE = "text/event-stream; charset=utf-8"

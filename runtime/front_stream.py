@@ -18,7 +18,6 @@ from tritonforge.stream_errors import says_invalid, says_unavailable
 
 STREAM_METHOD = f"{GRPC_SERVICE}ModelStreamInfer"
 METADATA_METHOD = f"{GRPC_SERVICE}ModelMetadata"
-FINAL_PARAMETER = "triton_final_response"
 EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
 
 
@@ -62,12 +61,6 @@ async def next_response(call: Any, timeout_s: float) -> service_pb2.ModelStreamI
     if message is grpc.aio.EOF:
         return None
     return message
-
-
-def is_final(message: service_pb2.ModelStreamInferResponse) -> bool:
-    """Whether ``message`` is the last response of its request."""
-    final = message.infer_response.parameters.get(FINAL_PARAMETER)
-    return final is not None and final.bool_param
 
 
 async def model_inputs(

@@ -28,7 +28,7 @@ import grpc
 import numpy as np
 from aiohttp import web
 
-from tritonforge.runtime import front_stream
+from tritonforge.runtime import front_stream, stream_end
 from tritonforge.runtime import openai_api as api
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front_body import INFLATE_WBITS, inflate, json_depth
@@ -79,6 +79,7 @@ class _Slot:
     call: Any = None
     reason: str | None = None
     what: str = "stream"  # what the last message says ended
+    answered: bool = False  # the final response came: the call is left to close (stream_end)
 
     def end(self, reason: str) -> None:
         self.reason = self.reason or reason
@@ -331,8 +332,8 @@ class OpenAIFront:
                 return web.json_response(out, headers={"X-Triton-Model": req.model.triton_model})
             return await self._stream(request, req, slot, first, gen, prompt_tokens, chat, rid)
         finally:
-            if slot.call is not None and not slot.call.done():
-                slot.call.cancel()
+            if slot.call is not None:
+                stream_end.end_call(slot.call, slot.answered and slot.reason is None)
             self.http.admission.close_stream(slot.token)
 
     async def _open_slot(self, model: ServedModel, stream: bool) -> _Slot:
@@ -412,7 +413,7 @@ class OpenAIFront:
             await response.write(api.SSE_DONE)
             await response.write_eof()
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            slot.call.cancel()  # the client went away: free the decoding slot now
+            stream_end.end_call(slot.call, slot.answered)  # the client went away: free its slot
         return response
 
     @staticmethod
@@ -448,7 +449,10 @@ class OpenAIFront:
             raise OpenAIError(f"{model}: {code.name}: {e.details() or ''}"[:300], status) from e
         if message is None:
             raise OpenAIError(f"{model}: the stream ended without a final response", 500)
-        return api.stream_chunk(message, model)
+        chunk = api.stream_chunk(message, model)
+        if slot is not None and chunk.finish_reason is not None:
+            slot.answered = True
+        return chunk
 
 
 @contextlib.contextmanager

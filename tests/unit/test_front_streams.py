@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import socket
 import threading
 import time
@@ -27,16 +28,19 @@ from tritonforge.runtime.front import GRPC_INFER, GRPC_SERVICE, Front, FrontLimi
 from tritonforge.runtime.settings import free_port
 
 STREAM = f"{GRPC_SERVICE}ModelStreamInfer"
+ANSWERED = "answered"  # the stand-in answers this model once, finally, and waits for the end
 
 
 # The model metadata the stand-in answers: what Triton's generate mapping reads.
 INPUTS = {"text_input": ("BYTES", [1]), "max_tokens": ("INT32", [1]), "temperature": ("FP32", [1])}
 
 
-def text_response(model: str, text: str) -> bytes:
+def text_response(model: str, text: str, final: bool = False) -> bytes:
     """A streamed response as Triton sends it: ``text_output`` (BYTES, one element)."""
     response = service_pb2.ModelStreamInferResponse()
     infer = response.infer_response
+    if final:
+        infer.parameters["triton_final_response"].bool_param = True
     infer.model_name, infer.model_version = model, "1"
     out = infer.outputs.add()
     out.name, out.datatype = "text_output", "BYTES"
@@ -52,6 +56,7 @@ class Upstream(grpc.GenericRpcHandler):
 
     def __init__(self) -> None:
         self.cancelled = threading.Semaphore(0)
+        self.ends: queue.Queue[str] = queue.Queue()
         self.open = 0
         self.requests: list[service_pb2.ModelInferRequest] = []
 
@@ -75,6 +80,9 @@ class Upstream(grpc.GenericRpcHandler):
         request = service_pb2.ModelInferRequest.FromString(next(requests))
         self.requests.append(request)
         context.add_callback(self.cancelled.release)
+        if request.model_name == ANSWERED:
+            yield from self._answer(request, requests, context)
+            return
         self.open += 1
         response = text_response(request.model_name, "x")
         try:
@@ -83,6 +91,22 @@ class Upstream(grpc.GenericRpcHandler):
                 time.sleep(0.02)
         finally:
             self.open -= 1
+
+    def _answer(
+        self, request: service_pb2.ModelInferRequest, requests: Iterator[bytes], context: Any
+    ) -> Iterator[bytes]:
+        """One final response, then wait for the client's end: ``ends`` gets "half-closed"
+        when its request stream ended and no cancel followed within 0.5 s, else "cancelled"."""
+        yield text_response(request.model_name, "x", final=True)
+        try:
+            for _ in requests:
+                pass
+        except Exception:
+            pass
+        deadline = time.monotonic() + 0.5
+        while context.is_active() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.ends.put("half-closed" if context.is_active() else "cancelled")
 
     def _infer(self, request: bytes, context: Any) -> bytes:
         context.abort(
@@ -132,6 +156,40 @@ def test_a_cancelled_client_stream_cancels_upstream_at_once(front: tuple[Front, 
     next(call), next(call)
     call.cancel()
     assert upstream.cancelled.acquire(timeout=5), "the upstream stream was never cancelled"
+    channel.close()
+
+
+def test_a_client_that_cancels_after_its_final_response_gets_its_call_closed_not_cancelled(
+    front: tuple[Front, Upstream],
+) -> None:
+    """Triton 2.51 leaks a stream whose cancel races its final response (runtime/stream_end):
+    a client that cancels once every request was answered must not pass the cancel on."""
+    f, upstream = front
+    channel = grpc.insecure_channel(f"127.0.0.1:{f.grpc_port}")
+    requests: queue.Queue[bytes | None] = queue.Queue()
+    requests.put(request(ANSWERED))
+    call = channel.stream_stream(STREAM)(iter(requests.get, None), timeout=30)
+    final = service_pb2.ModelStreamInferResponse.FromString(next(call))
+    assert final.infer_response.parameters["triton_final_response"].bool_param
+    call.cancel()  # tritonclient's stop_stream(cancel_requests=True) after its answer
+    assert upstream.ends.get(timeout=5) == "half-closed"
+    requests.put(None)
+    channel.close()
+
+
+def test_a_client_that_cancels_before_its_final_response_cancels_upstream(
+    front: tuple[Front, Upstream],
+) -> None:
+    f, upstream = front
+    channel = grpc.insecure_channel(f"127.0.0.1:{f.grpc_port}")
+    requests: queue.Queue[bytes | None] = queue.Queue()
+    requests.put(request(ANSWERED))
+    requests.put(request("generate"))  # a second request on the stream, still unanswered
+    call = channel.stream_stream(STREAM)(iter(requests.get, None), timeout=30)
+    next(call)
+    call.cancel()
+    assert upstream.ends.get(timeout=5) == "cancelled"
+    requests.put(None)
     channel.close()
 
 
@@ -251,6 +309,7 @@ def _decoupled(name: str, **parameters: int) -> dict[str, Any]:
 CONFIGS = {
     "generate": _decoupled("generate", max_running=1, max_queue=0),
     "generate_int8": _decoupled("generate_int8"),  # declares no capacity: max_open_streams
+    ANSWERED: _decoupled(ANSWERED),
 }
 
 
@@ -367,6 +426,15 @@ def test_sse_is_served_over_grpc_in_tritons_wire_format(
     assert request.parameters["triton_enable_empty_final_response"].bool_param
     event = b'data: {"model_name":"generate_int8","model_version":"1","text_output":"x"}\n\n'
     assert event in head
+
+
+def test_an_sse_stream_answered_in_full_closes_its_call_without_a_cancel(
+    sse_front: tuple[Front, Upstream, HttpUpstream],
+) -> None:
+    f, upstream, _ = sse_front
+    sock = sse(f, ANSWERED)
+    sock.close()
+    assert upstream.ends.get(timeout=5) == "half-closed"
 
 
 def test_a_bad_generate_request_is_a_400_naming_the_key(
