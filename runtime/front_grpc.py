@@ -72,8 +72,9 @@ async def _read(call: Any) -> Any:
 
 
 def _retrieved(read: asyncio.Future[Any]) -> None:
+    """Mark an abandoned read's failure as seen (the stream's end already dealt with it)."""
     if not read.cancelled():
-        read.exception()  # an orphaned read's failure: the stream's finally already ended it
+        read.exception()
 
 
 async def _until(messages: AsyncIterator[bytes], done: asyncio.Event) -> AsyncIterator[bytes]:
@@ -85,6 +86,7 @@ async def _until(messages: AsyncIterator[bytes], done: asyncio.Event) -> AsyncIt
     try:
         while True:
             step = asyncio.ensure_future(anext(iterator))
+            step.add_done_callback(_retrieved)  # a read left behind may fail: no warning
             await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not step.done():
                 step.cancel()
