@@ -23,7 +23,12 @@ from tritonforge.export.flow import Steps
 from tritonforge.export.specs.smollm2 import smollm2_spec
 from tritonforge.export.staging import Staging
 from tritonforge.modelconfig import ModelConfig, pbtxt_to_dict
-from tritonforge.pipelines import VARIANT_KEY, discover_generators, repository_configs
+from tritonforge.pipelines import (
+    VARIANT_KEY,
+    discover_generators,
+    repository_configs,
+    single_generator,
+)
 
 
 def test_config_is_rendered_from_the_spec_and_decoupled() -> None:
@@ -181,3 +186,11 @@ def test_the_export_serves_the_default_and_removes_names_it_no_longer_serves(
 def test_int8_served_when_no_report_says_otherwise(tmp_path: Path) -> None:
     assert int8_served(smollm2_spec(), tmp_path, int8=True)
     assert stale_models(smollm2_spec(), tmp_path, ["generate"]) == []
+
+
+def test_benches_and_load_tests_find_the_one_group_by_discovery() -> None:
+    spec = smollm2_spec()
+    found = discover_generators(_configs(spec, int8=True))
+    assert single_generator(found, "repo").model() == spec.serving.model_name
+    with pytest.raises(LookupError, match="none"):
+        single_generator({}, "repo")
