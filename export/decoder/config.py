@@ -147,6 +147,7 @@ def clean_decoders(repo: Path, specs: list[DecoderSpec]) -> list[str]:
     removed: list[str] = []
     for spec in specs:
         names = {*models(spec, int8=True).values(), *models(spec, int8=False).values()}
+        names |= set(stale_models(spec, repo, ()))  # the group's models under earlier names
         generated = [repo / rel for rel in files(spec, int8=True).values()]
         generated += [repo / rel for rel in files(spec, int8=False).values()]
         for name in sorted(names):
