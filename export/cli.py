@@ -18,7 +18,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from tritonforge.export.decoder.config import clean_decoders
+from tritonforge.export.decoder.config import clean_decoders, int8_served
 from tritonforge.export.decoder.config import models as decoder_models
 from tritonforge.export.encoder import FORMATS, Options, export_pipeline
 from tritonforge.export.errors import ExportError
@@ -122,7 +122,9 @@ def _export_decoder(args: argparse.Namespace) -> None:
     spec = get_decoder(args.spec)
     int8 = args.quantize == "int8"
     run_decoder_export(spec, args.model_repository, int8, args.force)
-    for model in decoder_models(spec, int8).values():
+    # the served names (int8 may have failed its gate), which the export's report records
+    served = int8_served(spec, args.model_repository, int8)
+    for model in decoder_models(spec, served).values():
         write_files(args.model_repository, stage_files(model, "generate"))
 
 

@@ -122,6 +122,7 @@ class Staging:
         parent.mkdir(parents=True, exist_ok=True)
         self.root = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent))
         self.whole_dirs: list[str] = []
+        self.removed_dirs: list[str] = []
 
     def path(self, rel: str | Path) -> Path:
         p = self.root / rel
@@ -129,12 +130,21 @@ class Staging:
         return p
 
     def version_dir(self, model: str, version: int) -> Path:
-        rel = f"{model}/{version}"
+        return self.whole_dir(f"{model}/{version}")
+
+    def whole_dir(self, rel: str) -> Path:
+        """A staged directory that replaces ``rel`` in the repository as a unit."""
         if rel not in self.whole_dirs:
             self.whole_dirs.append(rel)
         d = self.root / rel
         d.mkdir(parents=True, exist_ok=True)
         return d
+
+    def remove_dir(self, rel: str) -> None:
+        """Have the commit take ``rel`` out of the repository (one ``os.replace`` aside, after
+        everything staged is in), e.g. a model an export no longer serves under that name."""
+        if rel not in self.removed_dirs:
+            self.removed_dirs.append(rel)
 
     def seal(self) -> list[str]:
         """Write a ``.sha256`` sidecar for every artifact (model and data files) staged."""
@@ -152,16 +162,20 @@ class Staging:
         return sealed
 
     def commit(self) -> list[str]:
-        """Move everything staged into the repository (``os.replace``); returns moved paths."""
+        """Move everything staged into the repository (``os.replace``), then the removed
+        directories out of it; returns the paths moved in."""
         moved: list[str] = []
         trash = self.root / ".replaced"
+
+        def aside(rel: str) -> None:
+            if (self.repo / rel).exists():
+                (trash / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(self.repo / rel, trash / rel)
+
         for rel in self.whole_dirs:
             src, dst = self.root / rel, self.repo / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
-            if dst.exists():
-                aside = trash / rel
-                aside.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(dst, aside)
+            aside(rel)
             os.replace(src, dst)
             moved.append(rel)
         for path in sorted(self.root.rglob("*")):
@@ -172,6 +186,8 @@ class Staging:
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.replace(path, dst)
             moved.append(str(rel_path))
+        for rel in self.removed_dirs:
+            aside(rel)
         return moved
 
     def discard(self) -> None:

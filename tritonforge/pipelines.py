@@ -278,3 +278,20 @@ def discover_generators(configs: Iterable[Mapping[str, Any]]) -> dict[str, Gener
 def generators_from_repository(repository: Path) -> dict[str, Generator]:
     """The generation model groups a model repository on disk declares."""
     return discover_generators(repository_configs(repository))
+
+
+def single_generator(generators: Mapping[str, Generator], source: object) -> Generator:
+    """The one generation group of ``generators`` (a repository serves one decoder spec), so
+    that benches and load tests never restate its name; :class:`LookupError` naming what
+    ``source`` holds otherwise."""
+    if len(generators) != 1:
+        raise LookupError(
+            f"{source}: expected one generation model group, found {sorted(generators) or 'none'}"
+            " (export one: `tritonforge export smollm2`)"
+        )
+    return next(iter(generators.values()))
+
+
+def generator_from_repository(repository: Path) -> Generator:
+    """The generation group a model repository on disk declares (:func:`single_generator`)."""
+    return single_generator(generators_from_repository(repository), repository)

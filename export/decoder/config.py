@@ -3,10 +3,13 @@ its limits and defaults) and the exported graph (nothing about tensors is restat
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from tritonforge.configschema import InstanceGroup, TritonConfig, params, render_compact
 from tritonforge.export.decoder.spec import DecoderSpec
+from tritonforge.export.report import REPORT_JSON
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 from tritonforge.modelconfig import TensorSpec
 from tritonforge.pipelines import (
@@ -16,6 +19,8 @@ from tritonforge.pipelines import (
     ROLE_KEY,
     TASK_KEY,
     VARIANT_KEY,
+    discover_generators,
+    repository_configs,
 )
 
 DECODER_FILE = "decoder.onnx"
@@ -23,6 +28,8 @@ TOKENIZER_FILE = "tokenizer.json"
 GENERATION_FILE = "generation.json"
 VERSION = 1
 ROLES = {"decoder": DECODER_FILE, "tokenizer": TOKENIZER_FILE, "generation": GENERATION_FILE}
+# The export report's record of the default: {"variant", "models", "int8_refused": [why, ...]}.
+DEFAULT_RECORD = "default"
 
 # Optional per-request sampling inputs (also accepted as request parameters).
 SAMPLING_INPUTS = (
@@ -38,7 +45,31 @@ SAMPLING_INPUTS = (
 
 
 def exported_variants(spec: DecoderSpec, int8: bool) -> tuple[str, ...]:
+    """The served variants: fp32, and int8 when ``int8`` (exported and through its gate)."""
     return tuple(v for v in spec.serving.variants if v == "fp32" or (int8 and v == "int8"))
+
+
+def int8_served(spec: DecoderSpec, repo: Path, int8: bool) -> bool:
+    """Whether ``repo`` serves int8 after an export that asked for it (``int8``): yes unless the
+    report of the last export, beside the default model, records int8 refused by its gate
+    (then fp32 is the default under the plain name; :data:`DEFAULT_RECORD`)."""
+    if not int8:
+        return False
+    report = repo / spec.serving.model_name / str(VERSION) / REPORT_JSON
+    try:
+        refused = json.loads(report.read_text())[DEFAULT_RECORD]["int8_refused"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    return not refused
+
+
+def stale_models(spec: DecoderSpec, repo: Path, served: Iterable[str]) -> list[str]:
+    """Model directories in ``repo`` that an earlier export of ``spec`` generated (their configs
+    name its generation group) under a name not in ``served``, e.g. ``generate_int8`` once int8
+    became the default: Triton would serve them too."""
+    group = discover_generators(repository_configs(repo)).get(spec.serving.model_name)
+    keep = set(served)
+    return sorted(m for m in (group.models.values() if group else ()) if m not in keep)
 
 
 def models(spec: DecoderSpec, int8: bool) -> dict[str, str]:
@@ -58,8 +89,8 @@ def files(spec: DecoderSpec, int8: bool) -> dict[str, str]:
 
 
 def generate_config(spec: DecoderSpec, variant: str, int8: bool) -> TritonConfig:
-    """The typed config of the model serving ``variant`` (``int8``: whether int8 is exported
-    too, which decides the names and the default)."""
+    """The typed config of the model serving ``variant`` (``int8``: whether int8 is served too,
+    exported and through its gate, which decides the names and the default)."""
     s = spec.serving
     variants = exported_variants(spec, int8)
     settings = {
@@ -116,6 +147,7 @@ def clean_decoders(repo: Path, specs: list[DecoderSpec]) -> list[str]:
     removed: list[str] = []
     for spec in specs:
         names = {*models(spec, int8=True).values(), *models(spec, int8=False).values()}
+        names |= set(stale_models(spec, repo, ()))  # the group's models under earlier names
         generated = [repo / rel for rel in files(spec, int8=True).values()]
         generated += [repo / rel for rel in files(spec, int8=False).values()]
         for name in sorted(names):

@@ -25,6 +25,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         "- batching invariance (alone vs in a batch of 8 mixed-length prompts): "
         f"{fid['batching_invariance_differences'] or 'identical'}",
     ]
+    default = report.get("default")
+    if default:
+        lines += ["", "## Served", "", f"- {default['reason']}"]
+        lines += [f"- {variant}: `{model}`" for variant, model in default["models"].items()]
     q = report.get("quantization")
     if q:
         lines += [

@@ -1,7 +1,13 @@
 """A decoder's export (GGUF -> PyTorch -> ONNX with KV cache -> verify -> int8 -> gate), plugged
 into :mod:`export.flow` (fingerprint skip, staging + ``os.replace``, sidecars, report) for the
-``generate`` models. Every verification failure is collected and raised as one
-:class:`VerificationError`; the model repository is left untouched then.
+``generate`` models. Every fp32 verification failure is collected and raised as one
+:class:`VerificationError`; the model repository is left untouched then. int8 failing its gate
+is not fatal: int8 is left out, fp32 becomes the default (the spec's rule,
+:meth:`GenerationServing.default_for`), and the log and the report say why.
+
+Each served model's directory is built whole in the staging and replaces the repository's as a
+unit; a model of this group the export no longer serves under that name (``generate_int8`` once
+int8 became the default) is taken out in the same commit.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 from functools import partial
@@ -22,7 +29,17 @@ import tritonforge
 from tritonforge.decoder import OrtDecoder
 from tritonforge.export import flow
 from tritonforge.export.decoder import verify
-from tritonforge.export.decoder.config import VERSION, files, models, render_config
+from tritonforge.export.decoder.config import (
+    DECODER_FILE,
+    DEFAULT_RECORD,
+    ROLES,
+    VERSION,
+    files,
+    int8_served,
+    models,
+    render_config,
+    stale_models,
+)
 from tritonforge.export.decoder.graph import (
     check_graph,
     export_graph,
@@ -34,6 +51,7 @@ from tritonforge.export.decoder.module import KVCacheDecoder
 from tritonforge.export.decoder.report import render_markdown
 from tritonforge.export.decoder.spec import DecoderSpec
 from tritonforge.export.flow import Outcome, Progress, Steps
+from tritonforge.export.pipeline_configs import stage_files
 from tritonforge.export.spec import digest_json
 from tritonforge.export.specs.text_inputs import read_sentences
 from tritonforge.export.staging import Staging, library_versions
@@ -41,8 +59,8 @@ from tritonforge.export.step_bar import log_progress
 from tritonforge.generation import render_prompt
 from tritonforge.integrity import sha256_file
 
-# The int8 decoder lived beside fp32 in ``generate/1`` before each variant became a model.
-LEGACY_FILES = ("decoder_int8.onnx",)
+log = logging.getLogger(__name__)
+
 TIE_MARGIN = 1e-2  # a greedy divergence where PyTorch's own top-2 logits are closer is a tie
 
 
@@ -140,26 +158,18 @@ def run_decoder_export(
     force: bool = False,
     progress: Progress = log_progress,
 ) -> Outcome:
-    """Export ``spec``'s ``generate`` models into ``repo`` (fp32, and int8 when asked)."""
+    """Export ``spec``'s ``generate`` models into ``repo`` (fp32, and int8 when asked and
+    through its gate). Up to date when the files of the last export's outcome are."""
     checkpoint = package_file(spec.package, spec.checkpoint)
     task = flow.Task(
         name=spec.name,
-        planned=files(spec, int8),
+        planned=files(spec, int8_served(spec, repo, int8)),
         fingerprint=partial(fingerprint, spec, checkpoint, int8),
         build=lambda staging, steps, fp: _DecoderBuild(spec, staging, steps, fp, int8).run(
             checkpoint
         ),
-        after_commit=partial(_remove_legacy_files, spec, repo, int8),
     )
     return flow.run_flow(task, repo, force, progress, bar=False)
-
-
-def _remove_legacy_files(spec: DecoderSpec, repo: Path, int8: bool) -> None:
-    """An earlier layout's files would still be served: remove them."""
-    for model in models(spec, int8).values():
-        for name in LEGACY_FILES:
-            for stale in (repo / model / str(VERSION)).glob(f"{name}*"):
-                stale.unlink()
 
 
 class _DecoderBuild:
@@ -169,12 +179,12 @@ class _DecoderBuild:
         self, spec: DecoderSpec, staging: Staging, steps: Steps, fp: dict[str, Any], int8: bool
     ) -> None:
         self.spec, self.staging, self.steps, self.fp, self.int8 = spec, staging, steps, fp, int8
-        self.paths = {role: staging.path(rel) for role, rel in files(spec, int8).items()}
-        # fp32's files are written first; every other variant's directory gets copies (its own
-        # decoder comes from quantization).
-        self.out = {r: self.paths[f"fp32.{r}"] for r in ("decoder", "tokenizer", "generation")}
+        # Built in the staging's scratch space (never committed), placed under the served
+        # names once the int8 gate has decided them (:meth:`_place`).
+        self.out = {r: staging.path(f".work/fp32/{name}") for r, name in ROLES.items()}
         if int8:
-            self.out["int8"] = self.paths["int8.decoder"]
+            self.out["int8"] = staging.path(f".work/int8/{DECODER_FILE}")
+        self.paths: dict[str, Path] = {}
         self.failures: list[str] = []
         self.report: dict[str, Any] = {
             **flow.report_header(spec.name, spec.description, fp, fp["libraries"], spec.opset),
@@ -211,14 +221,33 @@ class _DecoderBuild:
             "fp32_decode_b1_past64": step_latency_ms(fp32, 1, 64),
             "fp32_decode_b16_past64": step_latency_ms(fp32, 16, 64),
         }
-        if self.int8:
-            self.failures += _int8(spec, out, fp32, alone, run, self.report, steps)
         flow.check(self.failures, spec.name)
+        refused = _int8(spec, out, fp32, alone, run, self.report, steps) if self.int8 else []
+        served = self._default(refused)
         with steps("config.pbtxt per variant, sha256 sidecars, reports"):
-            self._configs()
-            dirs = [self.staging.path(f"{m}/{VERSION}") for m in models(spec, self.int8).values()]
+            self._place(served)
+            dirs = [self.staging.path(f"{m}/{VERSION}") for m in models(spec, served).values()]
             flow.seal(self.staging, steps, self.report, self.paths, dirs, render_markdown)
         return self.report
+
+    def _default(self, refused: list[str]) -> bool:
+        """Record (report, log) which variant is the default and why; returns whether int8 is
+        served. fp32 passed its checks already (or nothing is committed)."""
+        spec, served = self.spec, self.int8 and not refused
+        names = models(spec, served)
+        default = spec.serving.default_for(tuple(names))
+        why = f"{default} is the default, served as {names[default]!r}"
+        if refused:
+            why += f"; int8 is not served, it failed its gate: {'; '.join(refused)}"
+            log.warning("export %s: %s", spec.name, why)
+        self.steps.note(why)
+        self.report[DEFAULT_RECORD] = {
+            "variant": default,
+            "models": names,
+            "int8_refused": refused,
+            "reason": why,
+        }
+        return served
 
     def _tokenizer_files(self, model: Any, hf_tok: Any) -> dict[str, Any]:
         """fp32's tokenizer.json and generation.json; returns the generation metadata."""
@@ -277,14 +306,28 @@ class _DecoderBuild:
         )
         return alone, run
 
-    def _configs(self) -> None:
-        """Every variant's config.pbtxt; the other variants get fp32's tokenizer files."""
-        for variant, model in models(self.spec, self.int8).items():
-            text = render_config(self.spec, variant, self.int8)
-            self.staging.path(f"{model}/config.pbtxt").write_text(text)
-            if variant != "fp32":
-                for role in ("tokenizer", "generation"):
-                    shutil.copyfile(self.out[role], self.paths[f"{variant}.{role}"])
+    def _place(self, int8: bool) -> None:
+        """Every served variant's whole model directory (config.pbtxt, model.py, its decoder
+        and fp32's tokenizer files) under its served name; the group's models no longer served
+        under theirs are removed by the same commit."""
+        spec, staging = self.spec, self.staging
+        served = models(spec, int8)
+        for variant, model in served.items():
+            staging.whole_dir(model)
+            staging.path(f"{model}/config.pbtxt").write_text(render_config(spec, variant, int8))
+            for rel, content in stage_files(model, "generate").items():
+                staging.path(rel).write_bytes(content)
+        self.paths = {label: staging.path(rel) for label, rel in files(spec, int8).items()}
+        for variant in served:
+            for role in ROLES:
+                dst = self.paths[f"{variant}.{role}"]
+                if role == "decoder":
+                    os.replace(self.out[variant if variant != "fp32" else "decoder"], dst)
+                else:
+                    shutil.copyfile(self.out[role], dst)
+        for stale in stale_models(spec, staging.repo, served.values()):
+            self.steps.note(f"removing {stale!r}: no longer a served name of this group")
+            staging.remove_dir(stale)
 
 
 def _chat_ids(hf_tok: Any, text: str) -> list[int]:

@@ -215,9 +215,9 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
     one prefill, interleaved repeats (medians), plus each candidate's gate."""
     from tokenizers import Tokenizer
 
-    from tritonforge.pipelines import generators_from_repository
+    from tritonforge.pipelines import generator_from_repository
 
-    group = generators_from_repository(args.model_repository)["generate"]
+    group = generator_from_repository(args.model_repository)
     version = args.model_repository / group.model("int8") / "1"
     int8 = decoder_file(args.model_repository / group.model("int8"))
     fp32 = decoder_file(args.model_repository / group.model("fp32"))
@@ -284,10 +284,10 @@ def served_spinning(repo: Path, work: Path, rounds: int, max_tokens: int) -> dic
     import shutil
 
     from tritonforge.loadtest.bench.generate import client_stream, median_cells, run_cell
-    from tritonforge.pipelines import generators_from_repository
+    from tritonforge.pipelines import generator_from_repository
     from tritonforge.runtime.server import EmbeddedServer, ServerSettings
 
-    src = repo / generators_from_repository(repo)["generate"].model("int8")
+    src = repo / generator_from_repository(repo).model("int8")
     tmp = work / "served-spinning"
     shutil.rmtree(tmp, ignore_errors=True)
     # The decoder's default is off (tritonforge.decoder.SESSION_DEFAULTS); "on" sets it back.
@@ -381,9 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from tokenizers import Tokenizer
 
-    from tritonforge.pipelines import generators_from_repository
+    from tritonforge.pipelines import generator_from_repository
 
-    group = generators_from_repository(args.model_repository)["generate"]
+    group = generator_from_repository(args.model_repository)
     version = args.model_repository / group.model("int8") / "1"
     int8 = decoder_file(args.model_repository / group.model("int8"))
     fp32 = decoder_file(args.model_repository / group.model("fp32"))

@@ -434,9 +434,9 @@ def _print_report(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from tritonforge.pipelines import generators_from_repository
+    from tritonforge.pipelines import generator_from_repository
 
-    group = generators_from_repository(args.model_repository)["generate"]
+    group = generator_from_repository(args.model_repository)
     variants = args.variants or list(group.variants)
     model_dir = args.model_repository / group.model()
     from tokenizers import Tokenizer

@@ -321,9 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tokenizers import Tokenizer
 
     from tritonforge.generation import render_prompt
-    from tritonforge.pipelines import generators_from_repository
+    from tritonforge.pipelines import generator_from_repository
 
-    group = generators_from_repository(args.model_repository)["generate"]
+    group = generator_from_repository(args.model_repository)
     variants = args.variants or list(group.variants)
     model_dir = args.model_repository / group.model()
     version = model_dir / "1"

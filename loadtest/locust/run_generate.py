@@ -17,6 +17,7 @@ from tritonforge.client.settings import normalize_url
 from tritonforge.loadtest.locust import GENERATE_LOCUSTFILE
 from tritonforge.loadtest.locust.run import exit_on_sigterm, locust_command
 from tritonforge.logs import run_main
+from tritonforge.pipelines import generator_from_repository
 from tritonforge.runtime.server import serving
 
 log = logging.getLogger(__name__)
@@ -29,8 +30,9 @@ def http_target(url: str | None, repo: Path) -> Iterator[str]:
     if url:
         yield normalize_url(url)
         return
-    log.info("==> starting the embedded Triton (generate only) on %s", repo)
-    with serving(repo, model_control_mode="explicit", load_models=["generate"]) as server:
+    default = generator_from_repository(repo).model()
+    log.info("==> starting the embedded Triton (%s only) on %s", default, repo)
+    with serving(repo, model_control_mode="explicit", load_models=[default]) as server:
         yield server.http_url
 
 

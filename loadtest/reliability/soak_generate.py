@@ -17,6 +17,7 @@ from pathlib import Path
 from tritonforge.client.generate import GenerateClient
 from tritonforge.loadtest.reliability.soak import growth_per_10k, measure
 from tritonforge.logs import run_main
+from tritonforge.pipelines import generator_from_repository
 from tritonforge.progress import Bar
 from tritonforge.runtime.server import EmbeddedServer, serving
 
@@ -103,9 +104,8 @@ def soak(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    with serving(
-        args.model_repository, model_control_mode="explicit", load_models=["generate"]
-    ) as s:
+    default = generator_from_repository(args.model_repository).model()
+    with serving(args.model_repository, model_control_mode="explicit", load_models=[default]) as s:
         workers, curve, window_s = soak(s, args)
     done, errors = [workers.done], workers.errors
     half = curve[len(curve) // 2 :]

@@ -27,11 +27,11 @@ pytestmark = pytest.mark.integration
 
 def _fp32_model() -> str:
     """The fp32 variant's model (exact parity with PyTorch), whichever variant is the default."""
-    from tritonforge.pipelines import generators_from_repository
+    from tritonforge.pipelines import generator_from_repository
 
     try:
-        return generators_from_repository(PIPELINE_REPOSITORY)["generate"].model("fp32")
-    except (KeyError, OSError):
+        return generator_from_repository(PIPELINE_REPOSITORY).model("fp32")
+    except (LookupError, OSError):
         return "generate"  # not exported yet: the fixtures say so
 
 

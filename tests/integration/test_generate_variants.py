@@ -16,22 +16,24 @@ import pytest
 from tests.conftest import PIPELINE_REPOSITORY
 from tritonforge.client.errors import InvalidRequestError
 from tritonforge.client.generate import GenerateClient
-from tritonforge.pipelines import Generator, generators_from_repository
+from tritonforge.pipelines import Generator, generator_from_repository
 from tritonforge.runtime.server import EmbeddedServer
 
 pytestmark = pytest.mark.integration
-GROUP = "generate"
 
 
 @cache
 def _group() -> Generator | None:
-    return generators_from_repository(PIPELINE_REPOSITORY).get(GROUP)
+    try:
+        return generator_from_repository(PIPELINE_REPOSITORY)
+    except LookupError:
+        return None
 
 
 def group() -> Generator:
     found = _group()
     if found is None:
-        why = f"no {GROUP!r} generation models in {PIPELINE_REPOSITORY} (run `make export`)"
+        why = f"no generation models in {PIPELINE_REPOSITORY} (run `make export`)"
         pytest.skip(reason=why)
     return found
 
@@ -51,7 +53,7 @@ def _needs_int8() -> None:
 
 def client(server: EmbeddedServer, variant: str | None = None) -> GenerateClient:
     return GenerateClient(
-        server.grpc_url, protocol="grpc", timeout_s=120, model=GROUP, variant=variant
+        server.grpc_url, protocol="grpc", timeout_s=120, model=group().name, variant=variant
     )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.export.decoder.config import models, render_config
+from tritonforge.export.decoder.config import int8_served, models, render_config
 from tritonforge.export.pipeline_configs import generate_files
 from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.spec import CPU_TARGET, GPU_TARGET, ExportSpec
@@ -114,7 +114,10 @@ def test_pipeline_configs_are_byte_identical(name: str) -> None:
 def test_generate_configs_are_byte_identical(name: str) -> None:
     repo = _repository()
     spec = get_decoder(name)
-    int8 = (repo / models(spec, int8=True).get("int8", "-") / "config.pbtxt").is_file()
+    # the names follow from whether int8 passed its gate (the export's report records it)
+    int8 = int8_served(spec, repo, int8=True) and all(
+        (repo / m / "config.pbtxt").is_file() for m in models(spec, int8=True).values()
+    )
     exported = models(spec, int8)
     if not all((repo / m / "config.pbtxt").is_file() for m in exported.values()):
         pytest.skip(reason=f"decoder {name!r} is not exported into {repo}")

@@ -4,19 +4,36 @@ discoverable), the naming rule and clean."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tritonforge.export.decoder.config import clean_decoders, files, models, render_config
+from tritonforge.export.decoder.config import (
+    clean_decoders,
+    files,
+    int8_served,
+    models,
+    render_config,
+    stale_models,
+)
+from tritonforge.export.decoder.spec import DecoderSpec
+from tritonforge.export.flow import Steps
 from tritonforge.export.specs.smollm2 import smollm2_spec
+from tritonforge.export.staging import Staging
 from tritonforge.modelconfig import ModelConfig, pbtxt_to_dict
-from tritonforge.pipelines import VARIANT_KEY, discover_generators
+from tritonforge.pipelines import (
+    VARIANT_KEY,
+    discover_generators,
+    repository_configs,
+    single_generator,
+)
 
 
 def test_config_is_rendered_from_the_spec_and_decoupled() -> None:
     spec = smollm2_spec()
-    config = ModelConfig.from_pbtxt(render_config(spec, "fp32", int8=True))
+    config = ModelConfig.from_pbtxt(render_config(spec, spec.serving.default_variant, int8=True))
     assert config.name == spec.serving.model_name
     assert config.raw["model_transaction_policy"]["decoupled"] is True
     assert config.param("max_running", kind=int) == spec.serving.max_running
@@ -54,14 +71,23 @@ def test_every_variant_is_its_own_discoverable_model() -> None:
     assert alone.models == {"fp32": spec.serving.model_name}
 
 
-def test_an_int8_default_takes_the_plain_name_and_fp32_keeps_parity_under_its_own() -> None:
+def test_the_default_follows_the_spec_and_falls_back_to_fp32() -> None:
+    """The spec's default (int8: the fastest variant through its gate) takes the plain name and
+    fp32 keeps exact parity under its own; without int8 served, fp32 is the default; a spec
+    that says fp32 keeps fp32 the default even with int8 served."""
     spec = smollm2_spec()
-    spec = dataclasses.replace(
-        spec, serving=dataclasses.replace(spec.serving, default_variant="int8")
-    )
+    assert spec.serving.default_variant == "int8"
     group = discover_generators(_configs(spec, int8=True))[spec.serving.model_name]
     assert group.models == {"fp32": "generate_fp32", "int8": "generate"}
-    assert group.default_variant == "int8"
+    assert group.default_variant == "int8" and group.model() == "generate"
+    alone = discover_generators(_configs(spec, int8=False))[spec.serving.model_name]
+    assert alone.models == {"fp32": "generate"} and alone.default_variant == "fp32"
+    fp32_spec = dataclasses.replace(
+        spec, serving=dataclasses.replace(spec.serving, default_variant="fp32")
+    )
+    group = discover_generators(_configs(fp32_spec, int8=True))[spec.serving.model_name]
+    assert group.models == {"fp32": "generate", "int8": "generate_int8"}
+    assert group.default_variant == "fp32"
 
 
 def test_each_variant_directory_is_self_contained() -> None:
@@ -90,3 +116,81 @@ def test_clean_removes_generated_files_and_keeps_model_py(tmp_path: Path) -> Non
     for name in names:
         left = sorted(p.name for p in (tmp_path / name).rglob("*") if p.is_file())
         assert left == ["model.py"]
+
+
+def _old_layout(repo: Path, spec: DecoderSpec) -> None:
+    """What the export wrote when fp32 was the default: ``generate`` (fp32), ``generate_int8``."""
+    old = dataclasses.replace(
+        spec, serving=dataclasses.replace(spec.serving, default_variant="fp32")
+    )
+    for variant, model in models(old, int8=True).items():
+        (repo / model / "1").mkdir(parents=True)
+        (repo / model / "config.pbtxt").write_text(render_config(old, variant, int8=True))
+        (repo / model / "1" / "decoder.onnx").write_text(f"old {variant}")
+    (repo / "embed").mkdir()  # another model: not this group's, never touched
+    (repo / "embed" / "config.pbtxt").write_text('name: "embed"\nbackend: "python"\n')
+
+
+def _build(spec: DecoderSpec, repo: Path, int8: bool) -> tuple[Any, Staging]:
+    """The export's build with its decoders stubbed by marker files: only the placing of the
+    served models (no checkpoint, no ONNX)."""
+    from tritonforge.export.decoder.steps import _DecoderBuild
+
+    staging = Staging(repo)
+    steps = Steps(spec.name, lambda line: None)
+    build = _DecoderBuild(spec, staging, steps, {"libraries": {}}, int8)
+    for role, path in build.out.items():
+        path.write_text(f"new {role}")
+    return build, staging
+
+
+@pytest.mark.parametrize(
+    ("refused", "want"),
+    [
+        ([], {"generate": "new int8", "generate_fp32": "new decoder"}),
+        (["int8 gate: perplexity ratio 1.2 > 1.05"], {"generate": "new decoder"}),
+    ],
+)
+def test_the_export_serves_the_default_and_removes_names_it_no_longer_serves(
+    tmp_path: Path, refused: list[str], want: dict[str, str]
+) -> None:
+    """int8 through its gate: ``generate`` is int8, ``generate_fp32`` fp32, and the earlier
+    ``generate_int8`` is gone (Triton would serve it too). int8 refused by its gate: fp32 is
+    ``generate``, no int8 model is left, and the report records why (and the next export plans
+    those names: int8_served)."""
+    spec, repo = smollm2_spec(), tmp_path / "repo"
+    _old_layout(repo, spec)
+    build, staging = _build(spec, repo, int8=True)
+    try:
+        build._place(build._default(refused))
+        staging.commit()
+    finally:
+        staging.discard()
+    served = sorted(p.name for p in repo.iterdir() if p.name != "embed")
+    assert served == sorted(want)
+    for model, decoder in want.items():
+        assert (repo / model / "1" / "decoder.onnx").read_text() == decoder
+        assert (repo / model / "1" / "model.py").is_file()  # the whole directory, served as is
+        config = ModelConfig.from_pbtxt((repo / model / "config.pbtxt").read_text())
+        assert config.name == model
+    group = discover_generators(repository_configs(repo))[spec.serving.model_name]
+    assert group.default_variant == ("fp32" if refused else "int8")
+    record = build.report["default"]
+    assert record["int8_refused"] == refused and record["variant"] == group.default_variant
+    assert (repo / "embed" / "config.pbtxt").is_file()
+    (repo / "generate" / "1" / "export_report.json").write_text(json.dumps(build.report))
+    assert int8_served(spec, repo, int8=True) is not refused
+    assert int8_served(spec, repo, int8=False) is False
+
+
+def test_int8_served_when_no_report_says_otherwise(tmp_path: Path) -> None:
+    assert int8_served(smollm2_spec(), tmp_path, int8=True)
+    assert stale_models(smollm2_spec(), tmp_path, ["generate"]) == []
+
+
+def test_benches_and_load_tests_find_the_one_group_by_discovery() -> None:
+    spec = smollm2_spec()
+    found = discover_generators(_configs(spec, int8=True))
+    assert single_generator(found, "repo").model() == spec.serving.model_name
+    with pytest.raises(LookupError, match="none"):
+        single_generator({}, "repo")
