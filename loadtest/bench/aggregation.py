@@ -86,9 +86,10 @@ def best_round(rows: list[dict[str, Any]]) -> dict[str, Any]:
     the same graph when two engineers' tests started), and a median of a starved round made the
     served pipelines "beat the limit". Served cells stay medians, so the targets' ratios err
     against us."""
-    finite = [r for r in rows if not math.isnan(float(r.get("sentences_per_s", math.nan)))]
-    best = dict(max(finite or rows, key=lambda r: float(r.get("sentences_per_s", 0.0))))
-    best["rounds_sentences_per_s"] = [float(r.get("sentences_per_s", math.nan)) for r in rows]
+    rates = [float(r.get("sentences_per_s", math.nan)) for r in rows]
+    finite = [i for i, rate in enumerate(rates) if not math.isnan(rate)]
+    best = dict(rows[max(finite, key=rates.__getitem__)] if finite else rows[0])
+    best["rounds_sentences_per_s"] = rates
     best["repeats"] = len(rows)
     return best
 
