@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonforge.errors import ModelConfigError
+from tritonforge.kv_batch import LEFT, RIGHT
 
 INPUT_IDS, ATTENTION_MASK, POSITION_IDS, LOGITS = (
     "input_ids",
@@ -33,7 +34,13 @@ def present_names(layers: int) -> list[str]:
 
 
 class OrtDecoder:
-    """``step(ids, mask, positions, past) -> (logits, presents)`` over an ONNX decoder."""
+    """``step(ids, mask, positions, past) -> (logits, presents)`` over an ONNX decoder.
+
+    :attr:`layout` (read from the graph) says how a batch's rows lie in the cache:
+    :data:`~tritonforge.kv_batch.LEFT` when ``position_ids`` is an input (the torch.onnx export),
+    else :data:`~tritonforge.kv_batch.RIGHT`: every row's tokens start at column 0, the mask's
+    row sums give each row's length, from which the graph derives positions (ONNX Runtime's
+    ``GroupQueryAttention``, the GenAI builder's graphs); ``positions`` is not fed then."""
 
     def __init__(
         self,
@@ -60,13 +67,17 @@ class OrtDecoder:
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.layers = sum(1 for n in inputs if n.startswith(PAST_PREFIX)) // 2
         self.past = past_names(self.layers)
-        missing = [
-            n for n in (INPUT_IDS, ATTENTION_MASK, POSITION_IDS, *self.past) if n not in inputs
-        ]
+        self.layout = LEFT if POSITION_IDS in inputs else RIGHT
+        missing = [n for n in (INPUT_IDS, ATTENTION_MASK, *self.past) if n not in inputs]
         if missing or not self.layers:
             raise ModelConfigError(f"{path}: not a KV-cache decoder; missing inputs {missing}")
         shape = inputs[self.past[0]].shape  # [batch, kv_heads, past, head_dim]
-        self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
+        if not isinstance(shape[1], int) or not isinstance(shape[3], int):
+            raise ModelConfigError(
+                f"{path}: {self.past[0]} has shape {shape}; its heads and head axes must be "
+                "concrete (re-export the decoder)"
+            )
+        self.kv_heads, self.head_dim = shape[1], shape[3]
         self.outputs = [LOGITS, *present_names(self.layers)]
         self.vocab_size = int(self.session.get_outputs()[0].shape[-1])
 
@@ -77,7 +88,9 @@ class OrtDecoder:
     def __call__(
         self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[np.ndarray]
     ) -> tuple[np.ndarray, list[np.ndarray]]:
-        feed = {INPUT_IDS: ids, ATTENTION_MASK: mask, POSITION_IDS: positions}
+        feed = {INPUT_IDS: ids, ATTENTION_MASK: mask}
+        if self.layout == LEFT:
+            feed[POSITION_IDS] = positions
         feed.update(zip(self.past, past, strict=True))
         logits, *presents = self.session.run(self.outputs, feed)
         return logits, presents

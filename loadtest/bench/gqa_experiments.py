@@ -1,0 +1,114 @@
+"""Fused (GroupQueryAttention) decoder graphs vs the torch.onnx export, in-process (issue 20).
+
+One decode step at batch 1, 8, 16 with :data:`PAST` cached columns, interleaved rounds (every
+round measures every graph once, so a load swing on the shared machine hits all alike), plus
+the semantics of a right-padded batch on the GQA graphs: a row decoded alone vs inside a batch of
+rows of other lengths, a right-padded batched prefill vs alone (max abs logit difference, 0.0 =
+bit-identical).
+
+``python -m tritonforge.loadtest.bench.gqa_experiments --graph NAME=PATH ...`` prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tritonforge.decoder import OrtDecoder
+
+PAST = 72
+BATCHES = (1, 8, 16)
+STEPS = 8
+
+
+def step_ms(dec: OrtDecoder, batch: int, past: int = PAST, steps: int = STEPS) -> float:
+    """Median ms of one decode step; the cache grows by one column per step as served."""
+    rng = np.random.default_rng(0)
+    ids = np.full((batch, 1), 5, np.int64)
+    pos = np.full((batch, 1), past, np.int64)
+    cache = [
+        rng.standard_normal((batch, dec.kv_heads, past, dec.head_dim)).astype(np.float32)
+        for _ in dec.past
+    ]
+    times = []
+    for k in range(steps):
+        m = np.ones((batch, past + k + 1), np.int64)
+        t = time.perf_counter()
+        _, cache = dec(ids, m, pos + k, cache)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times) * 1000)
+
+
+def right_padded_checks(dec: OrtDecoder, lengths: Sequence[int], decode: int = 4) -> dict[str, Any]:
+    """Max abs logit difference between each row alone and inside a right-padded batch: the
+    batched prefill, then ``decode`` greedy steps."""
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, dec.vocab_size, size=n) for n in lengths]
+    b, width = len(lengths), max(lengths)
+    ids = np.zeros((b, width), np.int64)
+    mask = np.zeros((b, width), np.int64)
+    for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
+        ids[i, :n], mask[i, :n] = p, 1
+    pos = np.tile(np.arange(width), (b, 1))
+    logits, past = dec(ids, mask, pos, dec.empty_past(b))
+    alone = []
+    prefill_diff = 0.0
+    for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
+        la, pa = dec(p[None], np.ones((1, n), np.int64), np.arange(n)[None], dec.empty_past(1))
+        prefill_diff = max(prefill_diff, float(np.abs(la[0] - logits[i, :n]).max()))
+        alone.append((la[0, -1], pa))
+    lens = np.array(lengths)
+    last = np.array([logits[i, n - 1].argmax() for i, n in enumerate(lengths)])
+    decode_diff = []
+    for _ in range(decode):
+        w = past[0].shape[2]
+        m = (np.arange(w + 1)[None] < (lens + 1)[:, None]).astype(np.int64)
+        logits, past = dec(last[:, None], m, lens[:, None], past)
+        worst = 0.0
+        for i, n in enumerate(lens):
+            tok = last[i : i + 1, None]
+            la, pa = dec(tok, np.ones((1, n + 1), np.int64), np.array([[n]]), alone[i][1])
+            worst = max(worst, float(np.abs(la[0, -1] - logits[i, -1]).max()))
+            alone[i] = (la[0, -1], pa)
+        decode_diff.append(worst)
+        last = logits[:, -1].argmax(-1)
+        lens = lens + 1
+    return {"lengths": list(lengths), "prefill": prefill_diff, "decode": decode_diff}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--graph", nargs="+", required=True, help="NAME=PATH")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    ap.add_argument("--checks", nargs="*", default=[], help="names to run the padding checks on")
+    args = ap.parse_args(argv)
+    decs = {
+        n: OrtDecoder(Path(p), intra_op_threads=2) for n, p in (g.split("=") for g in args.graph)
+    }
+    out: dict[str, Any] = {"load": Path("/proc/loadavg").read_text().split()[:3]}
+    for name in args.checks:
+        out[f"checks {name}"] = [
+            right_padded_checks(decs[name], ls) for ls in ((5, 13, 29), (40, 7), (16, 16, 3, 31))
+        ]
+        print(json.dumps(out[f"checks {name}"]), flush=True)
+    times: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        for b in args.batches:
+            for name, dec in decs.items():
+                times.setdefault(f"{name} b{b}", []).append(step_ms(dec, b))
+        print(json.dumps({k: round(float(np.median(v)), 2) for k, v in times.items()}), flush=True)
+    out["step_ms"] = {k: float(np.median(v)) for k, v in times.items()}
+    out["load_after"] = Path("/proc/loadavg").read_text().split()[:3]
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
