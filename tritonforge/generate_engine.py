@@ -68,6 +68,7 @@ class GenerateEngine:
             name=config.name,
             queue_timeout_s=config.param("queue_timeout_s", kind=float),
             on_step=on_step,
+            layout=self.decoder.layout,
         )
         self.seeds = np.random.SeedSequence()
 

@@ -34,10 +34,12 @@ def save_hf_checkpoint(model: Any, tokenizer: Any, out: Path) -> Path:
 
     transformers refuses ``save_pretrained`` of a GGUF-loaded model, so its weights are copied
     into a fresh model of the same config without the GGUF ``quantization_config``."""
+    import copy
+
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = model.config
+    config = copy.deepcopy(model.config)  # the caller's model keeps its own
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
     config.dtype = torch.float32
