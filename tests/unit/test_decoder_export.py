@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tritonforge.export.decoder.config import clean_decoders, files, models, render_config
+from tritonforge.export.decoder.genai import BUILDER_MODULE, builder_command
 from tritonforge.export.specs.smollm2 import smollm2_spec
 from tritonforge.modelconfig import ModelConfig, pbtxt_to_dict
 from tritonforge.pipelines import VARIANT_KEY, discover_generators
@@ -90,3 +91,18 @@ def test_clean_removes_generated_files_and_keeps_model_py(tmp_path: Path) -> Non
     for name in names:
         left = sorted(p.name for p in (tmp_path / name).rglob("*") if p.is_file())
         assert left == ["model.py"]
+
+
+def test_the_graph_builder_and_its_options_come_from_the_spec(tmp_path: Path) -> None:
+    """The GenAI builder's command line: fp32, and int8 with the spec's ``int8_method``."""
+    spec = smollm2_spec()
+    assert spec.graph is not None
+    fp32 = builder_command(tmp_path / "hf", tmp_path, spec.graph, None)
+    assert fp32[1:3] == ["-m", BUILDER_MODULE]
+    assert fp32[fp32.index("-p") + 1] == "fp32" and "--extra_options" not in fp32
+    q = spec.int8_method
+    int8 = builder_command(tmp_path / "hf", tmp_path, spec.graph, q)
+    assert int8[int8.index("-p") + 1] == f"int{q.bits}"
+    options = int8[int8.index("--extra_options") + 1 :]
+    assert options == [f"block_size={q.block_size}", f"accuracy_level={q.accuracy_level}"]
+    assert int8[int8.index("-e") + 1] == spec.graph.execution_provider == "cpu"

@@ -426,7 +426,9 @@ def test_the_engine_names_its_scheduler_after_the_served_config(
     (tmp_path / "generation.json").write_text(json.dumps({"eos_token_ids": [EOS]}))
     monkeypatch.setattr(generate_engine, "verify_sidecar", lambda *_, **__: None)
     monkeypatch.setattr(
-        generate_engine, "OrtDecoder", lambda *_: type("D", (), {"empty_past": empty_past})()
+        generate_engine,
+        "OrtDecoder",
+        lambda *_: type("D", (), {"empty_past": empty_past, "layout": RIGHT})(),
     )
     params = {
         "decoder_file": "decoder.onnx", "tokenizer_file": "tokenizer.json",
