@@ -125,6 +125,8 @@ def cached_reference(
 def fingerprint(spec: DecoderSpec, checkpoint: Path, int8: bool) -> dict[str, Any]:
     """Every input of the decoder's export; equal digests mean an identical export."""
     libs = {**library_versions(), "transformers": importlib.metadata.version("transformers")}
+    if spec.graph is not None:
+        libs["onnxruntime-genai"] = importlib.metadata.version("onnxruntime-genai")
     parts = {
         "code": code_digest(),
         "spec": digest_json(spec.fingerprint_data()),
