@@ -88,6 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     ap.add_argument("--checks", nargs="*", default=[], help="names to run the padding checks on")
+    ap.add_argument(
+        "--pairs", nargs="*", default=[], help="BASE:NEW pairs whose per-round ratio to report"
+    )
     args = ap.parse_args(argv)
     decs = {
         n: OrtDecoder(Path(p), intra_op_threads=2) for n, p in (g.split("=") for g in args.graph)
@@ -98,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             right_padded_checks(decs[name], ls) for ls in ((5, 13, 29), (40, 7), (16, 16, 3, 31))
         ]
         print(json.dumps(out[f"checks {name}"]), flush=True)
+    for dec in decs.values():  # the first runs pay for allocations
+        step_ms(dec, 1, steps=2)
     times: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for b in args.batches:
@@ -105,6 +110,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 times.setdefault(f"{name} b{b}", []).append(step_ms(dec, b))
         print(json.dumps({k: round(float(np.median(v)), 2) for k, v in times.items()}), flush=True)
     out["step_ms"] = {k: float(np.median(v)) for k, v in times.items()}
+    out["step_ms_min"] = {k: float(np.min(v)) for k, v in times.items()}
+    # BASE time / NEW time per round (one round measures both within seconds), median of rounds
+    out["speedup"] = {
+        f"{new} vs {base} b{b}": float(
+            np.median(np.asarray(times[f"{base} b{b}"]) / np.asarray(times[f"{new} b{b}"]))
+        )
+        for base, new in (pair.split(":") for pair in args.pairs)
+        for b in args.batches
+    }
     out["load_after"] = Path("/proc/loadavg").read_text().split()[:3]
     print(json.dumps(out, indent=1))
     return 0
