@@ -203,7 +203,8 @@ class _DecoderBuild:
                 self._genai(out["decoder"], None)
         fp32 = OrtDecoder(out["decoder"], intra_op_threads=2)
         self.layout = fp32.layout
-        problems = check_graph(out["decoder"], decoder.layers, fp32.layout)
+        checker = spec.graph is None
+        problems = check_graph(out["decoder"], decoder.layers, fp32.layout, checker)
         self.report["graph_checks"] = problems
         self.report["cache_layout"] = fp32.layout
         flow.check(problems, spec.name)
@@ -341,7 +342,7 @@ def _int8(
     gate = spec.int8_gate
     with steps(f"int8 weight-only quantization ({spec.int8_method.describe()})"):
         make_int8()
-        problems = check_graph(out["int8"], fp32.layers, fp32.layout)
+        problems = check_graph(out["int8"], fp32.layers, fp32.layout, spec.graph is None)
     q8 = OrtDecoder(out["int8"], intra_op_threads=2)
     if q8.layout != fp32.layout:
         problems.append(f"int8 graph's cache layout {q8.layout} differs from fp32's")
