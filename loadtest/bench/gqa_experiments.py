@@ -45,6 +45,19 @@ def step_ms(dec: OrtDecoder, batch: int, past: int = PAST, steps: int = STEPS) -
     return float(np.median(times) * 1000)
 
 
+def prefill_ms(dec: OrtDecoder, batch: int, length: int = 40, repeats: int = 2) -> float:
+    """Median ms of one right-padded prefill of ``batch`` prompts of ``length`` tokens."""
+    ids = np.full((batch, length), 7, np.int64)
+    mask = np.ones_like(ids)
+    pos = np.tile(np.arange(length), (batch, 1))
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dec(ids, mask, pos, dec.empty_past(batch))
+        times.append(time.perf_counter() - t)
+    return float(np.median(times) * 1000)
+
+
 def right_padded_checks(dec: OrtDecoder, lengths: Sequence[int], decode: int = 4) -> dict[str, Any]:
     """Max abs logit difference between each row alone and inside a right-padded batch: the
     batched prefill, then ``decode`` greedy steps."""
@@ -87,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--graph", nargs="+", required=True, help="NAME=PATH")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    ap.add_argument("--prefill", type=int, nargs="*", default=[], help="prefill batch sizes")
     ap.add_argument("--checks", nargs="*", default=[], help="names to run the padding checks on")
     ap.add_argument(
         "--pairs", nargs="*", default=[], help="BASE:NEW pairs whose per-round ratio to report"
@@ -108,16 +122,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         for b in args.batches:
             for name, dec in decs.items():
                 times.setdefault(f"{name} b{b}", []).append(step_ms(dec, b))
+        for b in args.prefill:
+            for name, dec in decs.items():
+                times.setdefault(f"{name} prefill b{b}", []).append(prefill_ms(dec, b))
         print(json.dumps({k: round(float(np.median(v)), 2) for k, v in times.items()}), flush=True)
     out["step_ms"] = {k: float(np.median(v)) for k, v in times.items()}
     out["step_ms_min"] = {k: float(np.min(v)) for k, v in times.items()}
     # BASE time / NEW time per round (one round measures both within seconds), median of rounds
     out["speedup"] = {
-        f"{new} vs {base} b{b}": float(
-            np.median(np.asarray(times[f"{base} b{b}"]) / np.asarray(times[f"{new} b{b}"]))
+        f"{new} vs {base} {k}": float(
+            np.median(np.asarray(times[f"{base} {k}"]) / np.asarray(times[f"{new} {k}"]))
         )
         for base, new in (pair.split(":") for pair in args.pairs)
-        for b in args.batches
+        for k in [*(f"b{b}" for b in args.batches), *(f"prefill b{b}" for b in args.prefill)]
     }
     out["load_after"] = Path("/proc/loadavg").read_text().split()[:3]
     print(json.dumps(out, indent=1))
