@@ -45,6 +45,48 @@ def step_ms(dec: OrtDecoder, batch: int, past: int = PAST, steps: int = STEPS) -
     return float(np.median(times) * 1000)
 
 
+def shared_buffer_step_ms(
+    dec: OrtDecoder, batch: int, past: int = PAST, steps: int = STEPS
+) -> tuple[float, float]:
+    """GenAI's ``past_present_share_buffer``: each past and its present are ONE preallocated
+    buffer (``past + steps`` columns) bound with IO binding, so a step writes only its new
+    column; returns (median ms per step, max abs logit difference vs the copying path)."""
+    import onnxruntime as ort
+
+    from tritonforge.decoder import present_names
+
+    rng = np.random.default_rng(0)
+    start = [
+        rng.standard_normal((batch, dec.kv_heads, past, dec.head_dim)).astype(np.float32)
+        for _ in dec.past
+    ]
+    cap = past + steps
+    bufs = [np.zeros((batch, dec.kv_heads, cap, dec.head_dim), np.float32) for _ in dec.past]
+    for b, s0 in zip(bufs, start, strict=True):
+        b[:, :, :past] = s0
+    values = [ort.OrtValue.ortvalue_from_numpy(b) for b in bufs]
+    io = dec.session.io_binding()
+    for name, v in zip(dec.past, values, strict=True):
+        io.bind_ortvalue_input(name, v)
+    for name, v in zip(present_names(dec.layers), values, strict=True):
+        io.bind_ortvalue_output(name, v)
+    ids = np.full((batch, 1), 5, np.int64)
+    times, cache = [], start
+    worst = 0.0
+    for k in range(steps):
+        mask = np.ones((batch, past + k + 1), np.int64)
+        io.bind_cpu_input("input_ids", ids)
+        io.bind_cpu_input("attention_mask", mask)
+        io.bind_output("logits")
+        t = time.perf_counter()
+        dec.session.run_with_iobinding(io)
+        times.append(time.perf_counter() - t)
+        got = next(o for o in io.copy_outputs_to_cpu() if o.ndim == 3)  # logits
+        want, cache = dec(ids, mask, np.full((batch, 1), past + k, np.int64), cache)
+        worst = max(worst, float(np.abs(got - want).max()))
+    return float(np.median(times) * 1000), worst
+
+
 def prefill_ms(dec: OrtDecoder, batch: int, length: int = 40, repeats: int = 2) -> float:
     """Median ms of one right-padded prefill of ``batch`` prompts of ``length`` tokens."""
     ids = np.full((batch, length), 7, np.int64)
@@ -101,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     ap.add_argument("--prefill", type=int, nargs="*", default=[], help="prefill batch sizes")
+    ap.add_argument("--shared", nargs="*", default=[], help="names to time with a shared buffer")
     ap.add_argument("--checks", nargs="*", default=[], help="names to run the padding checks on")
     ap.add_argument(
         "--pairs", nargs="*", default=[], help="BASE:NEW pairs whose per-round ratio to report"
@@ -122,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for b in args.batches:
             for name, dec in decs.items():
                 times.setdefault(f"{name} b{b}", []).append(step_ms(dec, b))
+            for name in args.shared:
+                ms, diff = shared_buffer_step_ms(decs[name], b)
+                times.setdefault(f"{name}+shared b{b}", []).append(ms)
+                out.setdefault("shared_max_abs_diff", {})[f"{name} b{b}"] = diff
         for b in args.prefill:
             for name, dec in decs.items():
                 times.setdefault(f"{name} prefill b{b}", []).append(prefill_ms(dec, b))
