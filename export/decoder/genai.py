@@ -103,12 +103,12 @@ def build_graph(
             + (done.stdout + done.stderr)[-2000:]
         )
     config = json.loads((out / "genai_config.json").read_text())["model"]
-    _single_file(out / "model.onnx", dst, int(config["decoder"]["head_size"]))
+    single_file(out / "model.onnx", dst, int(config["decoder"]["head_size"]))
     shutil.rmtree(work, ignore_errors=True)
     return config
 
 
-def _single_file(src: Path, dst: Path, head_dim: int) -> None:
+def single_file(src: Path, dst: Path, head_dim: int) -> None:
     """``src`` (with external data) as one file at ``dst``, the caches' head axis concrete."""
     import onnx
 

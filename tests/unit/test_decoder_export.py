@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tritonforge.export.decoder.config import clean_decoders, files, models, render_config
-from tritonforge.export.decoder.genai import BUILDER_MODULE, builder_command
+from tritonforge.export.decoder.genai import BUILDER_MODULE, HEAD_AXIS, builder_command, single_file
 from tritonforge.export.specs.smollm2 import smollm2_spec
 from tritonforge.modelconfig import ModelConfig, pbtxt_to_dict
 from tritonforge.pipelines import VARIANT_KEY, discover_generators
@@ -106,3 +106,35 @@ def test_the_graph_builder_and_its_options_come_from_the_spec(tmp_path: Path) ->
     options = int8[int8.index("--extra_options") + 1 :]
     assert options == [f"block_size={q.block_size}", f"accuracy_level={q.accuracy_level}"]
     assert int8[int8.index("-e") + 1] == spec.graph.execution_provider == "cpu"
+
+
+def test_the_builders_graph_becomes_one_file_with_a_concrete_head_axis(tmp_path: Path) -> None:
+    """The builder writes external data and a symbolic head axis; the served decoder.onnx is
+    one self-contained file whose caches' head axis OrtDecoder can read."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    kv = ["b", 1, "p", HEAD_AXIS]
+    past = helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, kv)
+    present = helper.make_tensor_value_info("present.0.key", TensorProto.FLOAT, kv)
+    weight = numpy_helper.from_array(np.ones((1, 1, 1, 4), np.float32), "w")
+    node = helper.make_node("Mul", ["past_key_values.0.key", "w"], ["present.0.key"])
+    graph = helper.make_graph([node], "g", [past], [present], initializer=[weight])
+    src = tmp_path / "out" / "model.onnx"
+    src.parent.mkdir()
+    onnx.save_model(
+        helper.make_model(graph),
+        str(src),
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
+    assert (src.parent / "model.onnx.data").is_file()
+    single_file(src, tmp_path / "decoder.onnx", 4)
+    (src.parent / "model.onnx.data").unlink()  # the result must not need it
+    model = onnx.load(str(tmp_path / "decoder.onnx"))
+    for value in (*model.graph.input, *model.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        assert dims[3].dim_value == 4 and not dims[3].dim_param
+    assert numpy_helper.to_array(model.graph.initializer[0]).sum() == 4
