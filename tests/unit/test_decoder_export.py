@@ -115,7 +115,7 @@ def test_the_builders_graph_becomes_one_file_with_a_concrete_head_axis(tmp_path:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    kv = ["b", 1, "p", HEAD_AXIS]
+    kv: list[str | int | None] = ["b", 1, "p", HEAD_AXIS]
     past = helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, kv)
     present = helper.make_tensor_value_info("present.0.key", TensorProto.FLOAT, kv)
     weight = numpy_helper.from_array(np.ones((1, 1, 1, 4), np.float32), "w")
