@@ -123,6 +123,7 @@ class RightKVBatch:
         return len(self.rows)
 
     def can_add(self, length: int) -> bool:
+        """Always: a row's columns start at 0 whatever the batch's width."""
         return True
 
     def add(self, seq: Generation, presents: list[np.ndarray], length: int, token: int) -> None:
@@ -147,6 +148,7 @@ class RightKVBatch:
         return (np.arange(width)[None] < (self.positions + 1)[:, None]).astype(np.int64)
 
     def advance(self, presents: list[np.ndarray], mask: np.ndarray) -> None:
+        """After a decode step: its presents (one column wider) become the past."""
         self.past = presents
         self.positions = self.positions + 1
         self._trim()
