@@ -109,18 +109,28 @@ class KVBatch:
 
 @dataclass
 class RightKVBatch:
-    """The running batch of a right-padded graph: every row's keys/values from column 0, the
-    cache as wide as the longest row (``positions``: each row's length, its next position).
-    A row joins at once (no alignment wait: a row's columns never move, measured bit-identical
-    to the row alone, docs/performance.md); columns past every row's length are trimmed."""
+    """The running batch of a right-padded graph: every row's keys/values from column 0
+    (``positions``: each row's length, its next position; the batch's :attr:`width` is the
+    longest). A row joins at once (no alignment wait: a row's columns never move, measured
+    bit-identical to the row alone, docs/performance.md).
+
+    ``headroom`` 0: the cache is exactly :attr:`width` columns (trimmed when the longest row
+    leaves), each step returns a new one a column wider. ``headroom`` > 0: the cache keeps room
+    for the next column (grown by ``headroom`` columns when full), for a step that writes the
+    new column into it in place (``OrtDecoder.in_place``)."""
 
     rows: list[Generation] = field(default_factory=list)
     past: list[np.ndarray] = field(default_factory=list)
     positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     last: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    headroom: int = 0
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    @property
+    def width(self) -> int:
+        return int(self.positions.max()) if self.rows else 0
 
     def can_add(self, length: int) -> bool:
         """Always: a row's columns start at 0 whatever the batch's width."""
@@ -128,30 +138,29 @@ class RightKVBatch:
 
     def add(self, seq: Generation, presents: list[np.ndarray], length: int, token: int) -> None:
         """Join a prefilled row (``presents``: batch 1, ``length`` columns, all valid)."""
-        width = self.past[0].shape[2] if self.rows else length
-        wide = max(width, length)
-        self.past = (
-            [
+        if self.rows:
+            wide = max(self.past[0].shape[2], length)
+            self.past = [
                 np.concatenate([_right_pad(p, wide), _right_pad(r, wide)], 0)
                 for p, r in zip(self.past, presents, strict=True)
             ]
-            if self.rows
-            else list(presents)
-        )
+        else:
+            self.past = [np.ascontiguousarray(r) for r in presents]
         self.rows.append(seq)
         self.positions = np.append(self.positions, length).astype(np.int64)
         self.last = np.append(self.last, token).astype(np.int64)
+        self._fit()
 
     def step_mask(self) -> np.ndarray:
         """Each row's columns and its new token's (the graph places it at the row's length)."""
-        width = self.past[0].shape[2] + 1
-        return (np.arange(width)[None] < (self.positions + 1)[:, None]).astype(np.int64)
+        return (np.arange(self.width + 1)[None] < (self.positions + 1)[:, None]).astype(np.int64)
 
     def advance(self, presents: list[np.ndarray], mask: np.ndarray) -> None:
-        """After a decode step: its presents (one column wider) become the past."""
+        """After a decode step: its presents (the same buffers when written in place, else one
+        column wider) become the past."""
         self.past = presents
         self.positions = self.positions + 1
-        self._trim()
+        self._fit()
 
     def remove(self, leaving: Sequence[int]) -> None:
         if not leaving:
@@ -160,22 +169,29 @@ class RightKVBatch:
         self.rows = [self.rows[i] for i in keep]
         self.positions, self.last = self.positions[keep], self.last[keep]
         self.past = [np.ascontiguousarray(p[keep]) for p in self.past] if keep else []
-        self._trim()
+        self._fit()
 
-    def _trim(self) -> None:
-        if self.rows and self.past[0].shape[2] > (width := int(self.positions.max())):
+    def _fit(self) -> None:
+        """Trim the cache to :attr:`width` (``headroom`` 0) or keep room for the next column."""
+        if not self.rows:
+            return
+        have, width = self.past[0].shape[2], self.width
+        if not self.headroom and have > width:
             self.past = [np.ascontiguousarray(p[:, :, :width]) for p in self.past]
+        elif self.headroom and have <= width:
+            self.past = [_right_pad(p, width + self.headroom) for p in self.past]
 
 
 Batch = KVBatch | RightKVBatch
 
 
-def new_batch(layout: str) -> Batch:
-    """An empty running batch for a graph of ``layout`` (:data:`LEFT` or :data:`RIGHT`)."""
+def new_batch(layout: str, headroom: int = 0) -> Batch:
+    """An empty running batch for a graph of ``layout`` (:data:`LEFT` or :data:`RIGHT`);
+    ``headroom``: see :class:`RightKVBatch`."""
     if layout == LEFT:
         return KVBatch()
     if layout == RIGHT:
-        return RightKVBatch()
+        return RightKVBatch(headroom=headroom)
     raise ValueError(f"unknown cache layout {layout!r} (expected {LEFT!r} or {RIGHT!r})")
 
 

@@ -94,6 +94,7 @@ class Scheduler:
         queue_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         layout: str = LEFT,
+        kv_headroom: int = 0,
     ) -> None:
         """``name``: the model serving (its config's name), which every message names.
         ``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
@@ -101,7 +102,9 @@ class Scheduler:
         most ``max_prefill_tokens`` padded tokens (a long prompt is prefilled alone). A sequence
         still waiting for a slot ``queue_timeout_s`` after :meth:`submit` ends with
         :class:`StageUnavailableError` (None: it waits as long as it takes). ``layout``: the
-        step's cache layout (``kv_batch.LEFT`` or ``RIGHT``, ``OrtDecoder.layout``)."""
+        step's cache layout (``kv_batch.LEFT`` or ``RIGHT``, ``OrtDecoder.layout``);
+        ``kv_headroom``: free columns a right-padded batch keeps for a step that writes in
+        place (``OrtDecoder.kv_headroom``; 0: none)."""
         if queue_timeout_s is not None and queue_timeout_s <= 0:
             raise ValueError(f"queue_timeout_s must be > 0, got {queue_timeout_s}")
         self.name = name
@@ -112,8 +115,8 @@ class Scheduler:
         self.eos_ids = frozenset(eos_ids)
         self.max_running, self.max_queue = max_running, max_queue
         self.waiting: deque[Generation] = deque()
-        self.layout = layout
-        self.batch: Batch = new_batch(layout)
+        self.layout, self.kv_headroom = layout, kv_headroom
+        self.batch: Batch = new_batch(layout, kv_headroom)
         # prefilled (first token sent), waiting for their padding to fit the batch: (sequence,
         # its cached keys/values, their length, its last token)
         self.joining: deque[tuple[Generation, list[np.ndarray], int, int]] = deque()
@@ -172,7 +175,7 @@ class Scheduler:
             pending = [*self.waiting, *(j[0] for j in self.joining), *self.batch.rows]
             self.waiting.clear()
             self.joining.clear()
-        self.batch = new_batch(self.layout)
+        self.batch = new_batch(self.layout, self.kv_headroom)
         for seq in pending:
             seq.fail(StageUnavailableError(reason))
 
@@ -200,7 +203,7 @@ class Scheduler:
             error = ServingError(f"{self.name}: decoder step failed ({type(e).__name__}: {e})")
             for seq in self.batch.rows:
                 seq.fail(error)
-            self.batch = new_batch(self.layout)
+            self.batch = new_batch(self.layout, self.kv_headroom)
         self.steps += 1
         if self.on_step is not None:
             self.on_step(*self.load())

@@ -289,6 +289,7 @@ class _DecoderBuild:
             "eos_ids": meta["eos_token_ids"],
             "name": models(spec, self.int8)["fp32"],
             "layout": self.layout,
+            "kv_headroom": fp32.kv_headroom,  # the served batch's (in-place decode steps)
         }
         alone = verify.scheduler_tokens(fp32, fp32.empty_past, max_running=1, **run)
         batched = verify.scheduler_tokens(fp32, fp32.empty_past, max_running=8, **run)

@@ -199,12 +199,20 @@ def scheduler_tokens(
     max_running: int,
     name: str,
     layout: str = LEFT,
+    kv_headroom: int = 0,
 ) -> list[list[int]]:
     """Greedy tokens of ``prompts`` through the serving scheduler (``max_running`` at a time,
     the running batch in the step's cache ``layout``); ``name``: the model whose decoder it is
     (its messages name it)."""
     scheduler = Scheduler(
-        step, empty_past, eos_ids, max_running, max_queue=len(prompts), name=name, layout=layout
+        step,
+        empty_past,
+        eos_ids,
+        max_running,
+        max_queue=len(prompts),
+        name=name,
+        layout=layout,
+        kv_headroom=kv_headroom,
     )
     results: list[Generation] = []
     for ids in prompts:

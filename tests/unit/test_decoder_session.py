@@ -88,3 +88,17 @@ def test_a_symbolic_head_axis_is_a_clear_error(tmp_path: Path) -> None:
     path = tiny_decoder(tmp_path / "d.onnx", positions=False, head="kv_cache_dim")
     with pytest.raises(ModelConfigError, match="must be concrete"):
         OrtDecoder(path, 1)
+
+
+def test_in_place_steps_only_for_a_right_padded_decode_step_with_room(tmp_path: Path) -> None:
+    left = OrtDecoder(tiny_decoder(tmp_path / "left.onnx"), 1)
+    right = OrtDecoder(tiny_decoder(tmp_path / "right.onnx", positions=False), 1)
+    one, mask = np.array([[3]], np.int64), np.ones((1, 4), np.int64)
+    room = [np.zeros((1, 1, 8, 2), np.float32) for _ in right.past]
+    exact = [np.zeros((1, 1, 3, 2), np.float32) for _ in right.past]
+    assert right.in_place(one, mask, room) and not left.in_place(one, mask, room)
+    assert not right.in_place(one, mask, exact)  # no room: a new present
+    assert not right.in_place(np.array([[3, 4]], np.int64), mask, room)  # not a decode step
+    assert (right.kv_headroom > 0, left.kv_headroom) == (True, 0)
+    logits, presents = right(one, mask, np.array([[3]]), room)
+    assert presents[0] is room[0] and logits[0, 0, 0] == 3.0  # the same buffers come back

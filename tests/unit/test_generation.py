@@ -66,6 +66,22 @@ def toy_right_step(ids, mask, positions, past):
     return logits, present
 
 
+IN_PLACE_CALLS: list[int] = []
+
+
+def toy_in_place_step(ids, mask, positions, past):
+    """``toy_right_step`` that writes a decode step's new column into ``past`` when it has room
+    and returns it (as ``OrtDecoder.in_place``: GroupQueryAttention with a shared buffer)."""
+    if ids.shape[1] == 1 and past[0].shape[2] >= mask.shape[1]:
+        valid = [p[:, :, : mask.shape[1] - 1] for p in past]
+        logits, _ = toy_right_step(ids, mask, positions, valid)
+        for i, n in enumerate(mask.sum(1) - 1):
+            past[0][i, 0, n, 0] = ids[i, 0] + 1
+        IN_PLACE_CALLS.append(past[0].shape[2])
+        return logits, past
+    return toy_right_step(ids, mask, positions, past)
+
+
 def empty_past(batch: int = 1):
     return [np.zeros((batch, 1, 0, 1), np.float32)]
 
@@ -229,6 +245,44 @@ def test_right_padded_batching_is_invariant_and_rows_join_without_waiting():
     assert [s.tokens for s in seqs] == alone
     assert len(set(map(tuple, alone))) == len(alone)  # the toy tells the prompts apart
     assert max(sched.batch_sizes) == 4
+
+
+def test_in_place_steps_with_headroom_give_the_same_tokens():
+    """A batch with headroom keeps free columns (grown when full) and the step writes into
+    them: the tokens are those of the copying path alone."""
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 2, 1], [3, 3], [2, 5, 1, 1, 4]]
+    alone = [run_alone(p, 9, step=toy_right_step, layout=RIGHT) for p in prompts]
+    IN_PLACE_CALLS.clear()
+    sched = Scheduler(
+        toy_in_place_step,
+        empty_past,
+        [EOS],
+        max_running=3,
+        max_queue=8,
+        name="g",
+        layout=RIGHT,
+        kv_headroom=3,
+    )
+    seqs = [make(p, 9) for p in prompts]
+    for s in seqs:
+        sched.submit(s)
+        sched.step()
+    sched.run_until_idle()
+    assert [s.tokens for s in seqs] == alone
+    assert len(IN_PLACE_CALLS) > 10 and len(set(IN_PLACE_CALLS)) > 1  # in place, and it grew
+
+
+def test_right_kv_batch_headroom_keeps_room_for_the_next_column():
+    batch = RightKVBatch(headroom=4)
+    row = lambda n, v: [np.full((1, 1, n, 1), v, np.float32)]  # noqa: E731
+    batch.add(make([1]), row(2, 1.0), 2, 5)
+    assert batch.past[0].shape[2] == 6 and batch.width == 2  # 2 columns + 4 free
+    batch.add(make([2]), row(7, 2.0), 7, 6)
+    assert batch.past[0].shape[2] == 11 and batch.step_mask().shape == (2, 8)
+    assert batch.past[0][0, 0, :, 0].tolist() == [1, 1] + [0] * 9
+    for _ in range(4):  # in-place steps: the same buffers come back
+        batch.advance(batch.past, batch.step_mask())
+    assert batch.width == 11 and batch.past[0].shape[2] == 15  # full: grown by 4
 
 
 def test_the_toy_right_step_notices_a_left_padded_batch():
@@ -428,7 +482,7 @@ def test_the_engine_names_its_scheduler_after_the_served_config(
     monkeypatch.setattr(
         generate_engine,
         "OrtDecoder",
-        lambda *_: type("D", (), {"empty_past": empty_past, "layout": RIGHT})(),
+        lambda *_: type("D", (), {"empty_past": empty_past, "layout": RIGHT, "kv_headroom": 4})(),
     )
     params = {
         "decoder_file": "decoder.onnx", "tokenizer_file": "tokenizer.json",
