@@ -130,7 +130,7 @@ class RightKVBatch:
 
     @property
     def width(self) -> int:
-        return int(self.positions.max()) if self.rows else 0
+        return int(self.positions.max()) if self.positions.size else 0
 
     def can_add(self, length: int) -> bool:
         """Always: a row's columns start at 0 whatever the batch's width."""
