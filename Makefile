@@ -85,7 +85,7 @@ bench: export  ## throughput/latency tables: in-process limit vs FastAPI vs Trit
 	@$(PY) -m tritonforge.loadtest.perf_analyzer.tool path >/dev/null 2>&1 || $(PY) -m tritonforge.loadtest.perf_analyzer.tool install
 	$(TF) bench --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
 	$(PY) -m tritonforge.loadtest.bench.generate --model-repository $(REPO)
-	@$(PY) -c "import onnxruntime_genai, sentencepiece" 2>/dev/null || $(PY) -m pip install -c constraints.txt onnxruntime-genai sentencepiece
+	@$(PY) -c "import sentencepiece" 2>/dev/null || $(PY) -m pip install -c constraints.txt sentencepiece
 	@$(MAKE) --no-print-directory llamacpp || echo "==> llama.cpp could not be built: the next section reports ours only"
 	$(PY) -m tritonforge.loadtest.bench.generate_llamacpp --model-repository $(REPO)
 

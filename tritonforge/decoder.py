@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonforge.errors import ModelConfigError
+from tritonforge.kv_batch import LEFT, RIGHT
 
 INPUT_IDS, ATTENTION_MASK, POSITION_IDS, LOGITS = (
     "input_ids",
@@ -22,6 +23,9 @@ PAST_PREFIX, PRESENT_PREFIX = "past_key_values.", "present."
 # steps: served int8 measured 2.8 -> 8.9 tok/s at 1 stream, 5.6 -> 13.9 at 8 with it off
 # (docs/performance.md). A ``session.intra_op.allow_spinning`` config parameter overrides it.
 SESSION_DEFAULTS = {"session.intra_op.allow_spinning": "0"}
+# Columns a right-padded running batch's cache grows by when full, so that decode steps write
+# their new column in place (OrtDecoder.in_place); 64 steps per regrowth copy.
+IN_PLACE_HEADROOM = 64
 
 
 def past_names(layers: int) -> list[str]:
@@ -33,7 +37,13 @@ def present_names(layers: int) -> list[str]:
 
 
 class OrtDecoder:
-    """``step(ids, mask, positions, past) -> (logits, presents)`` over an ONNX decoder."""
+    """``step(ids, mask, positions, past) -> (logits, presents)`` over an ONNX decoder.
+
+    :attr:`layout` (read from the graph) says how a batch's rows lie in the cache:
+    :data:`~tritonforge.kv_batch.LEFT` when ``position_ids`` is an input (the torch.onnx export),
+    else :data:`~tritonforge.kv_batch.RIGHT`: every row's tokens start at column 0, the mask's
+    row sums give each row's length, from which the graph derives positions (ONNX Runtime's
+    ``GroupQueryAttention``, the GenAI builder's graphs); ``positions`` is not fed then."""
 
     def __init__(
         self,
@@ -60,15 +70,21 @@ class OrtDecoder:
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.layers = sum(1 for n in inputs if n.startswith(PAST_PREFIX)) // 2
         self.past = past_names(self.layers)
-        missing = [
-            n for n in (INPUT_IDS, ATTENTION_MASK, POSITION_IDS, *self.past) if n not in inputs
-        ]
+        self.layout = LEFT if POSITION_IDS in inputs else RIGHT
+        missing = [n for n in (INPUT_IDS, ATTENTION_MASK, *self.past) if n not in inputs]
         if missing or not self.layers:
             raise ModelConfigError(f"{path}: not a KV-cache decoder; missing inputs {missing}")
         shape = inputs[self.past[0]].shape  # [batch, kv_heads, past, head_dim]
-        self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
+        if not isinstance(shape[1], int) or not isinstance(shape[3], int):
+            raise ModelConfigError(
+                f"{path}: {self.past[0]} has shape {shape}; its heads and head axes must be "
+                "concrete (re-export the decoder)"
+            )
+        self.kv_heads, self.head_dim = shape[1], shape[3]
         self.outputs = [LOGITS, *present_names(self.layers)]
         self.vocab_size = int(self.session.get_outputs()[0].shape[-1])
+        # what a running batch's cache should keep free for in-place steps (kv_batch.new_batch)
+        self.kv_headroom = IN_PLACE_HEADROOM if self.layout == RIGHT else 0
 
     def empty_past(self, batch: int = 1) -> list[np.ndarray]:
         shape = (batch, self.kv_heads, 0, self.head_dim)
@@ -77,7 +93,42 @@ class OrtDecoder:
     def __call__(
         self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[np.ndarray]
     ) -> tuple[np.ndarray, list[np.ndarray]]:
-        feed = {INPUT_IDS: ids, ATTENTION_MASK: mask, POSITION_IDS: positions}
+        """One step. A right-padded graph's decode step whose ``past`` buffers have room for the
+        new column (wider than ``mask`` minus one: :attr:`in_place`) writes it into them in
+        place and returns them as the presents (ONNX Runtime GenAI's
+        ``past_present_share_buffer``: GroupQueryAttention shares a past and its present when
+        they are one buffer, so the cache is not copied every step; measured bit-identical to
+        the copying path, docs/performance.md)."""
+        if self.in_place(ids, mask, past):
+            return self._in_place(ids, mask, past)
+        feed = {INPUT_IDS: ids, ATTENTION_MASK: mask}
+        if self.layout == LEFT:
+            feed[POSITION_IDS] = positions
         feed.update(zip(self.past, past, strict=True))
         logits, *presents = self.session.run(self.outputs, feed)
         return logits, presents
+
+    def in_place(self, ids: np.ndarray, mask: np.ndarray, past: list[np.ndarray]) -> bool:
+        """Whether this step writes into ``past`` (see :meth:`__call__`)."""
+        return (
+            self.layout == RIGHT
+            and ids.shape[1] == 1
+            and past[0].shape[2] >= mask.shape[1]
+            and all(p.flags.c_contiguous and p.dtype == np.float32 for p in past)
+        )
+
+    def _in_place(
+        self, ids: np.ndarray, mask: np.ndarray, past: list[np.ndarray]
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        import onnxruntime as ort
+
+        io = self.session.io_binding()
+        io.bind_cpu_input(INPUT_IDS, np.ascontiguousarray(ids))
+        io.bind_cpu_input(ATTENTION_MASK, np.ascontiguousarray(mask))
+        io.bind_output(LOGITS)
+        for name, present, p in zip(self.past, self.outputs[1:], past, strict=True):
+            value = ort.OrtValue.ortvalue_from_numpy(p)  # shares p's memory
+            io.bind_ortvalue_input(name, value)
+            io.bind_ortvalue_output(present, value)
+        self.session.run_with_iobinding(io)
+        return io.get_outputs()[0].numpy(), past

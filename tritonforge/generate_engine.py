@@ -68,6 +68,8 @@ class GenerateEngine:
             name=config.name,
             queue_timeout_s=config.param("queue_timeout_s", kind=float),
             on_step=on_step,
+            layout=self.decoder.layout,
+            kv_headroom=self.decoder.kv_headroom,
         )
         self.seeds = np.random.SeedSequence()
 

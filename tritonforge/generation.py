@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tritonforge.errors import InvalidInputError
-from tritonforge.kv_batch import KVBatch
+from tritonforge.kv_batch import KVBatch, RightKVBatch
 from tritonforge.pipelines import VARIANT_PARAMETER
 from tritonforge.sampling import (
     SAMPLING_FIELDS,
@@ -51,6 +51,7 @@ __all__ = [
     "GenerationLimits",
     "KVBatch",
     "OutputFn",
+    "RightKVBatch",
     "SamplingParams",
     "Scheduler",
     "StepFn",

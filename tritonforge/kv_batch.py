@@ -1,5 +1,10 @@
-"""The running batch of the in-flight scheduler: past keys/values left-padded to a common length
-(:class:`KVBatch`), each row's padding kept a multiple of :data:`PAD_ALIGN` columns."""
+"""The running batch of the in-flight scheduler, in the cache layout of the decoder graph:
+:class:`KVBatch` keeps past keys/values LEFT-padded to a common length, each row's padding a
+multiple of :data:`PAD_ALIGN` columns (the torch.onnx export, ``position_ids`` an input);
+:class:`RightKVBatch` keeps every row from column 0, RIGHT-padded to the longest (graphs that
+derive positions from the mask: ONNX Runtime's ``GroupQueryAttention``). :func:`new_batch`
+picks one by layout. Both answer the same calls: :meth:`can_add`, :meth:`add`, :meth:`remove`,
+:meth:`step_mask` and :meth:`advance`."""
 
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ if TYPE_CHECKING:
 # moved fp32 logits by ~2e-5 and int8's by ~0.5 (its activation quantization amplifies them),
 # which flipped greedy tokens. Rows in one step never affect each other otherwise.
 PAD_ALIGN = 4
+# The cache layouts (``tritonforge.decoder.OrtDecoder.layout`` reads a graph's).
+LEFT, RIGHT = "left", "right"
 
 
 @dataclass
@@ -71,6 +78,15 @@ class KVBatch:
         self.positions = np.append(self.positions, length)
         self.last = np.append(self.last, token)
 
+    def step_mask(self) -> np.ndarray:
+        """The attention mask of the next decode step (the new token appended on the right)."""
+        return np.concatenate([self.mask, np.ones((len(self.rows), 1), np.int64)], 1)
+
+    def advance(self, presents: list[np.ndarray], mask: np.ndarray) -> None:
+        """After a decode step fed ``mask`` (:meth:`step_mask`): its presents become the past."""
+        self.past, self.mask = presents, mask
+        self.positions = self.positions + 1
+
     def remove(self, leaving: Sequence[int]) -> None:
         if not leaving:
             return
@@ -89,3 +105,95 @@ class KVBatch:
         start = int(np.argmax(self.mask.any(0)))
         self.mask = self.mask[:, start:]
         self.past = [np.ascontiguousarray(p[keep][:, :, start:]) for p in self.past]
+
+
+@dataclass
+class RightKVBatch:
+    """The running batch of a right-padded graph: every row's keys/values from column 0
+    (``positions``: each row's length, its next position; the batch's :attr:`width` is the
+    longest). A row joins at once (no alignment wait: a row's columns never move, measured
+    bit-identical to the row alone, docs/performance.md).
+
+    ``headroom`` 0: the cache is exactly :attr:`width` columns (trimmed when the longest row
+    leaves), each step returns a new one a column wider. ``headroom`` > 0: the cache keeps room
+    for the next column (grown by ``headroom`` columns when full), for a step that writes the
+    new column into it in place (``OrtDecoder.in_place``)."""
+
+    rows: list[Generation] = field(default_factory=list)
+    past: list[np.ndarray] = field(default_factory=list)
+    positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    last: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    headroom: int = 0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def width(self) -> int:
+        return int(self.positions.max()) if self.positions.size else 0
+
+    def can_add(self, length: int) -> bool:
+        """Always: a row's columns start at 0 whatever the batch's width."""
+        return True
+
+    def add(self, seq: Generation, presents: list[np.ndarray], length: int, token: int) -> None:
+        """Join a prefilled row (``presents``: batch 1, ``length`` columns, all valid)."""
+        if self.rows:
+            wide = max(self.past[0].shape[2], length)
+            self.past = [
+                np.concatenate([_right_pad(p, wide), _right_pad(r, wide)], 0)
+                for p, r in zip(self.past, presents, strict=True)
+            ]
+        else:
+            self.past = [np.ascontiguousarray(r) for r in presents]
+        self.rows.append(seq)
+        self.positions = np.append(self.positions, length).astype(np.int64)
+        self.last = np.append(self.last, token).astype(np.int64)
+        self._fit()
+
+    def step_mask(self) -> np.ndarray:
+        """Each row's columns and its new token's (the graph places it at the row's length)."""
+        return (np.arange(self.width + 1)[None] < (self.positions + 1)[:, None]).astype(np.int64)
+
+    def advance(self, presents: list[np.ndarray], mask: np.ndarray) -> None:
+        """After a decode step: its presents (the same buffers when written in place, else one
+        column wider) become the past."""
+        self.past = presents
+        self.positions = self.positions + 1
+        self._fit()
+
+    def remove(self, leaving: Sequence[int]) -> None:
+        if not leaving:
+            return
+        keep = [i for i in range(len(self.rows)) if i not in set(leaving)]
+        self.rows = [self.rows[i] for i in keep]
+        self.positions, self.last = self.positions[keep], self.last[keep]
+        self.past = [np.ascontiguousarray(p[keep]) for p in self.past] if keep else []
+        self._fit()
+
+    def _fit(self) -> None:
+        """Trim the cache to :attr:`width` (``headroom`` 0) or keep room for the next column."""
+        if not self.rows:
+            return
+        have, width = self.past[0].shape[2], self.width
+        if not self.headroom and have > width:
+            self.past = [np.ascontiguousarray(p[:, :, :width]) for p in self.past]
+        elif self.headroom and have <= width:
+            self.past = [_right_pad(p, width + self.headroom) for p in self.past]
+
+
+Batch = KVBatch | RightKVBatch
+
+
+def new_batch(layout: str, headroom: int = 0) -> Batch:
+    """An empty running batch for a graph of ``layout`` (:data:`LEFT` or :data:`RIGHT`);
+    ``headroom``: see :class:`RightKVBatch`."""
+    if layout == LEFT:
+        return KVBatch()
+    if layout == RIGHT:
+        return RightKVBatch(headroom=headroom)
+    raise ValueError(f"unknown cache layout {layout!r} (expected {LEFT!r} or {RIGHT!r})")
+
+
+def _right_pad(p: np.ndarray, width: int) -> np.ndarray:
+    return np.pad(p, ((0, 0), (0, 0), (0, width - p.shape[2]), (0, 0)))

@@ -5,6 +5,10 @@ The decoder contract (see ``export.decoder.module``)::
 
     step(input_ids [b, s], attention_mask [b, past + s], position_ids [b, s], past)
         -> (logits [b, s, vocab], presents)      # past/presents: 2 * layers arrays [b, h, t, d]
+
+with the running batch's rows in the step's cache ``layout`` (:mod:`tritonforge.kv_batch`):
+left-padded, or right-padded (each row from column 0, its length the mask's row sum; a
+right-padded step may ignore ``position_ids``). Prefills are right-padded in both.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tritonforge.errors import ServingError, StageUnavailableError
-from tritonforge.kv_batch import KVBatch
+from tritonforge.kv_batch import LEFT, Batch, new_batch
 from tritonforge.sampling import SamplingParams, sample_next
 from tritonforge.text_stream import TextStream
 
@@ -89,13 +93,18 @@ class Scheduler:
         max_prefill_tokens: int = 2048,
         queue_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        layout: str = LEFT,
+        kv_headroom: int = 0,
     ) -> None:
         """``name``: the model serving (its config's name), which every message names.
         ``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
         after every step (metrics). Requests admitted together are prefilled in one call of at
         most ``max_prefill_tokens`` padded tokens (a long prompt is prefilled alone). A sequence
         still waiting for a slot ``queue_timeout_s`` after :meth:`submit` ends with
-        :class:`StageUnavailableError` (None: it waits as long as it takes)."""
+        :class:`StageUnavailableError` (None: it waits as long as it takes). ``layout``: the
+        step's cache layout (``kv_batch.LEFT`` or ``RIGHT``, ``OrtDecoder.layout``);
+        ``kv_headroom``: free columns a right-padded batch keeps for a step that writes in
+        place (``OrtDecoder.kv_headroom``; 0: none)."""
         if queue_timeout_s is not None and queue_timeout_s <= 0:
             raise ValueError(f"queue_timeout_s must be > 0, got {queue_timeout_s}")
         self.name = name
@@ -106,7 +115,8 @@ class Scheduler:
         self.eos_ids = frozenset(eos_ids)
         self.max_running, self.max_queue = max_running, max_queue
         self.waiting: deque[Generation] = deque()
-        self.batch = KVBatch()
+        self.layout, self.kv_headroom = layout, kv_headroom
+        self.batch: Batch = new_batch(layout, kv_headroom)
         # prefilled (first token sent), waiting for their padding to fit the batch: (sequence,
         # its cached keys/values, their length, its last token)
         self.joining: deque[tuple[Generation, list[np.ndarray], int, int]] = deque()
@@ -165,7 +175,7 @@ class Scheduler:
             pending = [*self.waiting, *(j[0] for j in self.joining), *self.batch.rows]
             self.waiting.clear()
             self.joining.clear()
-        self.batch = KVBatch()
+        self.batch = new_batch(self.layout, self.kv_headroom)
         for seq in pending:
             seq.fail(StageUnavailableError(reason))
 
@@ -193,7 +203,7 @@ class Scheduler:
             error = ServingError(f"{self.name}: decoder step failed ({type(e).__name__}: {e})")
             for seq in self.batch.rows:
                 seq.fail(error)
-            self.batch = KVBatch()
+            self.batch = new_batch(self.layout, self.kv_headroom)
         self.steps += 1
         if self.on_step is not None:
             self.on_step(*self.load())
@@ -268,9 +278,10 @@ class Scheduler:
                 self.joining.append((seq, row, n, token))
 
     def _join(self) -> None:
-        """Move prefilled sequences into the running batch, in order, as soon as their padding
-        can be a multiple of the batch's ``align`` (:meth:`KVBatch.can_add`); the others wait
-        for the width to grow (one column per decode step, so at most ``align - 1`` steps)."""
+        """Move prefilled sequences into the running batch, in order, as soon as it takes them
+        (``can_add``): a right-padded batch at once; a left-padded one when their padding can be
+        a multiple of its ``align`` (the others wait for the width to grow, one column per
+        decode step, so at most ``align - 1`` steps)."""
         still: deque[tuple[Generation, list[np.ndarray], int, int]] = deque()
         for seq, row, n, token in self.joining:
             if self.batch.can_add(n):
@@ -281,10 +292,9 @@ class Scheduler:
 
     def _decode(self) -> None:
         b = self.batch
-        mask = np.concatenate([b.mask, np.ones((len(b), 1), np.int64)], 1)
+        mask = b.step_mask()
         logits, presents = self.step_fn(b.last[:, None], mask, b.positions[:, None], b.past)
-        b.past, b.mask = presents, mask
-        b.positions = b.positions + 1
+        b.advance(presents, mask)
         self.batch_sizes.append(len(b))
         for i, seq in enumerate(b.rows):
             b.last[i] = self._emit(seq, logits[i, -1])

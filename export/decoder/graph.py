@@ -21,6 +21,7 @@ from tritonforge.export.decoder.spec import (
 )
 from tritonforge.export.errors import ExportError
 from tritonforge.export.onnx_export import torch_to_onnx
+from tritonforge.kv_batch import LEFT
 
 
 def export_graph(decoder: KVCacheDecoder, spec: DecoderSpec, path: Path) -> None:
@@ -47,22 +48,31 @@ def export_graph(decoder: KVCacheDecoder, spec: DecoderSpec, path: Path) -> None
     torch_to_onnx(decoder, args, path, names, axes, spec.opset, spec.name, no_grad=True)
 
 
-def check_graph(path: Path, layers: int) -> list[str]:
-    """onnx.checker plus the declared dynamic axes on inputs and outputs."""
+def check_graph(path: Path, layers: int, layout: str = LEFT, checker: bool = True) -> list[str]:
+    """onnx.checker (when ``checker``: it does not know ONNX Runtime's contrib operators such as
+    ``SimplifiedLayerNormalization`` in the default domain, so a GenAI-built graph's check is
+    ONNX Runtime loading it) plus the declared dynamic axes on inputs and outputs
+    (``position_ids`` only in a left-padded graph: a right-padded one derives positions from
+    the mask)."""
     import onnx
 
     problems: list[str] = []
     try:
-        onnx.checker.check_model(str(path))
+        if checker:
+            onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as e:
         problems.append(f"{path.name}: onnx.checker: {e}")
     model = onnx.load(str(path), load_external_data=False)
+    caches = sum(1 for v in model.graph.input if v.name.endswith(".key"))
+    if caches != layers:
+        problems.append(f"{path.name}: {caches} layers' caches, the checkpoint has {layers}")
     want = {
         "input_ids": (BATCH_AXIS, SEQ_AXIS),
         "attention_mask": (BATCH_AXIS, TOTAL_AXIS),
-        "position_ids": (BATCH_AXIS, SEQ_AXIS),
         "logits": (BATCH_AXIS, SEQ_AXIS, None),
     }
+    if layout == LEFT:
+        want["position_ids"] = (BATCH_AXIS, SEQ_AXIS)
     want.update({n: (BATCH_AXIS, None, PAST_AXIS, None) for n in past_names(layers)})
     want.update({n: (BATCH_AXIS, None, TOTAL_AXIS, None) for n in present_names(layers)})
     seen = {v.name: v for v in (*model.graph.input, *model.graph.output)}

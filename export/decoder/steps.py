@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from tritonforge.export.decoder.config import (
     render_config,
     stale_models,
 )
+from tritonforge.export.decoder.genai import build_graph, save_hf_checkpoint
 from tritonforge.export.decoder.graph import (
     check_graph,
     export_graph,
@@ -49,7 +51,7 @@ from tritonforge.export.decoder.graph import (
 from tritonforge.export.decoder.load import load_gguf, package_file
 from tritonforge.export.decoder.module import KVCacheDecoder
 from tritonforge.export.decoder.report import render_markdown
-from tritonforge.export.decoder.spec import DecoderSpec
+from tritonforge.export.decoder.spec import DecoderSpec, WeightOnlyQuantization
 from tritonforge.export.flow import Outcome, Progress, Steps
 from tritonforge.export.pipeline_configs import stage_files
 from tritonforge.export.spec import digest_json
@@ -141,6 +143,8 @@ def cached_reference(
 def fingerprint(spec: DecoderSpec, checkpoint: Path, int8: bool) -> dict[str, Any]:
     """Every input of the decoder's export; equal digests mean an identical export."""
     libs = {**library_versions(), "transformers": importlib.metadata.version("transformers")}
+    if spec.graph is not None:
+        libs["onnxruntime-genai"] = importlib.metadata.version("onnxruntime-genai")
     parts = {
         "code": code_digest(),
         "spec": digest_json(spec.fingerprint_data()),
@@ -199,17 +203,28 @@ class _DecoderBuild:
         with steps("load GGUF checkpoint (transformers, dequantized to float32)"):
             model, hf_tok = load_gguf(checkpoint)
             decoder = KVCacheDecoder(model).eval()
-        with steps("ONNX export (KV cache, dynamic batch/sequence/past/total axes)"):
-            export_graph(decoder, spec, out["decoder"])
-            problems = check_graph(out["decoder"], decoder.layers)
-            self.report["graph_checks"] = problems
-            flow.check(problems, spec.name)
+        self.report["graph_builder"] = spec.graph.describe() if spec.graph else "torch.onnx"
+        if spec.graph is None:
+            with steps("ONNX export (KV cache, dynamic batch/sequence/past/total axes)"):
+                export_graph(decoder, spec, out["decoder"])
+        else:
+            with steps(f"ONNX graph: {spec.graph.describe()}"):
+                self.hf_dir = save_hf_checkpoint(model, hf_tok, self.staging.path(".work/hf"))
+                self._genai(out["decoder"], None)
+        fp32 = OrtDecoder(out["decoder"], intra_op_threads=2)
+        self.layout = fp32.layout
+        checker = spec.graph is None
+        problems = check_graph(out["decoder"], decoder.layers, fp32.layout, checker)
+        self.report["graph_checks"] = problems
+        self.report["cache_layout"] = fp32.layout
+        flow.check(problems, spec.name)
         with steps("tokenizer.json + generation.json"):
             meta = self._tokenizer_files(model, hf_tok)
-        fp32 = OrtDecoder(out["decoder"], intra_op_threads=2)
         with steps("ONNX Runtime vs PyTorch logits on the grid (prefill, cached steps, padding)"):
             vocab = int(model.config.vocab_size)
-            summary, problems = verify.check_grid(spec, fp32, fp32.empty_past, model, vocab)
+            summary, problems = verify.check_grid(
+                spec, fp32, fp32.empty_past, model, vocab, fp32.layout
+            )
             self.report["parity"]["fp32"] = summary
             self.failures += problems
             steps.note(f"{summary['cases']} cases, worst {summary['worst']}")
@@ -222,7 +237,9 @@ class _DecoderBuild:
             "fp32_decode_b16_past64": step_latency_ms(fp32, 16, 64),
         }
         flow.check(self.failures, spec.name)
-        refused = _int8(spec, out, fp32, alone, run, self.report, steps) if self.int8 else []
+        refused = (
+            _int8(spec, out, fp32, alone, run, self.report, steps, self._int8) if self.int8 else []
+        )
         served = self._default(refused)
         with steps("config.pbtxt per variant, sha256 sidecars, reports"):
             self._place(served)
@@ -248,6 +265,19 @@ class _DecoderBuild:
             "reason": why,
         }
         return served
+
+    def _genai(self, dst: Path, int8: WeightOnlyQuantization | None) -> None:
+        """The GenAI builder's graph (fp32, or ``int8``) from the saved checkpoint into ``dst``."""
+        assert self.spec.graph is not None
+        work = self.staging.path(".work/genai")
+        build_graph(self.hf_dir, dst, self.spec.graph, int8, work)
+
+    def _int8(self) -> None:
+        """The int8 decoder as the spec declares: the builder's, or the fp32 graph quantized."""
+        if self.spec.graph is None:
+            quantize_weights_int8(self.out["decoder"], self.out["int8"], self.spec.int8_method)
+        else:
+            self._genai(self.out["int8"], self.spec.int8_method)
 
     def _tokenizer_files(self, model: Any, hf_tok: Any) -> dict[str, Any]:
         """fp32's tokenizer.json and generation.json; returns the generation metadata."""
@@ -289,6 +319,8 @@ class _DecoderBuild:
             "new_tokens": spec.fidelity_new_tokens,
             "eos_ids": meta["eos_token_ids"],
             "name": models(spec, self.int8)["fp32"],
+            "layout": self.layout,
+            "kv_headroom": fp32.kv_headroom,  # the served batch's (in-place decode steps)
         }
         alone = verify.scheduler_tokens(fp32, fp32.empty_past, max_running=1, **run)
         batched = verify.scheduler_tokens(fp32, fp32.empty_past, max_running=8, **run)
@@ -350,12 +382,16 @@ def _int8(
     run: dict[str, Any],
     report: dict[str, Any],
     steps: Steps,
+    make_int8: Callable[[], None],
 ) -> list[str]:
+    """``make_int8`` writes ``out["int8"]`` (the spec's graph builder and ``int8_method``)."""
     gate = spec.int8_gate
     with steps(f"int8 weight-only quantization ({spec.int8_method.describe()})"):
-        quantize_weights_int8(out["decoder"], out["int8"], spec.int8_method)
-        problems = check_graph(out["int8"], fp32.layers)
+        make_int8()
+        problems = check_graph(out["int8"], fp32.layers, fp32.layout, spec.graph is None)
     q8 = OrtDecoder(out["int8"], intra_op_threads=2)
+    if q8.layout != fp32.layout:
+        problems.append(f"int8 graph's cache layout {q8.layout} differs from fp32's")
     with steps("int8 gate: greedy agreement with fp32 + held-out perplexity"):
         agree = verify.teacher_forced_agreement(q8, q8.empty_past, run["prompts"], alone)
         run8 = {**run, "name": models(spec, True)["int8"]}

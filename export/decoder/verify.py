@@ -1,7 +1,8 @@
 """Verification of an exported decoder against PyTorch (Hugging Face transformers).
 
 * :func:`check_grid`: logits on a (batch, past, new) grid including past 0, prefill followed by
-  a cached step, and left-padded mixed-length batches decoded for a few greedy steps;
+  a cached step, and mixed-length batches padded as the graph's cache layout wants (left or
+  right, :mod:`tritonforge.kv_batch`) decoded for a few greedy steps;
 * :func:`fidelity`: greedy tokens through the serving scheduler vs ``model.generate``, with the
   logit margin at any divergence, and batching invariance (alone vs inside a batch);
 * :func:`perplexity`: held-out perplexity of a step function (the int8 gate).
@@ -22,11 +23,13 @@ import torch
 from tritonforge.export.decoder.spec import DecoderSpec
 from tritonforge.generation import (
     Generation,
+    RightKVBatch,
     SamplingParams,
     Scheduler,
     StepFn,
     TextStream,
 )
+from tritonforge.kv_batch import LEFT, RIGHT
 
 Past = list[np.ndarray]
 
@@ -54,7 +57,7 @@ def hf_logits(model: Any, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def check_grid(
-    spec: DecoderSpec, step: StepFn, empty_past: Any, model: Any, vocab: int
+    spec: DecoderSpec, step: StepFn, empty_past: Any, model: Any, vocab: int, layout: str = LEFT
 ) -> tuple[dict[str, Any], list[str]]:
     rng = np.random.default_rng(11)
     results: list[Compare] = []
@@ -65,10 +68,21 @@ def check_grid(
         if p:
             logits, past = step(ids[:, :p], np.ones((b, p), np.int64), _arange(b, 0, p), past)
             results.append(compare(f"b{b} prefill {p}", logits, want[:, :p], spec))
-        logits, _ = step(ids[:, p:], np.ones((b, p + s), np.int64), _arange(b, p, p + s), past)
-        results.append(compare(f"b{b} past {p} new {s}", logits, want[:, p:], spec))
+        label = f"b{b} past {p} new {s}"
+        if layout == RIGHT and p and s > 1 and b > 1:
+            # GroupQueryAttention takes several new tokens after a past at batch 1 only (the
+            # scheduler never asks: prefills have no past, decode steps one token)
+            rows = [
+                step(ids[i : i + 1, p:], np.ones((1, p + s), np.int64), _arange(1, p, p + s), r)[0]
+                for i, r in enumerate(_rows(past))
+            ]
+            logits, label = np.concatenate(rows), f"{label} (row by row)"
+        else:
+            logits, _ = step(ids[:, p:], np.ones((b, p + s), np.int64), _arange(b, p, p + s), past)
+        results.append(compare(label, logits, want[:, p:], spec))
+    padded = _padded if layout == LEFT else _right_padded
     for lengths in spec.padded_batches:
-        results += _padded(spec, step, empty_past, model, vocab, lengths, rng)
+        results += padded(spec, step, empty_past, model, vocab, lengths, rng)
     failures = [
         f"logits {r.label}: max abs {r.max_abs:.3g} exceeds atol {spec.logits_atol} + rtol "
         f"{spec.logits_rtol} (ratio {r.ratio:.2f})"
@@ -84,6 +98,11 @@ def check_grid(
         "rtol": spec.logits_rtol,
     }
     return summary, failures
+
+
+def _rows(past: Past) -> list[Past]:
+    """Each batch row's caches (batch 1)."""
+    return [[p[i : i + 1] for p in past] for i in range(past[0].shape[0])]
 
 
 def _arange(b: int, start: int, stop: int) -> np.ndarray:
@@ -124,6 +143,48 @@ def _padded(
     return out
 
 
+def _right_padded(
+    spec: DecoderSpec,
+    step: StepFn,
+    empty_past: Any,
+    model: Any,
+    vocab: int,
+    lengths: Sequence[int],
+    rng: np.random.Generator,
+) -> list[Compare]:
+    """Right-padded rows (each from column 0) prefilled together, then ``decode_steps`` greedy
+    cached steps with the served running batch's masks (:class:`RightKVBatch`); each row is
+    compared with PyTorch on its own tokens."""
+    b, width = len(lengths), max(lengths)
+    rows = [rng.integers(3, vocab, size=n).tolist() for n in lengths]
+    ids = np.zeros((b, width), np.int64)
+    mask = np.zeros((b, width), np.int64)
+    for i, (r, n) in enumerate(zip(rows, lengths, strict=True)):
+        ids[i, :n], mask[i, :n] = r, 1
+    label = "right-padded " + "/".join(map(str, lengths))
+    logits, past = step(ids, mask, _arange(b, 0, width), empty_past(b))
+    got = [logits[i, :n] for i, n in enumerate(lengths)]
+    want = [hf_logits(model, np.asarray([r]), np.ones((1, len(r)), np.int64))[0] for r in rows]
+    out = [compare(f"{label} prefill", np.concatenate(got), np.concatenate(want), spec)]
+    batch = RightKVBatch(past=[np.ascontiguousarray(p[:, :, :width]) for p in past])
+    batch.positions = np.asarray(lengths, np.int64)
+    for k in range(spec.decode_steps):
+        token = np.asarray([g[-1].argmax() for g in got], np.int64)
+        for r, t in zip(rows, token, strict=True):
+            r.append(int(t))
+        mask = batch.step_mask()
+        logits, presents = step(token[:, None], mask, batch.positions[:, None], batch.past)
+        batch.past, batch.positions = presents, batch.positions + 1
+        got = [logits[i, -1:] for i in range(b)]
+        want = [
+            hf_logits(model, np.asarray([r]), np.ones((1, len(r)), np.int64))[0, -1:] for r in rows
+        ]
+        out.append(
+            compare(f"{label} decode {k + 1}", np.concatenate(got), np.concatenate(want), spec)
+        )
+    return out
+
+
 def _raise(_: Generation, error: Exception) -> None:
     raise error
 
@@ -137,10 +198,22 @@ def scheduler_tokens(
     eos_ids: Sequence[int],
     max_running: int,
     name: str,
+    layout: str = LEFT,
+    kv_headroom: int = 0,
 ) -> list[list[int]]:
-    """Greedy tokens of ``prompts`` through the serving scheduler (``max_running`` at a time);
-    ``name``: the model whose decoder it is (its messages name it)."""
-    scheduler = Scheduler(step, empty_past, eos_ids, max_running, max_queue=len(prompts), name=name)
+    """Greedy tokens of ``prompts`` through the serving scheduler (``max_running`` at a time,
+    the running batch in the step's cache ``layout``); ``name``: the model whose decoder it is
+    (its messages name it)."""
+    scheduler = Scheduler(
+        step,
+        empty_past,
+        eos_ids,
+        max_running,
+        max_queue=len(prompts),
+        name=name,
+        layout=layout,
+        kv_headroom=kv_headroom,
+    )
     results: list[Generation] = []
     for ids in prompts:
         seq = Generation(

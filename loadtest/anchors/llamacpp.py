@@ -242,35 +242,18 @@ def build_binaries(layout: Layout, jobs: int = 2) -> None:
 
 
 def save_checkpoint(layout: Layout) -> Path:
-    """The export's dequantized SmolLM2 as a Hugging Face directory (skipped when present).
-
-    transformers refuses ``save_pretrained`` of a GGUF-loaded model, so its weights are copied
-    into a fresh model of the same config."""
+    """The export's dequantized SmolLM2 as a Hugging Face directory (skipped when present;
+    written by the export's :func:`~tritonforge.export.decoder.genai.save_hf_checkpoint`)."""
     out = layout.checkpoint
     if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():
         return out
-    import torch
-    from transformers import AutoModelForCausalLM
-
+    from tritonforge.export.decoder.genai import save_hf_checkpoint
     from tritonforge.export.decoder.load import load_gguf, package_file
     from tritonforge.export.specs.smollm2 import smollm2_spec
 
     spec = smollm2_spec()
     model, tokenizer = load_gguf(package_file(spec.package, spec.checkpoint))
-    config = model.config
-    for attr in ("quantization_config",):
-        if hasattr(config, attr):
-            delattr(config, attr)
-    config.dtype = torch.float32
-    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    fresh.load_state_dict(model.state_dict())
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    fresh.save_pretrained(str(tmp))
-    tokenizer.save_pretrained(str(tmp))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
+    return save_hf_checkpoint(model, tokenizer, out)
 
 
 def make_ggufs(layout: Layout) -> None:

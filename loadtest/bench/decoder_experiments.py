@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from tritonforge.decoder import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, OrtDecoder
+from tritonforge.kv_batch import LEFT
 from tritonforge.logs import run_main
 from tritonforge.modelconfig import ModelConfig
 
@@ -72,9 +73,10 @@ def numpy_steps(sess: Any, meta: OrtDecoder, batch: int) -> float:
         feed = {
             INPUT_IDS: np.full((batch, 1), 5, np.int64),
             ATTENTION_MASK: np.ones((batch, n + 1), np.int64),
-            POSITION_IDS: np.full((batch, 1), n, np.int64),
             **dict(zip(meta.past, past, strict=True)),
         }
+        if meta.layout == LEFT:  # a right-padded graph derives positions from the mask
+            feed[POSITION_IDS] = np.full((batch, 1), n, np.int64)
         _, *past = sess.run(meta.outputs, feed)
     return time.perf_counter() - t
 
@@ -91,7 +93,8 @@ def bound_steps(sess: Any, meta: OrtDecoder, batch: int) -> float:
         io = sess.io_binding()
         io.bind_cpu_input(INPUT_IDS, np.full((batch, 1), 5, np.int64))
         io.bind_cpu_input(ATTENTION_MASK, np.ones((batch, n + 1), np.int64))
-        io.bind_cpu_input(POSITION_IDS, np.full((batch, 1), n, np.int64))
+        if meta.layout == LEFT:
+            io.bind_cpu_input(POSITION_IDS, np.full((batch, 1), n, np.int64))
         for name, value in zip(meta.past, past, strict=True):
             io.bind_ortvalue_input(name, value)
         for name in meta.outputs:

@@ -125,6 +125,8 @@ def prepare(source: Path, work: Path, threads: int) -> dict[str, Variant]:
 def sample_feed(session: Any) -> dict[str, np.ndarray]:
     """One input: a decoder gets 8 prompt tokens and an empty past, an encoder one 16-token row."""
     feed: dict[str, np.ndarray] = {}
+    # a decoder has caches (a right-padded one has no position_ids)
+    n = 8 if any(x.name.startswith("past_key_values.") for x in session.get_inputs()) else 16
     for i in session.get_inputs():
         if i.name.startswith("past_key_values."):
             heads, dim = int(i.shape[1]), int(i.shape[3])
@@ -132,11 +134,8 @@ def sample_feed(session: Any) -> dict[str, np.ndarray]:
         elif i.name == "position_ids":
             feed[i.name] = np.arange(8, dtype=np.int64)[None]
         elif i.name == "attention_mask":
-            feed[i.name] = np.ones(
-                (1, 8 if "position_ids" in {x.name for x in session.get_inputs()} else 16), np.int64
-            )
+            feed[i.name] = np.ones((1, n), np.int64)
         else:
-            n = 8 if any(x.name == "position_ids" for x in session.get_inputs()) else 16
             feed[i.name] = (np.arange(n, dtype=np.int64)[None] * 37 + 11) % 1000
     return feed
 

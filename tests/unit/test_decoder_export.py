@@ -18,6 +18,7 @@ from tritonforge.export.decoder.config import (
     render_config,
     stale_models,
 )
+from tritonforge.export.decoder.genai import BUILDER_MODULE, HEAD_AXIS, builder_command, single_file
 from tritonforge.export.decoder.spec import DecoderSpec
 from tritonforge.export.flow import Steps
 from tritonforge.export.specs.smollm2 import smollm2_spec
@@ -194,3 +195,50 @@ def test_benches_and_load_tests_find_the_one_group_by_discovery() -> None:
     assert single_generator(found, "repo").model() == spec.serving.model_name
     with pytest.raises(LookupError, match="none"):
         single_generator({}, "repo")
+
+
+def test_the_graph_builder_and_its_options_come_from_the_spec(tmp_path: Path) -> None:
+    """The GenAI builder's command line: fp32, and int8 with the spec's ``int8_method``."""
+    spec = smollm2_spec()
+    assert spec.graph is not None
+    fp32 = builder_command(tmp_path / "hf", tmp_path, spec.graph, None)
+    assert fp32[1:3] == ["-m", BUILDER_MODULE]
+    assert fp32[fp32.index("-p") + 1] == "fp32" and "--extra_options" not in fp32
+    q = spec.int8_method
+    int8 = builder_command(tmp_path / "hf", tmp_path, spec.graph, q)
+    assert int8[int8.index("-p") + 1] == f"int{q.bits}"
+    options = int8[int8.index("--extra_options") + 1 :]
+    assert options == [f"block_size={q.block_size}", f"accuracy_level={q.accuracy_level}"]
+    assert int8[int8.index("-e") + 1] == spec.graph.execution_provider == "cpu"
+
+
+def test_the_builders_graph_becomes_one_file_with_a_concrete_head_axis(tmp_path: Path) -> None:
+    """The builder writes external data and a symbolic head axis; the served decoder.onnx is
+    one self-contained file whose caches' head axis OrtDecoder can read."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    kv: list[str | int | None] = ["b", 1, "p", HEAD_AXIS]
+    past = helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, kv)
+    present = helper.make_tensor_value_info("present.0.key", TensorProto.FLOAT, kv)
+    weight = numpy_helper.from_array(np.ones((1, 1, 1, 4), np.float32), "w")
+    node = helper.make_node("Mul", ["past_key_values.0.key", "w"], ["present.0.key"])
+    graph = helper.make_graph([node], "g", [past], [present], initializer=[weight])
+    src = tmp_path / "out" / "model.onnx"
+    src.parent.mkdir()
+    onnx.save_model(
+        helper.make_model(graph),
+        str(src),
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
+    assert (src.parent / "model.onnx.data").is_file()
+    single_file(src, tmp_path / "decoder.onnx", 4)
+    (src.parent / "model.onnx.data").unlink()  # the result must not need it
+    model = onnx.load(str(tmp_path / "decoder.onnx"))
+    for value in (*model.graph.input, *model.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        assert dims[3].dim_value == 4 and not dims[3].dim_param
+    assert numpy_helper.to_array(model.graph.initializer[0]).sum() == 4

@@ -1,5 +1,6 @@
 """Pure generation parts: sampling parameters, sampling, stop strings, streamed text, the
-left-padded KV batch and the in-flight scheduler (driven by a small mask-honouring toy decoder)."""
+left- and right-padded KV batches and the in-flight scheduler (driven by small mask-honouring toy
+decoders, one per cache layout)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from tritonforge.errors import InvalidInputError, StageUnavailableError
 from tritonforge.generation import render_prompt
-from tritonforge.kv_batch import KVBatch
+from tritonforge.kv_batch import RIGHT, KVBatch, RightKVBatch, new_batch
 from tritonforge.sampling import GenerationLimits, SamplingParams, parse_sampling, sample_next
 from tritonforge.scheduler import FINISH_LENGTH, FINISH_STOP, Generation, Scheduler
 from tritonforge.text_stream import TextStream, stop_split
@@ -42,6 +43,43 @@ def toy_step(ids, mask, positions, past):
             value = attended[i, : col + 1].sum() + mask[i, : col + 1].sum() + positions[i, j]
             logits[i, j, int(value) % 9 + 1] = 1.0
     return logits, present
+
+
+def toy_right_step(ids, mask, positions, past):
+    """A right-padded 'decoder' as ONNX Runtime's GroupQueryAttention: no positions (ignored),
+    row i's length is ``mask[i].sum() - s`` for a decode step (0 for a prefill), its new tokens
+    are stored from that column, and the next token depends on the attended values weighted by
+    their column (a row's columns must not move) and the derived position."""
+    b, s = ids.shape
+    total = mask.shape[1]
+    lengths = mask.sum(1) - s if past[0].shape[2] else np.zeros(b, np.int64)
+    present = [np.zeros((b, 1, total, 1), np.float32)]
+    present[0][:, :, : past[0].shape[2]] = past[0]
+    logits = np.zeros((b, s, VOCAB), np.float32)
+    for i in range(b):
+        n = int(lengths[i])
+        present[0][i, 0, n : n + s, 0] = ids[i] + 1
+        for j in range(s):
+            cols = n + j + 1
+            value = (present[0][i, 0, :cols, 0] * np.arange(1, cols + 1)).sum() + n + j
+            logits[i, j, int(value) % 9 + 1] = 1.0
+    return logits, present
+
+
+IN_PLACE_CALLS: list[int] = []
+
+
+def toy_in_place_step(ids, mask, positions, past):
+    """``toy_right_step`` that writes a decode step's new column into ``past`` when it has room
+    and returns it (as ``OrtDecoder.in_place``: GroupQueryAttention with a shared buffer)."""
+    if ids.shape[1] == 1 and past[0].shape[2] >= mask.shape[1]:
+        valid = [p[:, :, : mask.shape[1] - 1] for p in past]
+        logits, _ = toy_right_step(ids, mask, positions, valid)
+        for i, n in enumerate(mask.sum(1) - 1):
+            past[0][i, 0, n, 0] = ids[i, 0] + 1
+        IN_PLACE_CALLS.append(past[0].shape[2])
+        return logits, past
+    return toy_right_step(ids, mask, positions, past)
 
 
 def empty_past(batch: int = 1):
@@ -138,8 +176,32 @@ def test_kv_batch_keeps_every_rows_padding_a_multiple_of_align():
     assert batch.mask.tolist() == [[1, 1, 1], [1, 1, 1]]
 
 
-def run_alone(prompt, max_new=6):
-    sched = Scheduler(toy_step, empty_past, [EOS], max_running=1, max_queue=4, name="generate")
+def test_right_kv_batch_joins_at_once_pads_right_and_trims():
+    batch = new_batch(RIGHT)
+    assert isinstance(batch, RightKVBatch)
+    row = lambda n, v: [np.full((1, 1, n, 1), v, np.float32)]  # noqa: E731
+    a, b, c = make([1]), make([2]), make([3])
+    batch.add(a, row(2, 1.0), 2, 5)
+    assert all(batch.can_add(n) for n in range(1, 9))  # no alignment wait
+    batch.add(b, row(4, 2.0), 4, 6)
+    batch.add(c, row(3, 3.0), 3, 7)
+    assert batch.past[0][:, 0, :, 0].tolist() == [[1, 1, 0, 0], [2, 2, 2, 2], [3, 3, 3, 0]]
+    assert batch.positions.tolist() == [2, 4, 3] and batch.last.tolist() == [5, 6, 7]
+    mask = batch.step_mask()  # each row's columns and its new token's, from column 0
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    batch.advance([np.ones((3, 1, 5, 1), np.float32)], mask)
+    assert batch.positions.tolist() == [3, 5, 4] and batch.past[0].shape == (3, 1, 5, 1)
+    batch.remove([1])  # the longest leaves: columns past every row's length are trimmed
+    assert batch.rows == [a, c] and batch.past[0].shape == (2, 1, 4, 1)
+    assert batch.positions.tolist() == [3, 4]
+    batch.remove([0, 1])
+    assert len(batch) == 0 and batch.past == []
+
+
+def run_alone(prompt, max_new=6, step=toy_step, layout="left"):
+    sched = Scheduler(
+        step, empty_past, [EOS], max_running=1, max_queue=4, name="generate", layout=layout
+    )
     seq = make(prompt, max_new)
     sched.submit(seq)
     sched.run_until_idle()
@@ -162,6 +224,77 @@ def test_in_flight_batching_is_invariant_to_batch_company_and_join_time():
     assert [s.tokens for s in seqs] == alone
     assert max(sched.batch_sizes) == 3  # bounded by max_running
     assert all(len(t) == 6 for t in alone)
+
+
+def test_right_padded_batching_is_invariant_and_rows_join_without_waiting():
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 2, 1], [3, 3], [2, 5, 1, 1, 4]]
+    alone = [run_alone(p, step=toy_right_step, layout=RIGHT) for p in prompts]
+    sched = Scheduler(
+        toy_right_step, empty_past, [EOS], max_running=4, max_queue=8, name="g", layout=RIGHT
+    )
+    seqs = [make(p, 6) for p in prompts[:2]]
+    for s in seqs:
+        sched.submit(s)
+    sched.step()
+    for p in prompts[2:]:  # rows of every length join mid-flight, at once
+        seqs.append(make(p, 6))
+        sched.submit(seqs[-1])
+        sched.step()
+        assert not sched.joining
+    sched.run_until_idle()
+    assert [s.tokens for s in seqs] == alone
+    assert len(set(map(tuple, alone))) == len(alone)  # the toy tells the prompts apart
+    assert max(sched.batch_sizes) == 4
+
+
+def test_in_place_steps_with_headroom_give_the_same_tokens():
+    """A batch with headroom keeps free columns (grown when full) and the step writes into
+    them: the tokens are those of the copying path alone."""
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 2, 1], [3, 3], [2, 5, 1, 1, 4]]
+    alone = [run_alone(p, 9, step=toy_right_step, layout=RIGHT) for p in prompts]
+    IN_PLACE_CALLS.clear()
+    sched = Scheduler(
+        toy_in_place_step,
+        empty_past,
+        [EOS],
+        max_running=3,
+        max_queue=8,
+        name="g",
+        layout=RIGHT,
+        kv_headroom=3,
+    )
+    seqs = [make(p, 9) for p in prompts]
+    for s in seqs:
+        sched.submit(s)
+        sched.step()
+    sched.run_until_idle()
+    assert [s.tokens for s in seqs] == alone
+    assert len(IN_PLACE_CALLS) > 10 and len(set(IN_PLACE_CALLS)) > 1  # in place, and it grew
+
+
+def test_right_kv_batch_headroom_keeps_room_for_the_next_column():
+    batch = RightKVBatch(headroom=4)
+    row = lambda n, v: [np.full((1, 1, n, 1), v, np.float32)]  # noqa: E731
+    batch.add(make([1]), row(2, 1.0), 2, 5)
+    assert batch.past[0].shape[2] == 6 and batch.width == 2  # 2 columns + 4 free
+    batch.add(make([2]), row(7, 2.0), 7, 6)
+    assert batch.past[0].shape[2] == 11 and batch.step_mask().shape == (2, 8)
+    assert batch.past[0][0, 0, :, 0].tolist() == [1, 1] + [0] * 9
+    for _ in range(4):  # in-place steps: the same buffers come back
+        batch.advance(batch.past, batch.step_mask())
+    assert batch.width == 11 and batch.past[0].shape[2] == 15  # full: grown by 4
+
+
+def test_the_toy_right_step_notices_a_left_padded_batch():
+    """The invariance test above can fail: the right-padded toy in a left-padded batch differs."""
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 2, 1]]
+    alone = [run_alone(p, step=toy_right_step, layout=RIGHT) for p in prompts]
+    sched = Scheduler(toy_right_step, empty_past, [EOS], max_running=3, max_queue=8, name="g")
+    seqs = [make(p, 6) for p in prompts]
+    for s in seqs:
+        sched.submit(s)
+    sched.run_until_idle()
+    assert [s.tokens for s in seqs] != alone
 
 
 def test_exactly_one_final_output_per_request_and_stop_reasons():
@@ -347,7 +480,9 @@ def test_the_engine_names_its_scheduler_after_the_served_config(
     (tmp_path / "generation.json").write_text(json.dumps({"eos_token_ids": [EOS]}))
     monkeypatch.setattr(generate_engine, "verify_sidecar", lambda *_, **__: None)
     monkeypatch.setattr(
-        generate_engine, "OrtDecoder", lambda *_: type("D", (), {"empty_past": empty_past})()
+        generate_engine,
+        "OrtDecoder",
+        lambda *_: type("D", (), {"empty_past": empty_past, "layout": RIGHT, "kv_headroom": 4})(),
     )
     params = {
         "decoder_file": "decoder.onnx", "tokenizer_file": "tokenizer.json",
