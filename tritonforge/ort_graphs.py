@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonforge.errors import ArtifactIntegrityError
+from tritonforge.host import cpu_flags
 from tritonforge.integrity import default_cache_dir, private_dir, verify_sidecar, write_sidecar
 
 GRAPH = "model.onnx"
@@ -33,11 +34,8 @@ WEIGHTS = "model.onnx.data"
 
 
 def _cpu_flags() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return hashlib.sha256(line.encode()).hexdigest()[:12]
-    return "unknown"
+    flags = " ".join(sorted(cpu_flags()))
+    return hashlib.sha256(flags.encode()).hexdigest()[:12] if flags else "unknown"
 
 
 def graph_key(digest: str, ort_version: str, level: int, entries: Mapping[str, str]) -> str:

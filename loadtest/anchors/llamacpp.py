@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tritonforge.host import cpu_flags
 from tritonforge.loadtest.errors import LoadtestError
 from tritonforge.logs import run_main
 
@@ -70,18 +71,6 @@ AVX512_PARTS = {
     "GGML_AVX512_BF16": "avx512_bf16",
     "GGML_AVX512_VBMI": "avx512vbmi",
 }
-
-
-def host_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The first CPU's ``flags`` in ``cpuinfo`` (empty when unreadable: the AVX2 build)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
 
 
 def isa_options(flags: frozenset[str]) -> dict[str, bool]:
@@ -156,7 +145,7 @@ class Layout:
 
     def built(self, flags: frozenset[str] | None = None) -> bool:
         """Both binaries (built for this host) and both GGUFs are present."""
-        return self.binaries_fit(host_cpu_flags() if flags is None else flags) and all(
+        return self.binaries_fit(cpu_flags() if flags is None else flags) and all(
             self.gguf(q).is_file() for q in QUANTS
         )
 
@@ -216,7 +205,7 @@ def _find_source(parent: Path) -> Path | None:
 def build_binaries(layout: Layout, jobs: int = 2) -> None:
     """cmake + ninja: only :data:`TARGETS`, copied into ``bin/`` (skipped when present and built
     for this host's instruction sets)."""
-    flags = host_cpu_flags()
+    flags = cpu_flags()
     if layout.binaries_fit(flags):
         return
     src = source_dir(layout)

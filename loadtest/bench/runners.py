@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonforge.errors import ModelConfigError
+from tritonforge.host import cpu_model
 from tritonforge.loadtest.bench import classify as classify_bench
 from tritonforge.loadtest.bench.cells import EMPTY_SUMMARY, LOCUST_USERS, Cell, Target
 from tritonforge.loadtest.discovered import encoder_onnx, text_tokenizer
@@ -37,12 +38,7 @@ NO_SLO += ["--slo-max-fail-ratio", "1"]
 
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_model()
     mem_gb = float("nan")
     with contextlib.suppress(OSError, ValueError, IndexError):
         kb = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]

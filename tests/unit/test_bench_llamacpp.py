@@ -92,13 +92,6 @@ def test_llamacpp_uses_the_hosts_avx512_parts_but_never_amx() -> None:
     assert not [f for f in _enabled(AVX2_HOST | {"avx512_vnni"}) if "AVX512" in f]
 
 
-def test_host_cpu_flags_reads_the_first_cpu(tmp_path: Path) -> None:
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\n\nflags\t: other\n")
-    assert llamacpp.host_cpu_flags(info) == frozenset({"fpu", "avx2", "avx512f"})
-    assert llamacpp.host_cpu_flags(tmp_path / "missing") == frozenset()
-
-
 def test_layout_is_not_built_until_binaries_for_this_host_and_ggufs_exist(
     tmp_path: Path,
 ) -> None:
