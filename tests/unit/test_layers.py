@@ -33,20 +33,38 @@ ALLOWED: dict[str, set[str]] = {
 }
 
 
+# A task folder (tritonforge/tasks/<task>/) holds a task's share of every layer; each of its modules
+# (or subpackages) is named by the layer it belongs to, and anything else in it is core.
+TASK_MODULE_LAYERS: dict[str, str] = {
+    "stages": "stages",
+    "export": "export",
+    "client": "client",
+    "routes": "runtime",
+    "loadtest": "loadtest",
+}
+
+
+def _layer(parts: tuple[str, ...]) -> str:
+    """The layer of a module given as its dotted parts below ``tritonforge``."""
+    if parts and parts[0] in PACKAGES:
+        return parts[0]
+    if parts[:1] == ("tasks",) and len(parts) > 2:
+        return TASK_MODULE_LAYERS.get(parts[2].removesuffix(".py"), "core")
+    return "stages" if parts[:1] == ("stages",) else "core"
+
+
 def layer_of(path: Path) -> str:
     rel = path.relative_to(PROJECT_ROOT).parts
     if rel[0] in PACKAGES:
         return rel[0]
-    return "stages" if rel[:2] == ("tritonforge", "stages") else "core"
+    return _layer(rel[1:]) if rel[0] == "tritonforge" else "core"
 
 
 def layer_of_module(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "tritonforge":
         return None
-    if len(parts) > 1 and parts[1] in PACKAGES:
-        return parts[1]
-    return "stages" if parts[1:2] == ["stages"] else "core"
+    return _layer(tuple(parts[1:]))
 
 
 def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
@@ -95,11 +113,26 @@ def test_every_folder_imports_only_the_layers_below_it() -> None:
         ("tritonforge.errors", "core"),
         ("tritonforge.stages.bls_model", "stages"),
         ("tritonforge.runtime.front", "runtime"),
+        ("tritonforge.tasks", "core"),
+        ("tritonforge.tasks.rerank", "core"),
+        ("tritonforge.tasks.rerank.protocol", "core"),
+        ("tritonforge.tasks.rerank.stages.tokenizer_model", "stages"),
+        ("tritonforge.tasks.rerank.export", "export"),
+        ("tritonforge.tasks.rerank.client", "client"),
+        ("tritonforge.tasks.rerank.routes", "runtime"),
+        ("tritonforge.tasks.rerank.loadtest", "loadtest"),
         ("numpy", None),
     ],
 )
 def test_modules_map_to_their_layer(module: str, layer: str | None) -> None:
     assert layer_of_module(module) == layer
+
+
+def test_task_folder_files_map_to_their_layer() -> None:
+    task = PROJECT_ROOT / "tritonforge" / "tasks" / "rerank"
+    assert layer_of(task / "export.py") == "export"
+    assert layer_of(task / "stages" / "tokenizer_model.py") == "stages"
+    assert layer_of(task / "protocol.py") == "core"
 
 
 def test_a_wrong_way_tie_is_found() -> None:
