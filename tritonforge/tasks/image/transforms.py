@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from tritonforge.errors import InvalidInputError
 from tritonforge.tasks.image.errors import ImageDecodeError, ImageError, ImageTooLargeError
 from tritonforge.tasks.image.preprocessing import ImagePreprocessing
 
@@ -163,6 +164,17 @@ class Batch:
     pixels: np.ndarray
     indices: list[int] = field(default_factory=list)
     errors: list[ImageError] = field(default_factory=list)
+
+    def check(self) -> np.ndarray:
+        """``pixels`` when every item was accepted; else one :class:`InvalidInputError` naming
+        each refused item (a request is answered whole: the stage refuses it with this)."""
+        if not self.errors:
+            return self.pixels
+        total = len(self.indices) + len(self.errors)
+        raise InvalidInputError(
+            f"{len(self.errors)} of {total} image(s) refused: "
+            + "; ".join(str(e) for e in self.errors)
+        )
 
 
 def preprocess_batch(items: Sequence[bytes], spec: ImagePreprocessing) -> Batch:
