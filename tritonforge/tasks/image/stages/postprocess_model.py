@@ -8,6 +8,7 @@ the number of labels). The body is :func:`tritonforge.classify.classify`.
 import triton_python_backend_utils as pb_utils
 
 from pathlib import Path
+from typing import Any
 
 from tritonforge.bls_parameters import request_parameters
 from tritonforge.classify import TOP_K_PARAMETER, check_top_k, classify, read_labels
@@ -17,14 +18,14 @@ from tritonforge.triton import encode_response, error_response
 
 
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, Any]) -> None:
         self.config = ModelConfig.from_json(args["model_config"])
         labels_file = self.config.output("probabilities").label_filename
         self.labels = read_labels(Path(args["model_repository"]) / labels_file)
         self.field = self.config.inputs[0].name
         self.top_k = check_top_k(self.config.param(TOP_K_PARAMETER, 5, int), len(self.labels))
 
-    def execute(self, requests):
+    def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:
             try:

@@ -8,6 +8,8 @@ answered. ``parameters.max_items`` bounds the images of one request (default: ma
 
 import triton_python_backend_utils as pb_utils
 
+from typing import Any
+
 from tritonforge.errors import InvalidInputError
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.tasks.image.preprocessing import ImagePreprocessing
@@ -16,14 +18,14 @@ from tritonforge.triton import encode_response, error_response
 
 
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, Any]) -> None:
         self.config = ModelConfig.from_json(args["model_config"])
         self.spec = ImagePreprocessing.from_parameters(self.config.parameters)
         self.field = self.config.inputs[0].name
         self.output = self.config.outputs[0].name
         self.max_items = self.config.param("max_items", max(self.config.max_batch_size, 1), int)
 
-    def execute(self, requests):
+    def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:
             try:
