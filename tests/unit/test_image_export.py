@@ -82,8 +82,11 @@ def static_pool() -> nn.Module:
 def test_a_small_cnn_exports_with_dynamic_axes_in_eval_mode(tmp_path: Path) -> None:
     spec = image_export_spec("tiny", tiny_cnn, 5, SMALL, sides=(24, 48, 64))
     labels = [f"class {i}" for i in range(5)]
-    result = export_image_model(spec, tmp_path / "repo", "tiny", labels=labels)
+    result = export_image_model(
+        spec, tmp_path / "repo", "tiny", labels=labels, torchscript_model="tiny_torchscript"
+    )
     path = tmp_path / "repo" / "tiny" / "1" / "model.onnx"
+    traced = tmp_path / "repo" / "tiny_torchscript" / "1" / "model.pt"
     assert result.path == path and verify_sidecar(path, required=True)
     assert result.dynamic_axes == {
         f"{INPUT}[0]": "batch_size",
@@ -100,6 +103,10 @@ def test_a_small_cnn_exports_with_dynamic_axes_in_eval_mode(tmp_path: Path) -> N
         want = model(torch.from_numpy(x)).numpy()
     got = ort_runner(path)({INPUT: x})[OUTPUT]
     assert np.allclose(got, want, atol=1e-4)
+    verify_sidecar(traced, required=True)
+    with torch.inference_mode():
+        from_disk = torch.jit.load(str(traced))(torch.from_numpy(x)).numpy()
+    assert np.allclose(from_disk, want, atol=1e-4)
 
 
 def test_a_fixed_size_export_keeps_height_and_width_static(tmp_path: Path) -> None:

@@ -31,11 +31,13 @@ from tritonforge.export.onnx_export import export_onnx
 from tritonforge.export.parity import build_cases, check_grid, ort_runner, torch_runner
 from tritonforge.export.spec import BATCH_AXIS, ExportSpec, Inputs, TensorDecl
 from tritonforge.export.staging import Staging
+from tritonforge.export.torchscript import export_torchscript, torchscript_runner
 from tritonforge.tasks.image.preprocessing import EFFICIENTNET_LITE, ImagePreprocessing
 
 INPUT, OUTPUT = "pixel_values", "logits"
 HEIGHT_AXIS, WIDTH_AXIS = "height", "width"
 MODEL_FILE, LABELS_FILE, REPORT_FILE = "model.onnx", "labels.txt", "export_report.image.json"
+TORCHSCRIPT_FILE = "model.pt"
 
 
 def efficientnet_lite0() -> nn.Module:
@@ -132,9 +134,12 @@ def export_image_model(
     model: str,
     version: int = 1,
     labels: Sequence[str] = (),
+    torchscript_model: str | None = None,
 ) -> ImageExport:
     """Export ``spec``'s module to ``repo/model/version/model.onnx``, verified (see the module
-    docstring); ``labels`` (one per class, index order) go to ``repo/model/labels.txt``."""
+    docstring); ``labels`` (one per class, index order) go to ``repo/model/labels.txt``; with
+    ``torchscript_model``, a traced ``repo/torchscript_model/version/model.pt`` too, reloaded
+    from disk and verified on the same grid."""
     module = spec.build_module()
     module.eval()  # BatchNorm with running statistics, folded by the exporter; dropout off
     staging = Staging(repo)
@@ -146,6 +151,13 @@ def export_image_model(
         cases, eager_failures = build_cases(spec, reference)
         grid = check_grid(spec, f"{model}/{MODEL_FILE}", ort_runner(path), cases)
         failures += eager_failures + grid.failures
+        if torchscript_model:
+            pt = staging.version_dir(torchscript_model, version) / TORCHSCRIPT_FILE
+            export_torchscript(module, spec, pt)
+            traced = check_grid(
+                spec, f"{torchscript_model}/{TORCHSCRIPT_FILE}", torchscript_runner(pt, spec), cases
+            )
+            failures += traced.failures
         if failures:
             raise VerificationError(failures, context=f"image model {model}")
         if labels:
@@ -204,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "EfficientNet-Lite's)",
     )
     p.add_argument("--static-spatial", action="store_true", help="fix height and width")
+    p.add_argument("--torchscript", metavar="NAME", help="also a traced model.pt under NAME")
     args = p.parse_args(argv)
     try:
         fields = json.loads(args.preprocessing)
@@ -220,7 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             dynamic_spatial=not args.static_spatial,
         )
         result = export_image_model(
-            spec, args.model_repository, args.name, labels=[x for x in labels if x.strip()]
+            spec,
+            args.model_repository,
+            args.name,
+            labels=[x for x in labels if x.strip()],
+            torchscript_model=args.torchscript,
         )
     except (TritonforgeError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
