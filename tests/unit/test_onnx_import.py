@@ -246,3 +246,25 @@ def test_export_pretrained_refuses_a_multi_label_checkpoint(tmp_path: Path) -> N
     checkpoint = distilbert(tmp_path / "clf", labels=("a", "b", "c"))
     with pytest.raises(ExportError, match="3 labels"):
         export_pretrained(checkpoint, tmp_path / "out")
+
+
+def test_the_int8_reference_scores_each_pair_alone_whatever_its_batch() -> None:
+    """Dynamic int8 runs rows alone (as the served onnxruntime backend does): a document's
+    logit is the pair run by itself, unpadded, and never depends on the other documents."""
+    import onnxruntime as ort
+
+    source = package_dir(MS_MARCO_MINILM)
+    reranker = OrtReranker(source, MS_MARCO_MINILM)
+    assert reranker.rows_alone
+    together, _ = reranker.logits(PAIRS_QUERY, PAIRS_DOCUMENTS)
+    session = ort.InferenceSession(str(source / "model.onnx"), providers=["CPUExecutionProvider"])
+    for i, document in enumerate(PAIRS_DOCUMENTS):
+        tokens = reranker.tokenizer.encode(PAIRS_QUERY, [document])
+        (alone,) = session.run(["logits"], tokens)
+        assert together[i] == pytest.approx(float(alone[0, 0]), abs=1e-6)
+    subset, _ = reranker.logits(PAIRS_QUERY, PAIRS_DOCUMENTS[1:])
+    np.testing.assert_allclose(subset, together[1:], atol=1e-6)
+
+
+def test_the_fp32_reference_runs_the_batch_together(tiny_onnx: Path) -> None:
+    assert not OrtReranker(tiny_onnx, TINY).rows_alone

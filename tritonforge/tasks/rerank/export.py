@@ -2,9 +2,8 @@
 (``--from-onnx``: checks, grid, padded rows, sidecars) and score in-process with ONNX Runtime.
 
 :class:`OrtReranker` is the reference served scores are compared with: the same graph, the same
-pair tokenization, the N documents of one query in one batch padded to the longest pair. Served
-scores equal it only when the encoder sees that same batch: a dynamic int8 graph quantizes
-activations per batch, so a row's logit moves with what it is batched with (docs/rerank.md).
+pair tokenization, the same batching rule as the served encoder (a dynamic int8 graph quantizes
+activations per batch, so its rows run alone: a score never depends on the batch; docs/rerank.md).
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tritonforge.batching import AxisNames, infer_rows, infer_trimmed, rows_alone
 from tritonforge.export.errors import ExportError
 from tritonforge.export.onnx_export import torch_to_onnx
 from tritonforge.export.onnx_import import (
@@ -126,28 +126,41 @@ def import_reranker(
 
 class OrtReranker:
     """In-process reference: ``spec``'s pair tokenizer and ONNX Runtime on ``directory``'s
-    ``model.onnx``; :meth:`logits` scores the N documents of one query in one batch."""
+    ``model.onnx``, run the way the project's onnxruntime backend runs a merged batch
+    (``tritonforge.batching``): each row alone at its unpadded length when the graph quantizes
+    activations per tensor at run time (dynamic int8, ``spec.batch_rows`` ``auto``), else the
+    batch cut to its longest row. :meth:`logits` scores the N documents of one query."""
 
     def __init__(self, directory: Path, spec: RerankSpec, threads: int = 1) -> None:
         import onnxruntime as ort
 
+        path = directory / MODEL_FILE
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.log_severity_level = 3
-        self.session = ort.InferenceSession(
-            str(directory / MODEL_FILE), options, providers=["CPUExecutionProvider"]
-        )
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         names = [i.name for i in self.session.get_inputs()]
         self.tokenizer = PairTokenizer(
             directory / TOKENIZER_FILE, spec.max_length, spec.truncation, outputs=names
         )
         self.output = self.session.get_outputs()[0].name
+        self.axis_names: AxisNames = {
+            t.name: [d if isinstance(d, str) else None for d in t.shape]
+            for t in [*self.session.get_inputs(), *self.session.get_outputs()]
+        }
+        self.pad_values = {n: self.tokenizer.pad_id if n == "input_ids" else 0 for n in names}
+        self.rows_alone = rows_alone(path, spec.batch_rows)
+
+    def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        (out,) = self.session.run([self.output], feed)
+        return {self.output: out}
 
     def logits(self, query: str, documents: Sequence[str]) -> tuple[np.ndarray, int]:
         """float32 ``[n]`` logits of the pairs, and the tokens they took (the usage figure)."""
         tokens = self.tokenizer.encode(query, documents)
-        (out,) = self.session.run([self.output], tokens)
-        return pair_logits(out), input_tokens(tokens)
+        infer = infer_rows if self.rows_alone else infer_trimmed
+        out = infer(tokens, self._run, self.pad_values, self.axis_names)
+        return pair_logits(out[self.output]), input_tokens(tokens)
 
     def rerank(
         self, query: str, documents: Sequence[str], top_n: int | None = None

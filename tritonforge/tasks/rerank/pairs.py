@@ -69,9 +69,10 @@ class PairTokenizer:
         self.outputs = tuple(outputs)
         self._tokenizer = Tokenizer.from_file(str(path))
         padding = self._tokenizer.padding or {}
+        self.pad_id = int(padding.get("pad_id", 0)) if pad_id is None else pad_id
         self._tokenizer.enable_truncation(max_length=max_length, strategy=strategy)
         self._tokenizer.enable_padding(
-            pad_id=int(padding.get("pad_id", 0)) if pad_id is None else pad_id,
+            pad_id=self.pad_id,
             pad_type_id=int(padding.get("pad_type_id", 0)),
             pad_token=str(padding.get("pad_token", "[PAD]")),
         )

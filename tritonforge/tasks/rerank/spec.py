@@ -33,6 +33,9 @@ class RerankSpec:
     truncation: str | None = None
     limits: RerankLimits = field(default_factory=RerankLimits)
     padded_atol: float = 1e-4
+    # the encoder config's parameters.batch_rows (runtime/backends/onnxruntime): auto = rows
+    # alone for dynamic int8 graphs, so a document's score never depends on its batch
+    batch_rows: str = "auto"
     # the Triton model names of the pipeline (ensemble, BLS, stages, encoder)
     ensemble: str = "rerank"
     bls: str = "rerank_bls"
