@@ -28,6 +28,8 @@ from tritonforge.tasks.rerank.export import (
     export_pretrained,
     import_reranker,
     package_dir,
+    pretrained_parity_failures,
+    verify_pretrained,
     verify_reranker,
 )
 from tritonforge.tasks.rerank.spec import MS_MARCO_MINILM, RerankSpec
@@ -124,9 +126,17 @@ def test_a_file_that_is_no_graph_is_refused(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random BertForSequenceClassification (1 label) exported with torch.onnx."""
+    """A tiny random BertForSequenceClassification (1 label) exported with torch.onnx,
+    verified on the grid and against PyTorch (the ``--from-pretrained --task rerank`` path)."""
     root = tmp_path_factory.mktemp("cross_encoder")
-    return export_pretrained(bert_cross_encoder(root / "checkpoint"), root / "onnx")
+    verify_pretrained(bert_cross_encoder(root / "checkpoint"), root / "onnx", TINY)
+    return root / "onnx"
+
+
+def test_pytorch_parity_fails_against_other_weights(tiny_onnx: Path, tmp_path: Path) -> None:
+    other = bert_cross_encoder(tmp_path / "other", seed=1)
+    failures = pretrained_parity_failures(other, tiny_onnx, TINY)
+    assert failures and all("PyTorch vs ONNX" in f for f in failures)
 
 
 def test_the_tiny_cross_encoder_passes_with_fp32_tolerances(tiny_onnx: Path) -> None:

@@ -27,9 +27,11 @@ from tritonforge.export.onnx_import import (
     OnnxImportError,
     inspect_graph,
     run_grid,
+    token_inputs,
     write_model,
 )
-from tritonforge.export.parity import ort_runner
+from tritonforge.export.parity import compare_outputs, ort_runner
+from tritonforge.export.spec import TensorDecl
 from tritonforge.model_packages import INSTALL_COMMAND, ModelPackagesMissingError
 from tritonforge.tasks.rerank.pairs import PairTokenizer, input_tokens
 from tritonforge.tasks.rerank.protocol import Ranked
@@ -183,11 +185,9 @@ class _LogitsOnly(torch.nn.Module):
         return self.model(**dict(zip(self.names, tensors, strict=True))).logits
 
 
-def export_pretrained(checkpoint: Path, out: Path, opset: int = 17) -> Path:
-    """Export a Hugging Face cross-encoder checkpoint (a sequence classifier with one label)
-    to ``out/model.onnx`` with named ``batch_size``/``sequence`` axes, and copy its
-    tokenizer.json beside it: the directory :func:`verify_reranker` takes (the
-    ``--from-pretrained --task rerank`` path). Raises :class:`ExportError` naming the problem."""
+def load_cross_encoder(checkpoint: Path) -> tuple[torch.nn.Module, list[str]]:
+    """The checkpoint's 1-label sequence classifier (eval mode) and the token inputs its
+    ``forward`` takes, in :data:`TOKENIZER_OUTPUTS` order; :class:`ExportError` otherwise."""
     import inspect
 
     from transformers import AutoModelForSequenceClassification
@@ -201,7 +201,50 @@ def export_pretrained(checkpoint: Path, out: Path, opset: int = 17) -> Path:
             f"{checkpoint} has {model.config.num_labels} labels; a cross-encoder has exactly 1"
         )
     accepted = inspect.signature(model.forward).parameters
-    names = [n for n in TOKENIZER_OUTPUTS if n in accepted]
+    return model, [n for n in TOKENIZER_OUTPUTS if n in accepted]
+
+
+def pretrained_parity_failures(
+    checkpoint: Path, directory: Path, spec: RerankSpec, atol: float = 1e-4
+) -> list[str]:
+    """The exported graph in ``directory`` against PyTorch eager on the import grid's shapes
+    and its padded batch (the ``--from-pretrained`` path keeps its PyTorch reference): every
+    logit within ``atol``. Returns the failures (empty = equal)."""
+    model, _ = load_cross_encoder(checkpoint)
+    graph = inspect_graph(directory / MODEL_FILE)
+    settings = grid_settings(spec, directory / TOKENIZER_FILE)
+    run = ort_runner(graph.path, threads=1)
+    rng = np.random.default_rng(settings.seed)
+    decl = TensorDecl("logits", "float32", ("batch_size", 1), atol=atol)
+    failures = []
+    shapes = [[n] * b for b, n in settings.shapes] + [list(settings.mixed_lengths)]
+    for lengths in shapes:
+        feed = token_inputs(graph, lengths, rng, settings)
+        with torch.inference_mode():
+            want = model(**{k: torch.from_numpy(v) for k, v in feed.items()}).logits.numpy()
+        label = f"PyTorch vs ONNX, lengths {lengths[0]}..{lengths[-1]} x{len(lengths)}"
+        failures += compare_outputs([decl], label, run(feed), {"logits": want})[1]
+    return failures
+
+
+def verify_pretrained(checkpoint: Path, out: Path, spec: RerankSpec) -> ImportedGraph:
+    """:func:`export_pretrained` into ``out``, :func:`verify_reranker` on it, and PyTorch
+    parity (:func:`pretrained_parity_failures`); one :class:`OnnxImportError` lists every
+    failure. ``out`` is then what :func:`import_reranker` takes."""
+    export_pretrained(checkpoint, out)
+    graph = verify_reranker(out, spec)
+    failures = pretrained_parity_failures(checkpoint, out, spec)
+    if failures:
+        raise OnnxImportError(failures, str(checkpoint))
+    return graph
+
+
+def export_pretrained(checkpoint: Path, out: Path, opset: int = 17) -> Path:
+    """Export a Hugging Face cross-encoder checkpoint (a sequence classifier with one label)
+    to ``out/model.onnx`` with named ``batch_size``/``sequence`` axes, and copy its
+    tokenizer.json beside it: the directory :func:`verify_reranker` takes (the
+    ``--from-pretrained --task rerank`` path). Raises :class:`ExportError` naming the problem."""
+    model, names = load_cross_encoder(checkpoint)
     out.mkdir(parents=True, exist_ok=True)
     axes = {"batch_size": 0, "sequence": 1}
     example = tuple(torch.ones((2, 5), dtype=torch.int64) for _ in names)
