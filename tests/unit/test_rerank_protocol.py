@@ -37,6 +37,11 @@ def test_return_documents_default_differs_per_api() -> None:
     assert parse_request(body(return_documents=True), LIMITS, COHERE).return_documents is True
 
 
+def test_tabs_newlines_and_non_ascii_are_text() -> None:
+    request = parse_request(body(documents=["line\none\tcol\r", "Ünïcödé 🚀"]), LIMITS)
+    assert request.documents == ("line\none\tcol\r", "Ünïcödé 🚀")
+
+
 def test_top_n_larger_than_documents_means_all() -> None:
     assert parse_request(body(top_n=10), LIMITS).top_n == 2
     assert parse_request(body(top_n=1), LIMITS).top_n == 1
@@ -62,6 +67,8 @@ def test_model_may_be_left_out() -> None:
         (body(documents=["a", "x" * 21]), "documents[1]"),
         (body(documents=["a", "   "]), "documents[1]"),
         (body(documents=["é" * 11]), "documents[0]"),  # 22 UTF-8 bytes
+        (body(documents=["a", "bell\x07"]), "documents[1]"),
+        (body(documents=["a\ud800b"]), "documents[0]"),
         (body(query=None), "query"),
         (body(query=["q"]), "query"),
         (body(query=""), "query"),

@@ -9,6 +9,7 @@ Every refusal is one :class:`RerankRequestError` naming the field (the front ans
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -71,15 +72,28 @@ class Ranked:
 
 
 def check_text(value: Any, field: str, limit_bytes: int) -> str:
+    """``value`` if it is a non-blank string of at most ``limit_bytes`` UTF-8 bytes without
+    control characters (tab, newline and CR allowed) or lone surrogates; else
+    :class:`RerankRequestError` naming ``field``."""
     if not isinstance(value, str):
         raise RerankRequestError(field, f"must be a string, got {type(value).__name__}")
     if not value.strip():
         raise RerankRequestError(field, "is empty or whitespace-only; send non-blank text")
-    size = len(value.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as e:  # a lone surrogate (JSON "\ud800")
+        raise RerankRequestError(
+            field, f"has a lone surrogate at offset {e.start}; send valid Unicode text"
+        ) from e
     if size > limit_bytes:
         raise RerankRequestError(
             field, f"is {size} UTF-8 bytes; at most {limit_bytes} are allowed (shorten it)"
         )
+    for offset, char in enumerate(value):
+        if unicodedata.category(char) == "Cc" and char not in "\t\n\r":
+            raise RerankRequestError(
+                field, f"has control character U+{ord(char):04X} at offset {offset}; send text"
+            )
     return value
 
 
