@@ -29,7 +29,7 @@ import onnx
 from tritonforge.export.errors import VerificationError
 from tritonforge.export.onnx_checks import check_declared
 from tritonforge.export.parity import Runner, compare_outputs, ort_runner
-from tritonforge.export.spec import Inputs, TensorDecl
+from tritonforge.export.spec import BATCH_AXIS, Inputs, TensorDecl
 from tritonforge.export.staging import Staging
 from tritonforge.export.tritonconfig import ArtifactIO, IOTensor, onnx_io
 from tritonforge.modelconfig import triton_dtype_of
@@ -257,15 +257,47 @@ def verify_graph(path: Path, settings: GridSettings, threads: int = 1) -> Import
     return graph
 
 
-def write_model(repo: Path, model: str, files: Mapping[str, Path], version: int = 1) -> list[str]:
+def rename_axes(model: onnx.ModelProto, names: Mapping[str, str]) -> int:
+    """Rename symbolic axes (``dim_param``) of the graph's inputs, outputs and value infos in
+    place; returns how many dims changed."""
+    changed = 0
+    graph = model.graph
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        for dim in vi.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param in names:
+                dim.dim_param = names[dim.dim_param]
+                changed += 1
+    return changed
+
+
+def axis_renames(graph: ImportedGraph) -> dict[str, str]:
+    """What :func:`write_model` renames so that the batch axis is the project's
+    :data:`BATCH_AXIS` (the config check and the batching match axes by name)."""
+    return {graph.batch_axis: BATCH_AXIS} if graph.batch_axis != BATCH_AXIS else {}
+
+
+def write_model(
+    repo: Path,
+    model: str,
+    files: Mapping[str, Path],
+    version: int = 1,
+    renames: Mapping[str, str] | None = None,
+) -> list[str]:
     """Copy ``files`` (destination name -> source) into ``repo/model/version/`` as one unit:
     staged beside the repository, sealed with ``.sha256`` sidecars, then moved in; on any
-    error the repository is left as it was. Returns the repository paths written."""
+    error the repository is left as it was. ``renames`` (:func:`axis_renames`) are applied to
+    the ``.onnx`` files (then no longer byte-identical to the given ones; the same numbers).
+    Returns the repository paths written."""
     staging = Staging(repo)
     try:
         target = staging.version_dir(model, version)
         for name, source in files.items():
-            shutil.copyfile(source, target / name)
+            if renames and name.endswith(".onnx"):
+                graph = onnx.load(str(source))
+                rename_axes(graph, renames)
+                onnx.save(graph, str(target / name))
+            else:
+                shutil.copyfile(source, target / name)
         staging.seal()
         return staging.commit()
     finally:

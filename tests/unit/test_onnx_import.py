@@ -17,6 +17,7 @@ from tritonforge.export.errors import ExportError
 from tritonforge.export.onnx_import import (
     GridSettings,
     OnnxImportError,
+    axis_renames,
     inspect_graph,
     verify_graph,
     write_model,
@@ -278,3 +279,14 @@ def test_the_int8_reference_scores_each_pair_alone_whatever_its_batch() -> None:
 
 def test_the_fp32_reference_runs_the_batch_together(tiny_onnx: Path) -> None:
     assert not OrtReranker(tiny_onnx, TINY).rows_alone
+
+
+def test_a_batch_axis_named_otherwise_is_renamed_when_written(tmp_path: Path) -> None:
+    path = token_graph(tmp_path / "g.onnx", batch="batch", out_dims=("batch", 1))
+    graph = verify_graph(path, GridSettings(vocab_size=50))
+    assert graph.batch_axis == "batch" and axis_renames(graph) == {"batch": "batch_size"}
+    write_model(tmp_path / "repo", "m", {"model.onnx": path}, renames=axis_renames(graph))
+    written = inspect_graph(tmp_path / "repo" / "m" / "1" / "model.onnx")
+    assert written.batch_axis == "batch_size" and written.sequence_axis == "sequence"
+    assert [t.dims for t in written.io.outputs] == [("batch_size", 1)]
+    verify_sidecar(tmp_path / "repo" / "m" / "1" / "model.onnx", required=True)

@@ -25,6 +25,7 @@ from tritonforge.export.onnx_import import (
     GridSettings,
     ImportedGraph,
     OnnxImportError,
+    axis_renames,
     inspect_graph,
     run_grid,
     token_inputs,
@@ -123,7 +124,7 @@ def import_reranker(
     ``repo/<spec.encoder_model>/1/`` atomically with sidecars; ``(graph, paths written)``."""
     graph = verify_reranker(source, spec, threads)
     files = {MODEL_FILE: source / MODEL_FILE, TOKENIZER_FILE: source / TOKENIZER_FILE}
-    return graph, write_model(repo, spec.encoder_model, files)
+    return graph, write_model(repo, spec.encoder_model, files, renames=axis_renames(graph))
 
 
 class OrtReranker:
