@@ -85,11 +85,10 @@ bench: export  ## throughput/latency tables: in-process limit vs FastAPI vs Trit
 	@$(PY) -m tritonforge.loadtest.perf_analyzer.tool path >/dev/null 2>&1 || $(PY) -m tritonforge.loadtest.perf_analyzer.tool install
 	$(TF) bench --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
 	$(PY) -m tritonforge.loadtest.bench.generate --model-repository $(REPO)
-	@$(PY) -c "import sentencepiece" 2>/dev/null || $(PY) -m pip install -c constraints.txt sentencepiece
 	@$(MAKE) --no-print-directory llamacpp || echo "==> llama.cpp could not be built: the next section reports ours only"
 	$(PY) -m tritonforge.loadtest.bench.generate_llamacpp --model-repository $(REPO)
 
-llamacpp: $(STAMP)  ## bench only: build llama.cpp (llama-server, llama-quantize) and SmolLM2 f32/q8_0 GGUFs into build/llama.cpp (each step skipped when present)
+llamacpp: $(STAMP)  ## bench only: install the `bench` extra when missing, build llama.cpp (llama-server, llama-quantize) and SmolLM2 f32/q8_0 GGUFs into build/llama.cpp (each step skipped when present)
 	nice -n 10 $(PY) -m tritonforge.loadtest.anchors.llamacpp build
 
 loadtest: export  ## bounded Locust run with SLO gates (embedded server, or URL=host:8000 of a running one)
