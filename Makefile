@@ -94,7 +94,7 @@ llamacpp: $(STAMP)  ## bench only: install the `bench` extra when missing, build
 	nice -n 10 $(PY) -m tritonforge.loadtest.anchors.llamacpp build
 
 infinity: $(STAMP)  ## bench only: Infinity (infinity-emb, the embedding peer) in its own venv build/infinity/venv (skipped when installed), then started once on MiniLM
-	nice -n 10 $(PY) -m tritonforge.loadtest.anchors.infinity build
+	nice -n 10 $(PY) -m tritonforge.loadtest.anchors.infinity build --python $(PYTHON)
 
 loadtest: export  ## bounded Locust run with SLO gates (embedded server, or URL=host:8000 of a running one)
 	$(TF) loadtest --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))

@@ -45,7 +45,7 @@ PINS = (
     "transformers==4.57.6",
     "huggingface_hub==0.36.2",
 )
-PYTHON = os.environ.get("TRITONFORGE_INFINITY_PYTHON", "python3.11")
+PYTHON = "python3.11"  # the project's (Makefile PYTHON); --python to change it
 
 
 class InfinityError(LoadtestError):
@@ -231,10 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("command", choices=["build", "check"])
     p.add_argument("--build-dir", type=Path, default=Path("build"))
+    p.add_argument("--python", default=PYTHON, help="the interpreter the venv is made from")
     args = p.parse_args(argv)
     layout = Layout(args.build_dir)
     if args.command == "build":
-        install(layout)
+        install(layout, args.python)
     with server(layout) as s:
         vectors = s.embed(["The capital of France is Paris."])
         log.info("    infinity_emb answers: %d-d embedding", len(vectors[0]))
