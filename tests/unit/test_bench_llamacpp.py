@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.loadtest.anchors import llamacpp, ortgenai
+from tritonforge.loadtest.anchors import extras, llamacpp, ortgenai
 from tritonforge.loadtest.bench.generate import Cell
 from tritonforge.loadtest.bench.generate_llamacpp import (
     ANCHOR,
@@ -119,3 +119,53 @@ def test_genai_threads_are_written_into_the_decoder_session_options(tmp_path: Pa
     ortgenai.set_threads(config, 2)
     options = json.loads(config.read_text())["model"]["decoder"]["session_options"]
     assert options["intra_op_num_threads"] == 2 and options["inter_op_num_threads"] == 1
+
+
+# `make llamacpp` alone on a fresh venv: the bench extra (sentencepiece) is installed first
+REQUIRES = [
+    "numpy<2",
+    'pytest==9.2.0; extra == "dev"',
+    'sentencepiece==0.2.3; extra == "bench"',
+    'uvloop; sys_platform != "win32"',
+]
+
+
+def test_the_bench_extra_is_its_own_requirements_only() -> None:
+    reqs = extras.extra_requirements(REQUIRES, "bench")
+    assert [str(r.name) for r in reqs] == ["sentencepiece"]
+    assert extras.extra_requirements(REQUIRES, "nothing") == []
+
+
+def test_an_extra_requirement_absent_or_off_its_pin_is_missing() -> None:
+    reqs = extras.extra_requirements(REQUIRES, "bench")
+    assert extras.missing(reqs, {"sentencepiece": "0.2.3"}.get) == []
+    assert extras.missing(reqs, {}.get) == reqs
+    assert extras.missing(reqs, {"sentencepiece": "0.1.99"}.get) == reqs
+
+
+def test_the_install_command_pins_without_the_marker_under_the_lock(tmp_path: Path) -> None:
+    reqs = extras.extra_requirements(REQUIRES, "bench")
+    lock = tmp_path / "constraints.txt"
+    cmd = extras.pip_install_command(reqs, lock)
+    assert cmd[1:] == ["-m", "pip", "install", "-c", str(lock), "sentencepiece==0.2.3"]
+    assert "-c" not in extras.pip_install_command(reqs, None)
+
+
+def test_this_projects_bench_extra_holds_what_convert_hf_to_gguf_imports() -> None:
+    from importlib import metadata
+
+    names = {
+        r.name for r in extras.extra_requirements(metadata.requires("tritonforge") or [], "bench")
+    }
+    assert "sentencepiece" in names
+
+
+def test_the_llamacpp_build_installs_the_bench_extra_before_compiling(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(llamacpp, "ensure_extra", lambda extra, lock: calls.append(extra))
+    monkeypatch.setattr(llamacpp, "build_binaries", lambda *a: calls.append("binaries"))
+    monkeypatch.setattr(llamacpp, "make_ggufs", lambda *a: calls.append("ggufs"))
+    llamacpp.build(llamacpp.Layout(tmp_path))
+    assert calls == ["bench", "binaries", "ggufs"]
