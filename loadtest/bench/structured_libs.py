@@ -44,10 +44,15 @@ INSTANCE = {
 Timings = dict[str, list[float]]
 
 
-def _hf_tokenizer(path: Path) -> Any:
+def _hf_tokenizer(model_dir: Path) -> Any:
+    """The model's tokenizer as transformers' (both libraries build from it), its eos the
+    model's first stop token (generation.json)."""
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token="<|im_end|>")
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    eos = json.loads((model_dir / "generation.json").read_text())["eos_token_ids"][0]
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=tok.id_to_token(eos))
 
 
 def run_xgrammar(hf: Any, vocab: int, ids: list[int], out: Timings) -> None:
@@ -55,7 +60,9 @@ def run_xgrammar(hf: Any, vocab: int, ids: list[int], out: Timings) -> None:
     import xgrammar as xgr
 
     t0 = time.perf_counter()
-    info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab, stop_token_ids=[2])
+    info = xgr.TokenizerInfo.from_huggingface(
+        hf, vocab_size=vocab, stop_token_ids=[hf.eos_token_id]
+    )
     compiler = xgr.GrammarCompiler(info, max_threads=1)
     out["setup_ms"].append((time.perf_counter() - t0) * 1e3)
     t0 = time.perf_counter()
@@ -75,7 +82,7 @@ def run_xgrammar(hf: Any, vocab: int, ids: list[int], out: Timings) -> None:
         out["mask_us"].append((t1 - t0) * 1e6)
         out["apply_us"].append((t2 - t1) * 1e6)
         out["accept_us"].append((t3 - t2) * 1e6)
-    assert matcher.accept_token(2) and matcher.is_terminated()
+    assert matcher.accept_token(hf.eos_token_id) and matcher.is_terminated()
 
 
 def run_llguidance(hf: Any, vocab: int, ids: list[int], out: Timings) -> None:
@@ -114,14 +121,13 @@ def run_outlines(hf: Any, vocab: int, ids: list[int], out: Timings) -> None:
     from outlines_core.json_schema import build_regex_from_schema
 
     t0 = time.perf_counter()
-    byte_dec = {v: k for k, v in _bytes_to_unicode().items()}
-    tokens: dict[str, list[int]] = {}
-    for text, i in hf.get_vocab().items():
-        if i == 2 or i >= vocab:
-            continue
-        tokens.setdefault(text, []).append(i)
-    del byte_dec  # outlines-core takes the byte-level (GPT-2) token strings as they are
-    vocabulary = Vocabulary(2, tokens)
+    from tritonforge.tasks.generation.structured.logprobs import token_bytes
+
+    tokens: dict[bytes, list[int]] = {}  # outlines-core indexes the tokens' bytes
+    for i in hf.get_vocab().values():
+        if i != hf.eos_token_id and i < vocab:
+            tokens.setdefault(token_bytes(hf.backend_tokenizer, i), []).append(i)
+    vocabulary = Vocabulary(hf.eos_token_id, tokens)
     out["setup_ms"].append((time.perf_counter() - t0) * 1e3)
     t0 = time.perf_counter()
     index = Index(build_regex_from_schema(json.dumps(SCHEMA), r"[ ]?"), vocabulary)
@@ -140,19 +146,7 @@ def run_outlines(hf: Any, vocab: int, ids: list[int], out: Timings) -> None:
         out["mask_us"].append((t1 - t0) * 1e6)
         out["apply_us"].append((t2 - t1) * 1e6)
         out["accept_us"].append((t3 - t2) * 1e6)
-    assert guide.is_finished() or 2 in guide.get_tokens()
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    bs = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs), strict=True))
+    assert guide.is_finished() or hf.eos_token_id in guide.get_tokens()
 
 
 LIBS: dict[str, Callable[[Any, int, list[int], Timings], None]] = {
@@ -167,8 +161,8 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=Path("model_repository/generate/1"))
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    hf = _hf_tokenizer(args.model_dir / "tokenizer.json")
-    vocab = 49152
+    hf = _hf_tokenizer(args.model_dir)
+    vocab = len(hf)
     ids = hf.encode(json.dumps(INSTANCE), add_special_tokens=False)
     results: dict[str, Timings] = {
         name: {k: [] for k in ("setup_ms", "compile_ms", "mask_us", "apply_us", "accept_us")}

@@ -24,13 +24,13 @@ def token_logprob(logits: np.ndarray, token: int, top_n: int) -> TokenLogprob:
     """``token``'s log-probability under softmax(``logits``) and the ``top_n`` most likely."""
     x = logits.astype(np.float64)
     peak = x.max()
-    lse = peak + np.log(np.exp(x - peak).sum())
+    lse = float(peak + np.log(np.exp(x - peak).sum()))
     top: tuple[tuple[int, float], ...] = ()
-    if top_n > 0:
-        best = np.argpartition(-x, top_n - 1)[:top_n]
+    if top_n > 0:  # the order is the raw logits' (float64 keeps it): select on them, cheaper
+        best = np.argpartition(logits, logits.shape[0] - top_n)[-top_n:]
         best = best[np.lexsort((best, -x[best]))]
-        top = tuple((int(i), float(x[i] - lse)) for i in best)
-    return TokenLogprob(int(token), float(x[token] - lse), top)
+        top = tuple((int(i), float(x[i]) - lse) for i in best)
+    return TokenLogprob(int(token), float(x[token]) - lse, top)
 
 
 @dataclass
