@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -46,6 +47,16 @@ OutputFn = Callable[["Generation", str, str | None], None]
 ErrorFn = Callable[["Generation", ServingError], None]
 
 
+class RowProcessing(Protocol):
+    """A row's logits processing (``tasks.generation.structured.RowChain``): ``process`` returns
+    the logits to sample from (never changing its argument), ``accept`` sees the chosen token
+    with the row's raw logits."""
+
+    def process(self, logits: np.ndarray) -> np.ndarray: ...
+
+    def accept(self, token: int, logits: np.ndarray) -> None: ...
+
+
 @dataclass(eq=False)
 class Generation:
     """One request being generated. ``on_output``/``on_error`` are called from the scheduler
@@ -62,6 +73,7 @@ class Generation:
     finished: bool = False
     id: int = field(default_factory=itertools.count().__next__)
     queued_s: float = 0.0  # the scheduler's clock when it was queued
+    processing: RowProcessing | None = None  # None: today's path, untouched
 
     def finish(self, text: str, reason: str) -> None:
         if not self.finished:
@@ -302,7 +314,11 @@ class Scheduler:
 
     def _emit(self, seq: Generation, logits: np.ndarray) -> int:
         """Sample, record and stream one token; finish the sequence when it is done."""
-        token = sample_next(logits, seq.params, seq.rng)
+        if seq.processing is None:
+            token = sample_next(logits, seq.params, seq.rng)
+        else:
+            token = sample_next(seq.processing.process(logits), seq.params, seq.rng)
+            seq.processing.accept(token, logits)
         if token in self.eos_ids:
             seq.finish(seq.stream.finish(), FINISH_STOP)
             return token

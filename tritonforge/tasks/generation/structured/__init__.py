@@ -1,0 +1,39 @@
+"""Structured generation (issue #34's engine pieces): per-row logits processing (grammar mask
+from a JSON schema, ``logit_bias``, presence/frequency penalties) and token logprobs, hooked
+into the scheduler through ``Generation.processing`` (None: today's path). docs/structured.md."""
+
+from tritonforge.tasks.generation.structured.errors import StructuredInputError
+from tritonforge.tasks.generation.structured.grammar import (
+    GrammarProcessor,
+    GrammarTokenizer,
+    json_schema_of,
+)
+from tritonforge.tasks.generation.structured.logprobs import (
+    LogprobRecorder,
+    chat_logprobs,
+    completion_logprobs,
+    token_logprob,
+)
+from tritonforge.tasks.generation.structured.params import (
+    STRUCTURED_FIELDS,
+    StructuredParams,
+    parse_structured,
+)
+from tritonforge.tasks.generation.structured.processors import LogitBias, Penalties, RowChain
+
+__all__ = [
+    "STRUCTURED_FIELDS",
+    "GrammarProcessor",
+    "GrammarTokenizer",
+    "LogitBias",
+    "LogprobRecorder",
+    "Penalties",
+    "RowChain",
+    "StructuredInputError",
+    "StructuredParams",
+    "chat_logprobs",
+    "completion_logprobs",
+    "json_schema_of",
+    "parse_structured",
+    "token_logprob",
+]
