@@ -24,6 +24,7 @@ import numpy as np
 
 from tritonforge.errors import ServingError, StageUnavailableError
 from tritonforge.kv_batch import LEFT, Batch, new_batch
+from tritonforge.queue_forecast import ServiceRate, predicted_wait_s, retry_hint
 from tritonforge.sampling import SamplingParams, sample_next
 from tritonforge.text_stream import TextStream
 
@@ -95,13 +96,16 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         layout: str = LEFT,
         kv_headroom: int = 0,
+        rate: ServiceRate | None = None,
     ) -> None:
         """``name``: the model serving (its config's name), which every message names.
         ``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
         after every step (metrics). Requests admitted together are prefilled in one call of at
         most ``max_prefill_tokens`` padded tokens (a long prompt is prefilled alone). A sequence
         still waiting for a slot ``queue_timeout_s`` after :meth:`submit` ends with
-        :class:`StageUnavailableError` (None: it waits as long as it takes). ``layout``: the
+        :class:`StageUnavailableError` (None: it waits as long as it takes), and one whose
+        predicted wait (:mod:`tritonforge.queue_forecast`, from ``rate``: measured here) is past
+        it is refused at once. ``layout``: the
         step's cache layout (``kv_batch.LEFT`` or ``RIGHT``, ``OrtDecoder.layout``);
         ``kv_headroom``: free columns a right-padded batch keeps for a step that writes in
         place (``OrtDecoder.kv_headroom``; 0: none)."""
@@ -125,6 +129,7 @@ class Scheduler:
         self.thread: threading.Thread | None = None
         self.steps = 0
         self.batch_sizes: list[int] = []
+        self.rate = rate or ServiceRate()
 
     # -- producer side -------------------------------------------------------------------
     def submit(self, seq: Generation) -> None:
@@ -137,9 +142,25 @@ class Scheduler:
                     f"{self.name}: overloaded ({len(self.batch)} running, {len(self.waiting)} "
                     f"queued, max_queue {self.max_queue}); retry later"
                 )
+            wait_s = self.predicted_wait_s()
+            if self.queue_timeout_s is not None and wait_s > self.queue_timeout_s:
+                raise StageUnavailableError(
+                    f"{self.name}: overloaded: a slot is about {wait_s:.1f} s away, past "
+                    f"queue_timeout_s {self.queue_timeout_s:g} s ({len(self.batch)} running, "
+                    f"{len(self.waiting)} queued); "
+                    f"{retry_hint(wait_s - self.queue_timeout_s)}"
+                )
             seq.queued_s = self.clock()
             self.waiting.append(seq)
             self.cond.notify()
+
+    def predicted_wait_s(self) -> float:
+        """Seconds a sequence queued now would wait for a slot (:func:`predicted_wait_s`)."""
+        # copies taken at once (the loop thread changes them without the lock)
+        running = [*list(self.batch.rows), *(j[0] for j in list(self.joining))]
+        left = [s.params.max_new_tokens - len(s.tokens) for s in running]
+        queued = [s.params.max_new_tokens for s in self.waiting]
+        return predicted_wait_s(left, queued, self.max_running, self.rate)
 
     def load(self) -> tuple[int, int]:
         """``(running, waiting)``; running counts the prefilled sequences about to join."""
@@ -189,12 +210,14 @@ class Scheduler:
             self.step()
 
     def step(self) -> None:
+        started_s, decoded = self.clock(), False
         try:
             self._retire_cancelled()
             self._expire_queued()
             self._admit()
             self._join()
             if self.batch.rows:
+                decoded = True
                 self._decode()
         except Exception as e:  # a failed step ends the running sequences, never the loop
             import traceback
@@ -205,6 +228,8 @@ class Scheduler:
                 seq.fail(error)
             self.batch = new_batch(self.layout, self.kv_headroom)
         self.steps += 1
+        if decoded:  # what every running sequence waits per token
+            self.rate.observe_step(self.clock() - started_s)
         if self.on_step is not None:
             self.on_step(*self.load())
 
@@ -305,13 +330,16 @@ class Scheduler:
         token = sample_next(logits, seq.params, seq.rng)
         if token in self.eos_ids:
             seq.finish(seq.stream.finish(), FINISH_STOP)
+            self.rate.observe_finish(len(seq.tokens), seq.params.max_new_tokens)
             return token
         seq.tokens.append(token)
         chunk = seq.stream.push(token)
         if seq.stream.stopped:
             seq.finish(chunk, FINISH_STOP)
+            self.rate.observe_finish(len(seq.tokens), seq.params.max_new_tokens)
         elif len(seq.tokens) >= seq.params.max_new_tokens:
             seq.finish(chunk + seq.stream.finish(), FINISH_LENGTH)
+            self.rate.observe_finish(len(seq.tokens), seq.params.max_new_tokens)
         elif chunk:
             seq.on_output(seq, chunk, None)
         return token

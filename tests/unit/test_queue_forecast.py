@@ -1,0 +1,80 @@
+"""Refuse early (issue #36 item 2): the generate scheduler predicts a queued request's wait from
+the queue and the measured service rate, and refuses at once one that would wait past
+``queue_timeout_s`` (before: it waited the 10 s out, then heard no). A fake clock: no timing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_generation import EOS, empty_past, make, toy_step
+from tritonforge.errors import StageUnavailableError
+from tritonforge.queue_forecast import ServiceRate, predicted_wait_s, retry_after_s, retry_hint
+from tritonforge.scheduler import FINISH_LENGTH, Scheduler
+from tritonforge.stream_errors import says_unavailable
+
+
+def test_the_wait_simulates_the_slots_running_and_queued() -> None:
+    rate = ServiceRate(step_s=0.5)
+    # two slots free after 2 s and 5 s; the one queued ahead takes the first until 6 s
+    assert predicted_wait_s([4, 10], [8], 2, rate) == pytest.approx(5.0)
+    assert predicted_wait_s([4, 10], [8, 1], 2, rate) == pytest.approx(5.5)
+    assert predicted_wait_s([4], [], 2, rate) == 0.0  # a free slot
+    assert predicted_wait_s([4, 10], [8], 2, ServiceRate()) == 0.0  # nothing measured yet
+
+
+def test_the_service_rate_learns_the_step_time_and_the_share_of_tokens_used() -> None:
+    rate = ServiceRate(alpha=0.5)
+    assert rate.token_s is None
+    rate.observe_step(0.2)
+    rate.observe_step(0.4)
+    assert rate.step_s == pytest.approx(0.3)
+    rate.observe_finish(tokens=4, max_new_tokens=16)  # stopped early: a quarter used
+    assert rate.used_share == pytest.approx(0.625)
+    assert rate.token_s == pytest.approx(0.3 * 0.625)
+
+
+def test_the_retry_hint_is_read_back_for_the_retry_after_header() -> None:
+    assert retry_hint(8.2) == "retry after 9 s" and retry_hint(0.0) == "retry after 1 s"
+    assert retry_after_s("generate: overloaded ...; retry after 9 s") == 9
+    assert retry_after_s("generate: overloaded; retry later") == 1
+
+
+def _ticking(now: list[float], step_s: float) -> Scheduler:
+    """One slot, ``queue_timeout_s`` 10 s; every decoder call moves the fake clock ``step_s``."""
+
+    def step(*args):  # type: ignore[no-untyped-def]
+        now[0] += step_s
+        return toy_step(*args)
+
+    return Scheduler(
+        step, empty_past, [EOS], max_running=1, max_queue=8, name="generate",
+        queue_timeout_s=10.0, clock=lambda: now[0],
+    )  # fmt: skip
+
+
+def test_a_request_that_would_wait_past_queue_timeout_s_is_refused_at_once() -> None:
+    now = [0.0]
+    sched = _ticking(now, step_s=1.0)
+    out: list = []
+    running = make([1], 20, out=out)
+    sched.submit(running)
+    sched.step()  # a prefill and a decode: 2 s measured for the step, 18 tokens left
+    late = make([3], 2, out=out)
+    with pytest.raises(StageUnavailableError) as refused:
+        sched.submit(late)  # ~36 s away: refused now, not after 10 s
+    message = str(refused.value)
+    assert "generate: overloaded" in message and "queue_timeout_s 10 s" in message
+    assert says_unavailable(message) and retry_after_s(message) == 26
+    assert list(sched.waiting) == [] and sched.batch.rows == [running]
+
+
+def test_a_request_that_fits_is_queued_and_served() -> None:
+    now = [0.0]
+    sched = _ticking(now, step_s=0.5)
+    out: list = []
+    sched.submit(make([1], 4, out=out))
+    sched.step()
+    short = make([2], 2, out=out)
+    sched.submit(short)  # ~3 tokens left at 1 s a step: within 10 s
+    sched.run_until_idle()
+    assert [r for i, _, r in out if i == short.id and r] == [FINISH_LENGTH]
