@@ -24,24 +24,26 @@ PORT_HINT = (
 )
 
 
-# Triton's ensemble scheduler creates a CUDA stream for every ensemble it loads and logs an E-level
-# line when it cannot: on a CPU host, once per ensemble load. Nothing is wrong (ensembles need no
-# stream on CPU), so the log says so once instead.
-_NO_CUDA_STREAM = re.compile(
-    r"unable to create stream for \S+: .*(CUDA driver version is insufficient|no CUDA-capable)"
+# On a host without a usable CUDA driver Triton logs E-level lines about CUDA: once at start-up
+# ("CudaDriverHelper has not been initialized") and, from its ensemble scheduler, which creates a
+# CUDA stream per ensemble, one per ensemble load. Nothing is wrong (CPU serving needs neither),
+# so the log says so once instead.
+_NO_CUDA = re.compile(
+    r"CudaDriverHelper has not been initialized"
+    r"|unable to create stream for \S+: .*(CUDA driver version is insufficient|no CUDA-capable)"
 )
 NO_CUDA_NOTE = (
-    "tritonforge: no usable CUDA driver on this host, serving on CPU: Triton's ensemble scheduler "
-    "cannot create its CUDA stream and would log 'unable to create stream for <ensemble>' at E "
-    "level on every ensemble load; harmless on CPU, not shown again"
+    "tritonforge: no usable CUDA driver on this host, serving on CPU: Triton's E-level CUDA lines "
+    "('CudaDriverHelper has not been initialized', 'unable to create stream for <ensemble>' on "
+    "every ensemble load) are harmless here and not shown"
 )
 
 
 class ServerLog:
     """The last ``max_lines`` lines of a server's output; :meth:`pump` fills it from a stream.
 
-    Triton's "unable to create stream ... CUDA driver" errors (a CPU host, once per ensemble
-    load) are replaced by :data:`NO_CUDA_NOTE`, once."""
+    Triton's E-level CUDA lines on a host without a CUDA driver are replaced by
+    :data:`NO_CUDA_NOTE`, once."""
 
     def __init__(self, max_lines: int = 4000, echo: bool = False) -> None:
         self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
@@ -51,7 +53,7 @@ class ServerLog:
         """Also copy every line to stderr as it arrives."""
 
     def append(self, line: str) -> None:
-        if _NO_CUDA_STREAM.search(line):
+        if _NO_CUDA.search(line):
             with self._lock:
                 if self._no_cuda_noted:
                     return

@@ -66,6 +66,9 @@ def test_the_cpu_hosts_cuda_stream_errors_are_explained_once(
     """Issue #36 item 3: every ensemble load on a CPU host made Triton log an E-level "unable to
     create stream"; the launcher shows one note instead, and passes everything else through."""
     log = ServerLog(echo=True)
+    log.append(
+        'E1204 06:43:17.802984 22422 server.cc:241] "CudaDriverHelper has not been initialized."'
+    )
     for model in ("embed", "classify", "embed"):
         log.append(
             f'E1204 06:31:02.118 812 ensemble_scheduler.cc:1561] "unable to create stream for '
