@@ -24,7 +24,7 @@ import numpy as np
 
 from tritonforge.errors import ServingError, StageUnavailableError
 from tritonforge.kv_batch import LEFT, Batch, new_batch
-from tritonforge.queue_forecast import ServiceRate, predicted_wait_s, retry_hint
+from tritonforge.queue_forecast import ServiceRate, late_in_queue, predicted_wait_s, retry_hint
 from tritonforge.sampling import SamplingParams, sample_next
 from tritonforge.text_stream import TextStream
 
@@ -63,6 +63,7 @@ class Generation:
     finished: bool = False
     id: int = field(default_factory=itertools.count().__next__)
     queued_s: float = 0.0  # the scheduler's clock when it was queued
+    admitted_s: float = 0.0  # ... when it got a slot (its prefill began)
 
     def finish(self, text: str, reason: str) -> None:
         if not self.finished:
@@ -130,6 +131,7 @@ class Scheduler:
         self.steps = 0
         self.batch_sizes: list[int] = []
         self.rate = rate or ServiceRate()
+        self.prefilling: list[Generation] = []  # admitted, in their prefill call
 
     # -- producer side -------------------------------------------------------------------
     def submit(self, seq: Generation) -> None:
@@ -146,7 +148,7 @@ class Scheduler:
             if self.queue_timeout_s is not None and wait_s > self.queue_timeout_s:
                 raise StageUnavailableError(
                     f"{self.name}: overloaded: a slot is about {wait_s:.1f} s away, past "
-                    f"queue_timeout_s {self.queue_timeout_s:g} s ({len(self.batch)} running, "
+                    f"queue_timeout_s {self.queue_timeout_s:g} s ({len(self._running_left())} running, "
                     f"{len(self.waiting)} queued); "
                     f"{retry_hint(wait_s - self.queue_timeout_s)}"
                 )
@@ -154,13 +156,20 @@ class Scheduler:
             self.waiting.append(seq)
             self.cond.notify()
 
+    def _running_left(self) -> list[int]:
+        """Tokens each running (or joining) sequence may still decode."""
+        # copies taken at once (the loop thread changes them without the lock)
+        running = [
+            *list(self.batch.rows),
+            *(j[0] for j in list(self.joining)),
+            *list(self.prefilling),
+        ]
+        return [s.params.max_new_tokens - len(s.tokens) for s in running]
+
     def predicted_wait_s(self) -> float:
         """Seconds a sequence queued now would wait for a slot (:func:`predicted_wait_s`)."""
-        # copies taken at once (the loop thread changes them without the lock)
-        running = [*list(self.batch.rows), *(j[0] for j in list(self.joining))]
-        left = [s.params.max_new_tokens - len(s.tokens) for s in running]
         queued = [s.params.max_new_tokens for s in self.waiting]
-        return predicted_wait_s(left, queued, self.max_running, self.rate)
+        return predicted_wait_s(self._running_left(), queued, self.max_running, self.rate)
 
     def load(self) -> tuple[int, int]:
         """``(running, waiting)``; running counts the prefilled sequences about to join."""
@@ -210,14 +219,12 @@ class Scheduler:
             self.step()
 
     def step(self) -> None:
-        started_s, decoded = self.clock(), False
         try:
             self._retire_cancelled()
             self._expire_queued()
             self._admit()
             self._join()
             if self.batch.rows:
-                decoded = True
                 self._decode()
         except Exception as e:  # a failed step ends the running sequences, never the loop
             import traceback
@@ -228,8 +235,6 @@ class Scheduler:
                 seq.fail(error)
             self.batch = new_batch(self.layout, self.kv_headroom)
         self.steps += 1
-        if decoded:  # what every running sequence waits per token
-            self.rate.observe_step(self.clock() - started_s)
         if self.on_step is not None:
             self.on_step(*self.load())
 
@@ -257,12 +262,25 @@ class Scheduler:
             now = self.clock()
             while self.waiting and now - self.waiting[0].queued_s >= self.queue_timeout_s:
                 expired.append(self.waiting.popleft())  # FIFO: the oldest are first
-            running, queued = len(self.batch), len(self.waiting)
+            queued = [(s.params.max_new_tokens, now - s.queued_s) for s in self.waiting]
+            late = late_in_queue(
+                self._running_left(), queued, self.max_running, self.rate, self.queue_timeout_s
+            )
+            doomed = [self.waiting[i] for i in late]
+            for seq in doomed:
+                self.waiting.remove(seq)
+            running, waiting = len(self.batch), len(self.waiting)
+        why = f"queue_timeout_s {self.queue_timeout_s:g} s ({running} running, {waiting} queued)"
         for seq in expired:
             seq.fail(
                 StageUnavailableError(
-                    f"{self.name}: overloaded: queued longer than queue_timeout_s {self.queue_timeout_s:g} s "
-                    f"({running} running, {queued} queued); retry later"
+                    f"{self.name}: overloaded: queued longer than {why}; retry later"
+                )
+            )
+        for seq in doomed:
+            seq.fail(
+                StageUnavailableError(
+                    f"{self.name}: overloaded: no slot predicted within {why}; {retry_hint(1.0)}"
                 )
             )
 
@@ -280,8 +298,17 @@ class Scheduler:
                 if admitted and width * (len(admitted) + 1) > self.max_prefill_tokens:
                     break
                 admitted.append(self.waiting.popleft())
+            self.prefilling = admitted  # neither waiting nor running: the forecast counts them
         if not admitted:
             return
+        try:
+            self._prefill(admitted)
+        finally:
+            self.prefilling = []
+
+    def _prefill(self, admitted: list[Generation]) -> None:
+        for seq in admitted:
+            seq.admitted_s = self.clock()
         lengths = [len(s.prompt_ids) for s in admitted]
         width = max(lengths)
         ids = np.zeros((len(admitted), width), np.int64)
@@ -316,7 +343,9 @@ class Scheduler:
         self.joining = still
 
     def _decode(self) -> None:
+        """One token for every running sequence; its time is what each waits per token."""
         b = self.batch
+        started_s, size = self.clock(), len(b)
         mask = b.step_mask()
         logits, presents = self.step_fn(b.last[:, None], mask, b.positions[:, None], b.past)
         b.advance(presents, mask)
@@ -324,22 +353,27 @@ class Scheduler:
         for i, seq in enumerate(b.rows):
             b.last[i] = self._emit(seq, logits[i, -1])
         b.remove([i for i, s in enumerate(b.rows) if s.finished])
+        self.rate.observe_step(self.clock() - started_s, size)
+
+    def _finished(self, seq: Generation) -> None:
+        served_s = self.clock() - seq.admitted_s
+        self.rate.observe_finish(len(seq.tokens), seq.params.max_new_tokens, served_s)
 
     def _emit(self, seq: Generation, logits: np.ndarray) -> int:
         """Sample, record and stream one token; finish the sequence when it is done."""
         token = sample_next(logits, seq.params, seq.rng)
         if token in self.eos_ids:
             seq.finish(seq.stream.finish(), FINISH_STOP)
-            self.rate.observe_finish(len(seq.tokens), seq.params.max_new_tokens)
+            self._finished(seq)
             return token
         seq.tokens.append(token)
         chunk = seq.stream.push(token)
         if seq.stream.stopped:
             seq.finish(chunk, FINISH_STOP)
-            self.rate.observe_finish(len(seq.tokens), seq.params.max_new_tokens)
+            self._finished(seq)
         elif len(seq.tokens) >= seq.params.max_new_tokens:
             seq.finish(chunk + seq.stream.finish(), FINISH_LENGTH)
-            self.rate.observe_finish(len(seq.tokens), seq.params.max_new_tokens)
+            self._finished(seq)
         elif chunk:
             seq.on_output(seq, chunk, None)
         return token

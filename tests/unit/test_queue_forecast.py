@@ -8,13 +8,19 @@ import pytest
 
 from tests.unit.test_generation import EOS, empty_past, make, toy_step
 from tritonforge.errors import StageUnavailableError
-from tritonforge.queue_forecast import ServiceRate, predicted_wait_s, retry_after_s, retry_hint
+from tritonforge.queue_forecast import (
+    ServiceRate,
+    late_in_queue,
+    predicted_wait_s,
+    retry_after_s,
+    retry_hint,
+)
 from tritonforge.scheduler import FINISH_LENGTH, Scheduler
 from tritonforge.stream_errors import says_unavailable
 
 
 def test_the_wait_simulates_the_slots_running_and_queued() -> None:
-    rate = ServiceRate(step_s=0.5)
+    rate = ServiceRate(step_s={2: 0.5})
     # two slots free after 2 s and 5 s; the one queued ahead takes the first until 6 s
     assert predicted_wait_s([4, 10], [8], 2, rate) == pytest.approx(5.0)
     assert predicted_wait_s([4, 10], [8, 1], 2, rate) == pytest.approx(5.5)
@@ -24,13 +30,29 @@ def test_the_wait_simulates_the_slots_running_and_queued() -> None:
 
 def test_the_service_rate_learns_the_step_time_and_the_share_of_tokens_used() -> None:
     rate = ServiceRate(alpha=0.5)
-    assert rate.token_s is None
-    rate.observe_step(0.2)
-    rate.observe_step(0.4)
-    assert rate.step_s == pytest.approx(0.3)
+    assert rate.token_s(16) is None
+    rate.observe_step(0.2, batch=16)
+    rate.observe_step(0.4, batch=16)
+    assert rate.step_s[16] == pytest.approx(0.3)
     rate.observe_finish(tokens=4, max_new_tokens=16)  # stopped early: a quarter used
     assert rate.used_share == pytest.approx(0.625)
-    assert rate.token_s == pytest.approx(0.3 * 0.625)
+    assert rate.token_s(16) == pytest.approx(0.3 * 0.625)
+
+
+def test_an_unmeasured_batch_size_is_scaled_up_from_a_smaller_one() -> None:
+    rate = ServiceRate(step_s={1: 0.05, 4: 0.1})
+    assert rate.token_s(16) == pytest.approx(0.4)  # 4's time x 16/4: never an underestimate
+    assert rate.token_s(2) == pytest.approx(0.1)  # 1's x 2
+    assert ServiceRate(step_s={8: 0.2}).token_s(4) == pytest.approx(0.2)
+
+
+def test_queued_sequences_the_forecast_puts_past_their_deadline_are_found() -> None:
+    rate = ServiceRate(step_s={1: 1.0})
+    # one slot, 5 tokens left; the first queued (waited 2 s) starts at 5 s, fine; the second
+    # (3 tokens, waited 4 s) would start at 8 s: 12 s > 10; the third takes its place at 8 s
+    queued = [(3, 2.0), (3, 4.0), (3, 0.0)]
+    assert late_in_queue([5], queued, 1, rate, timeout_s=10.0) == [1]
+    assert late_in_queue([5], queued, 1, ServiceRate(), timeout_s=10.0) == []
 
 
 def test_the_retry_hint_is_read_back_for_the_retry_after_header() -> None:
@@ -58,13 +80,13 @@ def test_a_request_that_would_wait_past_queue_timeout_s_is_refused_at_once() -> 
     out: list = []
     running = make([1], 20, out=out)
     sched.submit(running)
-    sched.step()  # a prefill and a decode: 2 s measured for the step, 18 tokens left
+    sched.step()  # a prefill and a decode (1 s measured per token), 18 tokens left
     late = make([3], 2, out=out)
     with pytest.raises(StageUnavailableError) as refused:
-        sched.submit(late)  # ~36 s away: refused now, not after 10 s
+        sched.submit(late)  # ~18 s away: refused now, not after 10 s
     message = str(refused.value)
     assert "generate: overloaded" in message and "queue_timeout_s 10 s" in message
-    assert says_unavailable(message) and retry_after_s(message) == 26
+    assert says_unavailable(message) and retry_after_s(message) == 8
     assert list(sched.waiting) == [] and sched.batch.rows == [running]
 
 
