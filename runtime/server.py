@@ -228,6 +228,7 @@ class EmbeddedServer:
             limits=s.front_limits,
             openai=openai_settings(s.model_repository, s.openai_api_key) if s.openai else None,
             traced=tracing_enabled(s.extra_args),
+            tenants=s.tenants_file,
         )
 
     def is_ready(self, timeout_s: float = 2.0) -> bool:
