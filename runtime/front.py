@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -84,6 +85,7 @@ from tritonforge.runtime.front_settings import (
 )
 from tritonforge.runtime.front_sse import sse_event
 from tritonforge.runtime.tenants.gate import TenantGate
+from tritonforge.runtime.tenants.grpc import TENANT_METADATA, admit_call
 from tritonforge.runtime.tenants.http import TenantHttp
 
 if TYPE_CHECKING:
@@ -187,6 +189,8 @@ class Front:
                 self.tenants, self.http.handle, admin_key, admin_header.lower(),
                 self.limits.max_body_bytes,
             ).handle  # fmt: skip
+            self.grpc.admit = functools.partial(admit_call, self.tenants)
+            self.grpc.hidden = (*self.grpc.hidden, TENANT_METADATA)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="front", daemon=True)
         self._runner: web.ServerRunner | None = None

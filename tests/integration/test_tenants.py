@@ -1,4 +1,5 @@
-"""Tenants on the real embedded server (issue #36 item 4): ``serve --tenants FILE``.
+"""Tenants on the real embedded server (issue #36 item 4): ``serve --tenants FILE``, on HTTP v2,
+gRPC and ``/v1``.
 
 Two tenants on one front: the small one, past its request rate, gets 429 with ``Retry-After``
 (OpenAI's error shape on ``/v1``) while the big one is served; no key or a revoked one (after the
@@ -14,11 +15,14 @@ from pathlib import Path
 
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
-from tests.integration.reliability import MINIMAL, linked_repository
+from tests.integration.reliability import MINIMAL, linked_repository, text_inputs
 from tritonforge.pipelines import repository_configs
 from tritonforge.runtime import openai_api
 from tritonforge.runtime.server import serving
+from tritonforge.runtime.tenants.grpc import TENANT_METADATA
 from tritonforge.runtime.tenants.http import TENANT_HEADER, USAGE_PATH
 from tritonforge.runtime.tenants.keys import hash_key
 
@@ -76,11 +80,21 @@ def test_two_tenants_limits_revocation_and_usage(tmp_path: Path) -> None:
         assert v1("big-key-2").status_code == 401
         assert v2("big-key").status_code == 200
 
+        grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+        grpc_client.infer("embed", text_inputs(["hi"]), headers={TENANT_METADATA: "big-key"})
+        for key, code in (("small-key", "RESOURCE_EXHAUSTED"), (None, "UNAUTHENTICATED")):
+            with pytest.raises(InferenceServerException) as grpc_refused:
+                grpc_client.infer(
+                    "embed", text_inputs(["hi"]), headers={TENANT_METADATA: key} if key else None
+                )
+            assert code in str(grpc_refused.value.status()), grpc_refused.value
+        grpc_client.close()
+
         usage = requests.get(f"{base}{USAGE_PATH}", headers=server.admin_headers, timeout=10)
         tenants = usage.json()["tenants"]
-        assert tenants["small"]["refusals"] == 2 and tenants["small"]["requests"] == 2
-        assert tenants["big"]["requests"] == 7 and tenants["big"]["prompt_tokens"] > 0
+        assert tenants["small"]["refusals"] == 3 and tenants["small"]["requests"] == 2
+        assert tenants["big"]["requests"] == 8 and tenants["big"]["prompt_tokens"] > 0
         assert requests.get(f"{base}{USAGE_PATH}", timeout=10).status_code == 403
         metrics = requests.get(f"http://{server.settings.client_host}:"
                                f"{server.settings.metrics_port}/metrics", timeout=10).text  # fmt: skip
-        assert 'tritonforge_tenant_refusals_total{tenant="small"} 2' in metrics
+        assert 'tritonforge_tenant_refusals_total{tenant="small"} 3' in metrics
