@@ -36,6 +36,9 @@ StepFn = Callable[
 ]
 
 
+DEFAULT_RANK = 2**31  # the queue rank of a sequence without a priority: behind every level
+
+
 class CancelledError(ServingError):
     """The client cancelled the request or went away."""
 
@@ -64,6 +67,12 @@ class Generation:
     id: int = field(default_factory=itertools.count().__next__)
     queued_s: float = 0.0  # the scheduler's clock when it was queued
     admitted_s: float = 0.0  # ... when it got a slot (its prefill began)
+    priority: int = 0  # 1 is the most urgent (Triton's convention); 0: the default, after all
+
+    @property
+    def rank(self) -> int:
+        """Queue order: by priority, then arrival."""
+        return self.priority if self.priority > 0 else DEFAULT_RANK
 
     def finish(self, text: str, reason: str) -> None:
         if not self.finished:
@@ -144,7 +153,7 @@ class Scheduler:
                     f"{self.name}: overloaded ({len(self.batch)} running, {len(self.waiting)} "
                     f"queued, max_queue {self.max_queue}); retry later"
                 )
-            wait_s = self.predicted_wait_s()
+            wait_s = self.predicted_wait_s(seq.rank)
             if self.queue_timeout_s is not None and wait_s > self.queue_timeout_s:
                 raise StageUnavailableError(
                     f"{self.name}: overloaded: a slot is about {wait_s:.1f} s away, past "
@@ -153,7 +162,8 @@ class Scheduler:
                     f"{retry_hint(wait_s - self.queue_timeout_s)}"
                 )
             seq.queued_s = self.clock()
-            self.waiting.append(seq)
+            ahead = sum(1 for s in self.waiting if s.rank <= seq.rank)
+            self.waiting.insert(ahead, seq)  # the queue stays ordered by rank, then arrival
             self.cond.notify()
 
     def _running_left(self) -> list[int]:
@@ -166,9 +176,10 @@ class Scheduler:
         ]
         return [s.params.max_new_tokens - len(s.tokens) for s in running]
 
-    def predicted_wait_s(self) -> float:
-        """Seconds a sequence queued now would wait for a slot (:func:`predicted_wait_s`)."""
-        queued = [s.params.max_new_tokens for s in self.waiting]
+    def predicted_wait_s(self, rank: int = DEFAULT_RANK) -> float:
+        """Seconds a sequence of queue ``rank`` queued now would wait for a slot
+        (:func:`predicted_wait_s`): behind the queued ones of the same or a more urgent rank."""
+        queued = [s.params.max_new_tokens for s in self.waiting if s.rank <= rank]
         return predicted_wait_s(self._running_left(), queued, self.max_running, self.rate)
 
     def load(self) -> tuple[int, int]:
@@ -260,8 +271,9 @@ class Scheduler:
         expired: list[Generation] = []
         with self.cond:
             now = self.clock()
-            while self.waiting and now - self.waiting[0].queued_s >= self.queue_timeout_s:
-                expired.append(self.waiting.popleft())  # FIFO: the oldest are first
+            expired = [s for s in self.waiting if now - s.queued_s >= self.queue_timeout_s]
+            for seq in expired:  # by rank, so the oldest are not always first
+                self.waiting.remove(seq)
             queued = [(s.params.max_new_tokens, now - s.queued_s) for s in self.waiting]
             late = late_in_queue(
                 self._running_left(), queued, self.max_running, self.rate, self.queue_timeout_s

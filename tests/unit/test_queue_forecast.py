@@ -100,3 +100,24 @@ def test_a_request_that_fits_is_queued_and_served() -> None:
     sched.submit(short)  # ~3 tokens left at 1 s a step: within 10 s
     sched.run_until_idle()
     assert [r for i, _, r in out if i == short.id and r] == [FINISH_LENGTH]
+
+
+def test_priorities_reorder_the_queue_and_the_forecast_counts_only_those_ahead() -> None:
+    """Issue #36 item 4: a more urgent request (priority 1 before 2; none after every level)
+    overtakes the queue, and its forecast counts only the requests ahead of it."""
+    now = [0.0]
+    sched = _ticking(now, step_s=1.0)
+    out: list = []
+    sched.submit(make([1], 3, out=out))
+    sched.step()  # running: 1 token left at 1 s a token
+    plain, low, urgent = make([2], 4, out=out), make([3], 4, out=out), make([4], 4, out=out)
+    low.priority, urgent.priority = 2, 1
+    for seq in (plain, low, urgent):
+        sched.submit(seq)
+    assert list(sched.waiting) == [urgent, low, plain]
+    # another urgent one waits for the running one and the urgent one only; a plain one for all
+    assert sched.predicted_wait_s(urgent.rank) == pytest.approx(5.0)
+    assert sched.predicted_wait_s() == pytest.approx(13.0)
+    sched.run_until_idle()
+    finished = [i for i, _, r in out if r in (FINISH_LENGTH, "stop")]
+    assert finished[1:] == [urgent.id, low.id, plain.id]
