@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +117,10 @@ def _tenant(name: str, table: Any) -> Tenant:
 def parse_tenants(text: str, source: str = "tenants file") -> dict[str, Tenant]:
     """Tenant name -> :class:`Tenant` from the TOML ``text``; a key hash held by two tenants
     is refused."""
+    try:  # here, not at the top: the Triton container's sidecar front runs Python 3.10
+        import tomllib
+    except ModuleNotFoundError as e:
+        raise TenantsFileError(f"{source}: reading a tenants file needs Python 3.11+") from e
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
