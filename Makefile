@@ -13,7 +13,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup install-models lock lint typecheck classifier export export-gpu serve run test test-unit test-integration bench llamacpp infinity loadtest loadtest-generate soak chaos ramp clean deploy-check gpu-check perf gate
+.PHONY: help setup install-models lock lint typecheck classifier export export-gpu serve run test test-unit test-integration bench llamacpp infinity loadtest loadtest-generate soak chaos flood ramp clean deploy-check gpu-check perf gate
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -108,6 +108,8 @@ soak: export  ## bounded leak soak (RSS and /dev/shm curves)
 
 chaos: export  ## bounded chaos run (DURATION_S, default 600): traffic over every pipeline while stubs are SIGSEGVed, generate flooded, SSE opened and cancelled; gates on lost/hung requests, recovery and server restarts
 	$(TF) chaos --model-repository $(REPO) --duration-s $(or $(DURATION_S),600)
+flood: export  ## 96 generate streams at once: every refusal within 1 s with Retry-After, no accepted stream cut (issue #36)
+	$(PY) -m tritonforge.loadtest.reliability.flood --model-repository $(REPO) --out build/flood.json
 ramp: export  ## a peak 3x the saturation rate for 60 s, degradation off/on and through the client's breaker
 	$(PY) -m tritonforge.loadtest.reliability.ramp --model-repository $(REPO) --out build/ramp.json
 

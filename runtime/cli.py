@@ -95,6 +95,12 @@ def _server_args(p: argparse.ArgumentParser) -> None:
         help=f"response cache size (default ${CACHE_ENV} or {DEFAULT_CACHE_BYTES}; 0 turns it off)",
     )
     p.add_argument(
+        "--tenants",
+        type=Path,
+        help="a tenants file (TOML: keys stored hashed, allowed models, rates, quotas, "
+        "priorities; docs/openai.md); re-read when it changes. Without it: no tenants",
+    )
+    p.add_argument(
         "--unrestricted",
         action="store_true",
         help="do not restrict the admin APIs (model-repository, config, shm, stats, trace, logging)",
@@ -124,6 +130,7 @@ def _settings(args: argparse.Namespace, load_models: Sequence[str] | None = None
         echo_log=not args.quiet,
         restrict_apis=not args.unrestricted,
         extra_args=[*trace_args(args.trace_otlp, args.trace_rate), *cache_args(args.cache_bytes)],
+        tenants_file=getattr(args, "tenants", None),
     )
 
 

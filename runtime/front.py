@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -83,6 +84,9 @@ from tritonforge.runtime.front_settings import (
     triton_listen_args,
 )
 from tritonforge.runtime.front_sse import sse_event
+from tritonforge.runtime.tenants.gate import TenantGate
+from tritonforge.runtime.tenants.grpc import TENANT_METADATA, admit_call
+from tritonforge.runtime.tenants.http import TenantHttp
 
 if TYPE_CHECKING:
     from tritonforge.runtime.openai_front import OpenAISettings
@@ -145,6 +149,7 @@ class Front:
         limits: FrontLimits | None = None,
         openai: OpenAISettings | None = None,
         traced: bool = False,
+        tenants: Path | None = None,
     ) -> None:
         self.host = host
         self.http_port = http_port
@@ -176,6 +181,16 @@ class Front:
             from tritonforge.runtime.openai_front import OpenAIFront
 
             self.http.openai = OpenAIFront(self.http, self.grpc.channel, openai)
+        self.handler = self.http.handle
+        self.tenants: TenantGate | None = None
+        if tenants is not None:  # read now: a bad file stops the start, naming the field
+            self.tenants = TenantGate(tenants)
+            self.handler = TenantHttp(
+                self.tenants, self.http.handle, admin_key, admin_header.lower(),
+                self.limits.max_body_bytes,
+            ).handle  # fmt: skip
+            self.grpc.admit = functools.partial(admit_call, self.tenants)
+            self.grpc.hidden = (*self.grpc.hidden, TENANT_METADATA)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="front", daemon=True)
         self._runner: web.ServerRunner | None = None
@@ -193,7 +208,7 @@ class Front:
 
     async def _start(self) -> None:
         server = web.Server(
-            self.http.handle,
+            self.handler,
             auto_decompress=False,
             keepalive_timeout=self.limits.idle_timeout_s,
             max_field_size=16384,
@@ -278,7 +293,8 @@ class Front:
 
     def metrics(self) -> str:
         """The front's gauges in Prometheus text (appended to Triton's on the metrics port)."""
-        return self.admission.metrics()
+        tenants = self.tenants.metrics() if self.tenants is not None else ""
+        return self.admission.metrics() + tenants
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight through the front (short requests finished,

@@ -141,6 +141,10 @@ class GrpcFront(grpc.GenericRpcHandler):
         self.served = served
         self._channel: grpc.aio.Channel | None = None
         self._channel_target = ""
+        # the tenants' gate (runtime.tenants.grpc.admit_call; None: no tenants) and the metadata
+        # that never goes upstream
+        self.admit: Callable[[Any], Awaitable[None]] | None = None
+        self.hidden = ("user-agent", *self.admin_headers)
 
     def channel(self) -> grpc.aio.Channel:
         target = self.upstream_target()
@@ -342,8 +346,10 @@ class GrpcFront(grpc.GenericRpcHandler):
         metadata = tuple(
             (k, v)
             for k, v in context.invocation_metadata() or ()
-            if not k.startswith((":", "grpc-")) and k not in ("user-agent", *self.admin_headers)
+            if not k.startswith((":", "grpc-")) and k not in self.hidden
         )
+        if self.admit is not None and (method == GRPC_INFER or method in GRPC_STREAMING):
+            await self.admit(context)
         if method in GRPC_RESTRICTED and self.admin_key is not None:
             given = dict(context.invocation_metadata() or ())
             if not any(admin_ok(given.get(h), self.admin_key) for h in self.admin_headers):

@@ -541,9 +541,8 @@ class HttpFront:
                     if event.startswith(b'data: {"error"'):
                         status = front_stream.in_stream_status(event.decode("utf-8", "replace"))
                         status = 400 if status == 499 else status
-                    response = web.StreamResponse(
-                        status=status, headers={"Content-Type": front_sse.CONTENT_TYPE}
-                    )
+                    headers = front_sse.stream_headers(status, event)
+                    response = web.StreamResponse(status=status, headers=headers)
                     await response.prepare(request)
                 if event:
                     await response.write(event)

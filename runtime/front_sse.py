@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+from tritonforge.queue_forecast import retry_after_s
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front_guard import shown
 from tritonforge.runtime.openai_triton import unbytes
@@ -59,6 +60,16 @@ def dumps(value: Any) -> bytes:
 def sse_event(payload: Mapping[str, Any]) -> bytes:
     """One server-sent event as Triton's ``generate_stream`` writes it."""
     return b"data: " + dumps(payload) + b"\n\n"
+
+
+def stream_headers(status: int, first_event: bytes = b"") -> dict[str, str]:
+    """The headers of a ``generate_stream`` answer whose first event is ``first_event``: a 503
+    (an overload refusal) says when to retry, as the front's other 503s do: ``Retry-After``,
+    the seconds the refusal names (the generate scheduler's predicted wait), else 1."""
+    headers = {"Content-Type": CONTENT_TYPE}
+    if status == 503:
+        headers["Retry-After"] = str(retry_after_s(first_event.decode("utf-8", "replace")))
+    return headers
 
 
 def error_event(message: str) -> bytes:

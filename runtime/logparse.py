@@ -24,16 +24,41 @@ PORT_HINT = (
 )
 
 
+# On a host without a usable CUDA driver Triton logs E-level lines about CUDA: once at start-up
+# ("CudaDriverHelper has not been initialized") and, from its ensemble scheduler, which creates a
+# CUDA stream per ensemble, one per ensemble load. Nothing is wrong (CPU serving needs neither),
+# so the log says so once instead.
+_NO_CUDA = re.compile(
+    r"CudaDriverHelper has not been initialized"
+    r"|unable to create stream for \S+: .*(CUDA driver version is insufficient|no CUDA-capable)"
+)
+NO_CUDA_NOTE = (
+    "tritonforge: no usable CUDA driver on this host, serving on CPU: Triton's E-level CUDA lines "
+    "('CudaDriverHelper has not been initialized', 'unable to create stream for <ensemble>' on "
+    "every ensemble load) are harmless here and not shown"
+)
+
+
 class ServerLog:
-    """The last ``max_lines`` lines of a server's output; :meth:`pump` fills it from a stream."""
+    """The last ``max_lines`` lines of a server's output; :meth:`pump` fills it from a stream.
+
+    Triton's E-level CUDA lines on a host without a CUDA driver are replaced by
+    :data:`NO_CUDA_NOTE`, once."""
 
     def __init__(self, max_lines: int = 4000, echo: bool = False) -> None:
         self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
         self._lock = threading.Lock()
+        self._no_cuda_noted = False
         self.echo = echo
         """Also copy every line to stderr as it arrives."""
 
     def append(self, line: str) -> None:
+        if _NO_CUDA.search(line):
+            with self._lock:
+                if self._no_cuda_noted:
+                    return
+                self._no_cuda_noted = True
+            line = NO_CUDA_NOTE
         with self._lock:
             self._lines.append(line)
         if self.echo:

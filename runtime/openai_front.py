@@ -28,6 +28,7 @@ import grpc
 import numpy as np
 from aiohttp import web
 
+from tritonforge.queue_forecast import retry_after_s
 from tritonforge.runtime import front_stream, stream_end
 from tritonforge.runtime import openai_api as api
 from tritonforge.runtime.errors import FrontError
@@ -469,7 +470,7 @@ def _upstream_errors(timeout_message: str) -> Iterator[None]:
 
 
 def _error(e: OpenAIError) -> web.Response:
-    headers = {"Retry-After": "1"} if e.status == 503 else None
+    headers = {"Retry-After": str(retry_after_s(str(e)))} if e.status == 503 else None
     return web.json_response(e.body(), status=e.status, headers=headers)
 
 

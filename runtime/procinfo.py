@@ -26,17 +26,24 @@ def group_members(pgid: int) -> list[int]:
 
 def python_stubs(pids: list[int]) -> dict[str, tuple[int, str]]:
     """Model instance name (e.g. ``tokenizer_0_0``) -> (PID, model name) of each Python backend
-    stub among ``pids``."""
+    stub among ``pids``. While a reload overlaps the old instance with its new one (same name),
+    the newest process wins: the old one is about to exit."""
     result: dict[str, tuple[int, str]] = {}
+    started: dict[str, float] = {}
     for pid in pids:
         try:
-            args = psutil.Process(pid).cmdline()
+            process = psutil.Process(pid)
+            args, created_s = process.cmdline(), process.create_time()
         except psutil.Error:
             continue
         # 2.51 stub argv: stub, <repo>/<model>/<version>/<file>, shm region, default size, growth
         # size, parent pid, lib dir, ipc handle, instance name, python-based backend dir
         if args and args[0].endswith(STUB_BINARY) and len(args) > 8:
-            result[args[8]] = (pid, Path(args[1]).parent.parent.name)
+            name = args[8]
+            if name in started and started[name] > created_s:
+                continue
+            started[name] = created_s
+            result[name] = (pid, Path(args[1]).parent.parent.name)
     return result
 
 

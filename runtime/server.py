@@ -34,6 +34,7 @@ from tritonforge.runtime.front import (
 )
 from tritonforge.runtime.locate import assemble_backend_dir, find_triton
 from tritonforge.runtime.logparse import ServerLog, load_failures, port_hint
+from tritonforge.runtime.planned_loads import PlannedLoads
 from tritonforge.runtime.process import TritonProcess, namespace_prefix
 from tritonforge.runtime.repository_api import RepositoryAPI
 from tritonforge.runtime.settings import ADMIN_KEY_ENV, ServerSettings, free_port
@@ -74,6 +75,7 @@ class EmbeddedServer:
         self._lifecycle = threading.RLock()
         self._stopping = threading.Event()  # set by stop(): a restart under way gives up waiting
         self.restarting = False
+        self.planned = PlannedLoads()  # loads made on purpose: their stubs' exits are no crash
 
     # -- addresses ---------------------------------------------------------------------------
     @property
@@ -226,6 +228,7 @@ class EmbeddedServer:
             limits=s.front_limits,
             openai=openai_settings(s.model_repository, s.openai_api_key) if s.openai else None,
             traced=tracing_enabled(s.extra_args),
+            tenants=s.tenants_file,
         )
 
     def is_ready(self, timeout_s: float = 2.0) -> bool:
@@ -289,8 +292,10 @@ class EmbeddedServer:
         raise ServerStartError(f"{why}{port_hint(tail)}; last log lines:\n{tail}")
 
     def load_model(self, model: str, timeout_s: float = 120.0, force: bool = False) -> None:
-        """(Re)load ``model`` (explicit model control only); see :meth:`RepositoryAPI.load_model`."""
-        self._repository().load_model(model, timeout_s, force)
+        """(Re)load ``model`` (explicit model control only); see :meth:`RepositoryAPI.load_model`.
+        Recorded in :attr:`planned`: the stubs it retires did not crash."""
+        with self.planned.loading([model]):
+            self._repository().load_model(model, timeout_s, force)
 
     def _repository(self) -> RepositoryAPI:
         return RepositoryAPI(self.http_url, self.admin_headers, self._direct_socket())

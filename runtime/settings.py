@@ -59,6 +59,9 @@ class ServerSettings:
     """Serve the OpenAI-compatible ``/v1`` routes on the front's HTTP port (docs/openai.md)."""
     openai_api_key: str | None = field(default_factory=lambda: os.environ.get(OPENAI_KEY_ENV))
     """When set, ``/v1`` needs ``Authorization: Bearer <key>`` (default: $TRITONFORGE_OPENAI_API_KEY)."""
+    tenants_file: Path | None = None
+    """A tenants file (:mod:`runtime.tenants`): keys, models, rates, quotas, priorities per
+    tenant on the front; None: no tenants (today's behaviour)."""
     private_shm: bool = True
     """Run tritonserver in its own mount namespace with a private 0700 tmpfs on /dev/shm (the
     Python backend creates its regions 0644, readable by every local user, whatever the umask);

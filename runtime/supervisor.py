@@ -56,6 +56,7 @@ from tritonforge.runtime.model_graph import (
     reload_plan,
     repository_configs,
 )
+from tritonforge.runtime.planned_loads import StubExits
 from tritonforge.runtime.server import EmbeddedServer
 
 # Re-exported: callers import these from here.
@@ -131,6 +132,8 @@ class Supervisor:
         self.models = list(models) if models is not None else public_models(repo)
         all_configs = repository_configs(repo)
         self.calls = model_calls(all_configs)
+        ensembles = [m for m, c in all_configs.items() if c.raw.get("platform") == "ensemble"]
+        self._exits = StubExits(server.planned, self.calls, ensembles)  # planned loads' stubs
         self.configs = {m: all_configs.get(m) or load_model_config(repo, m) for m in self.models}
         self.owner = pipeline_of(repo, self.models)
         self.canary_interval_s = canary_interval_s
@@ -188,9 +191,19 @@ class Supervisor:
             client.close()
 
     def dead_stubs(self) -> list[str]:
-        """Model instances whose stub process disappeared since the last (re)start."""
+        """Model instances whose stub process disappeared since the last (re)start, not counting
+        those a planned load (:class:`PlannedLoads`: a staged load, a reload) retired: the stubs
+        of models whose planned loads finished are snapshotted afresh first."""
+        settled = self._exits.settled(set(self._stub_models.values()))
+        if settled:
+            self._snapshot_stubs(settled)
         alive = self.server.stub_pids()
-        return sorted(name for name, pid in self._stubs.items() if alive.get(name) != pid)
+        return sorted(
+            name
+            for name, pid in self._stubs.items()
+            if alive.get(name) != pid
+            and not self._exits.planned_exit(self._stub_models.get(name, name))
+        )
 
     def health(self) -> Health:
         with self._lock:
@@ -214,6 +227,9 @@ class Supervisor:
     def _snapshot_stubs(self, models: Iterable[str] | None = None) -> None:
         """Remember the stub PIDs: all of them, or only those of ``models`` (just reloaded): a
         stub of another model that died meanwhile must still be seen missing."""
+        # generations first: a load finishing after the PIDs are read is seen as new
+        everything = {*self.calls, *self._stub_models.values()}
+        self._exits.record(everything if models is None else set(models))
         stubs = self.server.stubs()
         if models is None:
             self._stubs = {name: pid for name, (pid, _) in stubs.items()}

@@ -22,6 +22,10 @@ from tritonforge.sampling import GenerationLimits, parse_sampling
 from tritonforge.scheduler import ErrorFn, Generation, OutputFn, Scheduler
 from tritonforge.text_stream import TextStream
 
+# the full-batch warm-up's tokens: enough decode steps that its prefill weighs little in the
+# measured seconds per token (4 made the first forecast ~6x too long on a busy host)
+WARMUP_FULL_TOKENS = 16
+
 
 class GenerateEngine:
     """Load the model's decoder (``parameters.decoder_file``; the variant it is, fp32 or int8, is
@@ -113,10 +117,14 @@ class GenerateEngine:
         check_variant(requested, self.variant, self.name)
 
     def warmup(self, text: str) -> None:
-        """One short generation on the calling thread (before :meth:`start`)."""
-        seq = self.build(text, {"max_tokens": 2}, lambda *_: None, lambda *_: None)
-        self.scheduler.submit(seq)
-        self.scheduler.run_until_idle()
+        """Short generations on the calling thread (before :meth:`start`): one alone, then a
+        full batch (``max_running``), so that the scheduler's queue forecast
+        (:mod:`tritonforge.queue_forecast`) knows a full step's time before the first flood."""
+        for batch, max_tokens in ((1, 2), (self.scheduler.max_running, WARMUP_FULL_TOKENS)):
+            for _ in range(batch):
+                seq = self.build(text, {"max_tokens": max_tokens}, lambda *_: None, lambda *_: None)
+                self.scheduler.submit(seq)
+            self.scheduler.run_until_idle()
 
     def start(self) -> None:
         self.scheduler.start()

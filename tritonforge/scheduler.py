@@ -25,6 +25,7 @@ import numpy as np
 
 from tritonforge.errors import ServingError, StageUnavailableError
 from tritonforge.kv_batch import LEFT, Batch, new_batch
+from tritonforge.queue_forecast import ServiceRate, late_in_queue, predicted_wait_s, retry_hint
 from tritonforge.sampling import SamplingParams, sample_next
 from tritonforge.text_stream import TextStream
 
@@ -34,6 +35,9 @@ FINISH_LENGTH, FINISH_STOP = "length", "stop"
 StepFn = Callable[
     [np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]], tuple[np.ndarray, list[np.ndarray]]
 ]
+
+
+DEFAULT_RANK = 2**31  # the queue rank of a sequence without a priority: behind every level
 
 
 class CancelledError(ServingError):
@@ -74,6 +78,13 @@ class Generation:
     id: int = field(default_factory=itertools.count().__next__)
     queued_s: float = 0.0  # the scheduler's clock when it was queued
     processing: RowProcessing | None = None  # None: today's path, untouched
+    admitted_s: float = 0.0  # ... when it got a slot (its prefill began)
+    priority: int = 0  # 1 is the most urgent (Triton's convention); 0: the default, after all
+
+    @property
+    def rank(self) -> int:
+        """Queue order: by priority, then arrival."""
+        return self.priority if self.priority > 0 else DEFAULT_RANK
 
     def finish(self, text: str, reason: str) -> None:
         if not self.finished:
@@ -107,13 +118,16 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         layout: str = LEFT,
         kv_headroom: int = 0,
+        rate: ServiceRate | None = None,
     ) -> None:
         """``name``: the model serving (its config's name), which every message names.
         ``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
         after every step (metrics). Requests admitted together are prefilled in one call of at
         most ``max_prefill_tokens`` padded tokens (a long prompt is prefilled alone). A sequence
         still waiting for a slot ``queue_timeout_s`` after :meth:`submit` ends with
-        :class:`StageUnavailableError` (None: it waits as long as it takes). ``layout``: the
+        :class:`StageUnavailableError` (None: it waits as long as it takes), and one whose
+        predicted wait (:mod:`tritonforge.queue_forecast`, from ``rate``: measured here) is past
+        it is refused at once. ``layout``: the
         step's cache layout (``kv_batch.LEFT`` or ``RIGHT``, ``OrtDecoder.layout``);
         ``kv_headroom``: free columns a right-padded batch keeps for a step that writes in
         place (``OrtDecoder.kv_headroom``; 0: none)."""
@@ -137,6 +151,8 @@ class Scheduler:
         self.thread: threading.Thread | None = None
         self.steps = 0
         self.batch_sizes: list[int] = []
+        self.rate = rate or ServiceRate()
+        self.prefilling: list[Generation] = []  # admitted, in their prefill call
 
     # -- producer side -------------------------------------------------------------------
     def submit(self, seq: Generation) -> None:
@@ -149,9 +165,34 @@ class Scheduler:
                     f"{self.name}: overloaded ({len(self.batch)} running, {len(self.waiting)} "
                     f"queued, max_queue {self.max_queue}); retry later"
                 )
+            wait_s = self.predicted_wait_s(seq.rank)
+            if self.queue_timeout_s is not None and wait_s > self.queue_timeout_s:
+                raise StageUnavailableError(
+                    f"{self.name}: overloaded: a slot is about {wait_s:.1f} s away, past "
+                    f"queue_timeout_s {self.queue_timeout_s:g} s ({len(self._running_left())} running, "
+                    f"{len(self.waiting)} queued); "
+                    f"{retry_hint(wait_s - self.queue_timeout_s)}"
+                )
             seq.queued_s = self.clock()
-            self.waiting.append(seq)
+            ahead = sum(1 for s in self.waiting if s.rank <= seq.rank)
+            self.waiting.insert(ahead, seq)  # the queue stays ordered by rank, then arrival
             self.cond.notify()
+
+    def _running_left(self) -> list[int]:
+        """Tokens each running (or joining) sequence may still decode."""
+        # copies taken at once (the loop thread changes them without the lock)
+        running = [
+            *list(self.batch.rows),
+            *(j[0] for j in list(self.joining)),
+            *list(self.prefilling),
+        ]
+        return [s.params.max_new_tokens - len(s.tokens) for s in running]
+
+    def predicted_wait_s(self, rank: int = DEFAULT_RANK) -> float:
+        """Seconds a sequence of queue ``rank`` queued now would wait for a slot
+        (:func:`predicted_wait_s`): behind the queued ones of the same or a more urgent rank."""
+        queued = [s.params.max_new_tokens for s in self.waiting if s.rank <= rank]
+        return predicted_wait_s(self._running_left(), queued, self.max_running, self.rate)
 
     def load(self) -> tuple[int, int]:
         """``(running, waiting)``; running counts the prefilled sequences about to join."""
@@ -242,14 +283,28 @@ class Scheduler:
         expired: list[Generation] = []
         with self.cond:
             now = self.clock()
-            while self.waiting and now - self.waiting[0].queued_s >= self.queue_timeout_s:
-                expired.append(self.waiting.popleft())  # FIFO: the oldest are first
-            running, queued = len(self.batch), len(self.waiting)
+            expired = [s for s in self.waiting if now - s.queued_s >= self.queue_timeout_s]
+            for seq in expired:  # by rank, so the oldest are not always first
+                self.waiting.remove(seq)
+            queued = [(s.params.max_new_tokens, now - s.queued_s) for s in self.waiting]
+            late = late_in_queue(
+                self._running_left(), queued, self.max_running, self.rate, self.queue_timeout_s
+            )
+            doomed = [self.waiting[i] for i in late]
+            for seq in doomed:
+                self.waiting.remove(seq)
+            running, waiting = len(self.batch), len(self.waiting)
+        why = f"queue_timeout_s {self.queue_timeout_s:g} s ({running} running, {waiting} queued)"
         for seq in expired:
             seq.fail(
                 StageUnavailableError(
-                    f"{self.name}: overloaded: queued longer than queue_timeout_s {self.queue_timeout_s:g} s "
-                    f"({running} running, {queued} queued); retry later"
+                    f"{self.name}: overloaded: queued longer than {why}; retry later"
+                )
+            )
+        for seq in doomed:
+            seq.fail(
+                StageUnavailableError(
+                    f"{self.name}: overloaded: no slot predicted within {why}; {retry_hint(1.0)}"
                 )
             )
 
@@ -267,8 +322,17 @@ class Scheduler:
                 if admitted and width * (len(admitted) + 1) > self.max_prefill_tokens:
                     break
                 admitted.append(self.waiting.popleft())
+            self.prefilling = admitted  # neither waiting nor running: the forecast counts them
         if not admitted:
             return
+        try:
+            self._prefill(admitted)
+        finally:
+            self.prefilling = []
+
+    def _prefill(self, admitted: list[Generation]) -> None:
+        for seq in admitted:
+            seq.admitted_s = self.clock()
         lengths = [len(s.prompt_ids) for s in admitted]
         width = max(lengths)
         ids = np.zeros((len(admitted), width), np.int64)
@@ -303,7 +367,9 @@ class Scheduler:
         self.joining = still
 
     def _decode(self) -> None:
+        """One token for every running sequence; its time is what each waits per token."""
         b = self.batch
+        started_s, size = self.clock(), len(b)
         mask = b.step_mask()
         logits, presents = self.step_fn(b.last[:, None], mask, b.positions[:, None], b.past)
         b.advance(presents, mask)
@@ -311,6 +377,11 @@ class Scheduler:
         for i, seq in enumerate(b.rows):
             b.last[i] = self._emit(seq, logits[i, -1])
         b.remove([i for i, s in enumerate(b.rows) if s.finished])
+        self.rate.observe_step(self.clock() - started_s, size)
+
+    def _finished(self, seq: Generation) -> None:
+        served_s = self.clock() - seq.admitted_s
+        self.rate.observe_finish(len(seq.tokens), seq.params.max_new_tokens, served_s)
 
     def _emit(self, seq: Generation, logits: np.ndarray) -> int:
         """Sample, record and stream one token; finish the sequence when it is done."""
@@ -321,13 +392,16 @@ class Scheduler:
             seq.processing.accept(token, logits)
         if token in self.eos_ids:
             seq.finish(seq.stream.finish(), FINISH_STOP)
+            self._finished(seq)
             return token
         seq.tokens.append(token)
         chunk = seq.stream.push(token)
         if seq.stream.stopped:
             seq.finish(chunk, FINISH_STOP)
+            self._finished(seq)
         elif len(seq.tokens) >= seq.params.max_new_tokens:
             seq.finish(chunk + seq.stream.finish(), FINISH_LENGTH)
+            self._finished(seq)
         elif chunk:
             seq.on_output(seq, chunk, None)
         return token

@@ -20,7 +20,7 @@ from tritonforge.runtime import procinfo
 from tritonforge.runtime.command import RESTRICTED_APIS, triton_command, triton_environment
 from tritonforge.runtime.errors import ServerStartError
 from tritonforge.runtime.locate import PYTHONPATH_ENV, find_triton
-from tritonforge.runtime.logparse import ServerLog, load_failures, port_hint
+from tritonforge.runtime.logparse import NO_CUDA_NOTE, ServerLog, load_failures, port_hint
 from tritonforge.runtime.metrics import check_port_free
 from tritonforge.runtime.settings import ADMIN_KEY_ENV, ServerSettings
 
@@ -58,6 +58,30 @@ def test_server_log_is_bounded_and_pumps_raw_lines() -> None:
     assert log.text(last=1) == "four"
     log.clear()
     assert log.text() == ""
+
+
+def test_the_cpu_hosts_cuda_stream_errors_are_explained_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue #36 item 3: every ensemble load on a CPU host made Triton log an E-level "unable to
+    create stream"; the launcher shows one note instead, and passes everything else through."""
+    log = ServerLog(echo=True)
+    log.append(
+        'E1204 06:43:17.802984 22422 server.cc:241] "CudaDriverHelper has not been initialized."'
+    )
+    for model in ("embed", "classify", "embed"):
+        log.append(
+            f'E1204 06:31:02.118 812 ensemble_scheduler.cc:1561] "unable to create stream for '
+            f'{model}: CUDA driver version is insufficient for CUDA runtime version"'
+        )
+        log.append(
+            f"I1204 06:31:02.120 812 model_lifecycle.cc:838] \"successfully loaded '{model}'\""
+        )
+    echoed = capsys.readouterr().err
+    assert not [line for line in echoed.splitlines() if line.startswith("E")]
+    assert "CUDA driver version" not in log.text()
+    assert echoed.count(NO_CUDA_NOTE) == 1 and log.text().count(NO_CUDA_NOTE) == 1
+    assert echoed.count("successfully loaded") == 3
 
 
 def _settings(tmp_path: Path, **kwargs: object) -> ServerSettings:

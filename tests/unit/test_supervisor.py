@@ -20,6 +20,7 @@ from tritonforge.modelconfig import ModelConfig
 from tritonforge.runtime.errors import ServerStartError
 from tritonforge.runtime.logparse import ServerLog
 from tritonforge.runtime.metrics import MetricsProxy
+from tritonforge.runtime.planned_loads import PlannedLoads
 from tritonforge.runtime.process import TritonProcess
 from tritonforge.runtime.supervisor import (
     FAILED,
@@ -247,6 +248,7 @@ class FakeServer:
         self.stub_table = {"tok_0_0": (1, "tok"), "enc_0_0": (2, "enc"), "gen_0_0": (3, "gen")}
         self.events: list[str] = []  # loads and stream endings, in order
         self.end_reasons: list[str] = []
+        self.planned = PlannedLoads()
 
     def stubs(self) -> dict[str, tuple[int, str]]:
         return dict(self.stub_table)
@@ -255,8 +257,9 @@ class FakeServer:
         return {k: v[0] for k, v in self.stub_table.items()}
 
     def load_model(self, model: str, force: bool = False) -> None:
-        self.loaded.append(model)
-        self.events.append(f"load {model}")
+        with self.planned.loading([model]):
+            self.loaded.append(model)
+            self.events.append(f"load {model}")
 
     def end_streams(
         self, models: Iterable[str], reason: str, opened_before_s: float | None = None
@@ -484,3 +487,55 @@ def test_a_concurrent_canary_round_asks_every_model_at_once(
     configs = dict.fromkeys(["a", "b", "c", "d"], None)
     got = canaries.canary_round("unix:x", configs, 1.0, ["c", "a", "b"], concurrent=True)  # type: ignore[arg-type]
     assert got == {"a": "ok-a", "b": "ok-b", "c": "ok-c"}
+
+
+def test_a_stub_retired_by_a_planned_load_is_no_crash(tmp_path: Path) -> None:
+    """Issue #36 item 3: a staged load replaces a model's stubs (the old ones exit); while the
+    load runs and after it, the supervisor reloads nothing, then watches the new stubs."""
+    server = FakeServer(_repo(tmp_path))
+    supervisor = Scripted(server, [])
+    supervisor._snapshot_stubs()
+    with server.planned.loading(["tok"]):  # a background export's load of the tokenizer
+        del server.stub_table["tok_0_0"]  # Triton retired the old instance
+        assert supervisor.dead_stubs() == []
+        server.stub_table["tok_0_0"] = (21, "tok")  # the new instance
+    assert supervisor.dead_stubs() == []
+    supervisor._watch_once()
+    assert server.loaded == [] and supervisor.health().model_reloads == 0
+    server.stub_table["tok_0_0"] = (22, "tok")  # the new stub crashes later: that is one
+    assert supervisor.dead_stubs() == ["tok_0_0"]
+
+
+def test_a_finished_load_whose_old_stub_exits_late_is_no_crash(tmp_path: Path) -> None:
+    """The load returned before the old stub exited: the PID recorded is the new one."""
+    server = FakeServer(_repo(tmp_path))
+    supervisor = Scripted(server, [])
+    supervisor._snapshot_stubs()
+    with server.planned.loading(["tok"]):
+        server.stub_table["tok_0_0"] = (31, "tok")
+    del server.stub_table["tok_0_0"]  # read between the load's end and the next snapshot
+    assert supervisor.dead_stubs() == []
+    server.stub_table["tok_0_0"] = (31, "tok")
+    assert supervisor.dead_stubs() == []
+
+
+def test_an_ensemble_load_retires_its_steps_stubs_on_purpose(tmp_path: Path) -> None:
+    """Triton loads an ensemble's steps with it; another model's stub dying meanwhile is still
+    a crash."""
+    server = FakeServer(_repo(tmp_path))
+    supervisor = Scripted(server, [])
+    supervisor._snapshot_stubs()
+    with server.planned.loading(["ens"]):
+        server.stub_table["tok_0_0"] = (41, "tok")
+        server.stub_table["enc_0_0"] = (42, "enc")
+        server.stub_table["gen_0_0"] = (43, "gen")  # not a step of ens: a crash
+        assert supervisor.dead_stubs() == ["gen_0_0"]
+    assert supervisor.dead_stubs() == ["gen_0_0"]
+
+
+def test_planned_loads_count_generations_even_when_a_load_fails() -> None:
+    planned = PlannedLoads()
+    with pytest.raises(RuntimeError), planned.loading(["m"]):
+        assert planned.busy("m")
+        raise RuntimeError("load failed")
+    assert not planned.busy("m") and planned.generation("m") == 1

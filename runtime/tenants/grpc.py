@@ -1,0 +1,33 @@
+"""The tenants' gate on the front's gRPC relay: the key in the :data:`TENANT_METADATA` metadata of
+``ModelInfer`` and ``ModelStreamInfer`` calls (once per call); a refusal aborts the call with
+``UNAUTHENTICATED`` (no or unknown key) or ``RESOURCE_EXHAUSTED`` (past a limit; the details end
+with "retry after N s"). Allowed models are checked on HTTP and ``/v1`` only."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import grpc
+
+from tritonforge.runtime.tenants.gate import TenantGate, TenantRefusedError
+from tritonforge.runtime.tenants.http import TENANT_HEADER
+
+TENANT_METADATA = TENANT_HEADER.lower()
+_CODES = {
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+async def admit_call(gate: TenantGate, context: Any) -> None:
+    """Admit one gRPC inference call by its tenant key, else abort it (see the docstring)."""
+    key = dict(context.invocation_metadata() or ()).get(TENANT_METADATA)
+    try:
+        gate.admit(key, None)
+    except TenantRefusedError as e:
+        details = str(e)
+        if e.status == 429:
+            details += f"; retry after {max(1, math.ceil(e.retry_after_s))} s"
+        await context.abort(_CODES.get(e.status, grpc.StatusCode.PERMISSION_DENIED), details)

@@ -1,0 +1,123 @@
+"""Refuse early (issue #36 item 2): the generate scheduler predicts a queued request's wait from
+the queue and the measured service rate, and refuses at once one that would wait past
+``queue_timeout_s`` (before: it waited the 10 s out, then heard no). A fake clock: no timing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_generation import EOS, empty_past, make, toy_step
+from tritonforge.errors import StageUnavailableError
+from tritonforge.queue_forecast import (
+    ServiceRate,
+    late_in_queue,
+    predicted_wait_s,
+    retry_after_s,
+    retry_hint,
+)
+from tritonforge.scheduler import FINISH_LENGTH, Scheduler
+from tritonforge.stream_errors import says_unavailable
+
+
+def test_the_wait_simulates_the_slots_running_and_queued() -> None:
+    rate = ServiceRate(step_s={2: 0.5})
+    # two slots free after 2 s and 5 s; the one queued ahead takes the first until 6 s
+    assert predicted_wait_s([4, 10], [8], 2, rate) == pytest.approx(5.0)
+    assert predicted_wait_s([4, 10], [8, 1], 2, rate) == pytest.approx(5.5)
+    assert predicted_wait_s([4], [], 2, rate) == 0.0  # a free slot
+    assert predicted_wait_s([4, 10], [8], 2, ServiceRate()) == 0.0  # nothing measured yet
+
+
+def test_the_service_rate_learns_the_step_time_and_the_share_of_tokens_used() -> None:
+    rate = ServiceRate(alpha=0.5)
+    assert rate.token_s(16) is None
+    rate.observe_step(0.2, batch=16)
+    rate.observe_step(0.4, batch=16)
+    assert rate.step_s[16] == pytest.approx(0.3)
+    rate.observe_finish(tokens=4, max_new_tokens=16)  # stopped early: a quarter used
+    assert rate.used_share == pytest.approx(0.625)
+    assert rate.token_s(16) == pytest.approx(0.3 * 0.625)
+
+
+def test_an_unmeasured_batch_size_is_scaled_up_from_a_smaller_one() -> None:
+    rate = ServiceRate(step_s={1: 0.05, 4: 0.1})
+    assert rate.token_s(16) == pytest.approx(0.4)  # 4's time x 16/4: never an underestimate
+    assert rate.token_s(2) == pytest.approx(0.1)  # 1's x 2
+    assert ServiceRate(step_s={8: 0.2}).token_s(4) == pytest.approx(0.2)
+
+
+def test_queued_sequences_the_forecast_puts_past_their_deadline_are_found() -> None:
+    rate = ServiceRate(step_s={1: 1.0})
+    # one slot, 5 tokens left; the first queued (waited 2 s) starts at 5 s, fine; the second
+    # (3 tokens, waited 4 s) would start at 8 s: 12 s > 10; the third takes its place at 8 s
+    queued = [(3, 2.0), (3, 4.0), (3, 0.0)]
+    assert late_in_queue([5], queued, 1, rate, timeout_s=10.0) == [1]
+    assert late_in_queue([5], queued, 1, ServiceRate(), timeout_s=10.0) == []
+
+
+def test_the_retry_hint_is_read_back_for_the_retry_after_header() -> None:
+    assert retry_hint(8.2) == "retry after 9 s" and retry_hint(0.0) == "retry after 1 s"
+    assert retry_after_s("generate: overloaded ...; retry after 9 s") == 9
+    assert retry_after_s("generate: overloaded; retry later") == 1
+
+
+def _ticking(now: list[float], step_s: float) -> Scheduler:
+    """One slot, ``queue_timeout_s`` 10 s; every decoder call moves the fake clock ``step_s``."""
+
+    def step(*args):  # type: ignore[no-untyped-def]
+        now[0] += step_s
+        return toy_step(*args)
+
+    return Scheduler(
+        step, empty_past, [EOS], max_running=1, max_queue=8, name="generate",
+        queue_timeout_s=10.0, clock=lambda: now[0],
+    )  # fmt: skip
+
+
+def test_a_request_that_would_wait_past_queue_timeout_s_is_refused_at_once() -> None:
+    now = [0.0]
+    sched = _ticking(now, step_s=1.0)
+    out: list = []
+    running = make([1], 20, out=out)
+    sched.submit(running)
+    sched.step()  # a prefill and a decode (1 s measured per token), 18 tokens left
+    late = make([3], 2, out=out)
+    with pytest.raises(StageUnavailableError) as refused:
+        sched.submit(late)  # ~18 s away: refused now, not after 10 s
+    message = str(refused.value)
+    assert "generate: overloaded" in message and "queue_timeout_s 10 s" in message
+    assert says_unavailable(message) and retry_after_s(message) == 8
+    assert list(sched.waiting) == [] and sched.batch.rows == [running]
+
+
+def test_a_request_that_fits_is_queued_and_served() -> None:
+    now = [0.0]
+    sched = _ticking(now, step_s=0.5)
+    out: list = []
+    sched.submit(make([1], 4, out=out))
+    sched.step()
+    short = make([2], 2, out=out)
+    sched.submit(short)  # ~3 tokens left at 1 s a step: within 10 s
+    sched.run_until_idle()
+    assert [r for i, _, r in out if i == short.id and r] == [FINISH_LENGTH]
+
+
+def test_priorities_reorder_the_queue_and_the_forecast_counts_only_those_ahead() -> None:
+    """Issue #36 item 4: a more urgent request (priority 1 before 2; none after every level)
+    overtakes the queue, and its forecast counts only the requests ahead of it."""
+    now = [0.0]
+    sched = _ticking(now, step_s=1.0)
+    out: list = []
+    sched.submit(make([1], 3, out=out))
+    sched.step()  # running: 1 token left at 1 s a token
+    plain, low, urgent = make([2], 4, out=out), make([3], 4, out=out), make([4], 4, out=out)
+    low.priority, urgent.priority = 2, 1
+    for seq in (plain, low, urgent):
+        sched.submit(seq)
+    assert list(sched.waiting) == [urgent, low, plain]
+    # another urgent one waits for the running one and the urgent one only; a plain one for all
+    assert sched.predicted_wait_s(urgent.rank) == pytest.approx(5.0)
+    assert sched.predicted_wait_s() == pytest.approx(13.0)
+    sched.run_until_idle()
+    finished = [i for i, _, r in out if r in (FINISH_LENGTH, "stop")]
+    assert finished[1:] == [urgent.id, low.id, plain.id]
