@@ -18,6 +18,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from tritonforge import tasks
 from tritonforge.export.decoder.config import clean_decoders, int8_served
 from tritonforge.export.decoder.config import models as decoder_models
 from tritonforge.export.encoder import FORMATS, Options, export_pipeline
@@ -26,7 +27,6 @@ from tritonforge.export.pipeline_configs import stage_files, write_files
 from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.spec import CPU_TARGET, GPU_TARGET, TARGETS
 from tritonforge.export.specs import (
-    GENERATION,
     REGISTRY,
     decoder_names,
     get_decoder,
@@ -34,7 +34,7 @@ from tritonforge.export.specs import (
     get_pipeline,
 )
 from tritonforge.export.staging import clean
-from tritonforge.pipelines import TASKS, pipeline_models
+from tritonforge.pipelines import pipeline_models
 
 PROG = "python -m tritonforge.export"
 TARGET_ENV = "TRITONFORGE_EXPORT_TARGET"
@@ -48,7 +48,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     known = ", ".join(sorted(REGISTRY))
     p.add_argument("spec", nargs="?", help=f"a registered spec ({known}) or 'clean'")
     p.add_argument("--from-pretrained", type=Path, metavar="DIR", help="a Hugging Face checkpoint")
-    p.add_argument("--task", choices=TASKS, help="with --from-pretrained: what to serve")
+    p.add_argument(
+        "--task", choices=tasks.names(tasks.PIPELINE), help="with --from-pretrained: what to serve"
+    )
     p.add_argument("--name", help="with --from-pretrained: the pipeline's name (default: DIR's)")
     p.add_argument("--max-length", type=int, help="with --from-pretrained: tokens per text")
     p.add_argument("--format", choices=[*FORMATS, "all"], default=None)
@@ -100,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.spec == "clean":
             _clean(args.model_repository)
-        elif args.spec is not None and get_entry(args.spec).task == GENERATION:
+        elif args.spec is not None and tasks.get(get_entry(args.spec).task).kind == tasks.GENERATOR:
             _export_decoder(args)
         else:
             _export_pipeline(args)

@@ -8,11 +8,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritonforge import tasks
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 from tritonforge.pipelines import PIPELINE_KEY, ROLE_KEY, _params, discover
 from tritonforge.runtime.errors import OpenAIError
+from tritonforge.tasks import embedding, generation
 
-EMBEDDING, GENERATION = "embedding", "generation"
+# the /v1 model kinds: the tasks whose models /v1 serves
+EMBEDDING, GENERATION = embedding.NAME, generation.NAME
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,8 @@ def catalog(configs: Iterable[Mapping[str, Any]]) -> dict[str, ServedModel]:
         if (p := _params(c)).get(ROLE_KEY) == "tokenizer" and PIPELINE_KEY in p
     }
     for name, pipeline in discover(configs).items():
-        if pipeline.task != "embedding":
-            continue  # classification stays on v2
+        if not tasks.get(pipeline.task).openai_embeddings:
+            continue  # e.g. classification stays on v2
         for variant, model in pipeline.ensembles.items():
             mid = embedding_model_id(name, variant)
             out[mid] = ServedModel(

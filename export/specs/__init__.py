@@ -18,14 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
+from tritonforge import tasks
 from tritonforge.export.errors import SpecError
+from tritonforge.tasks import classification, embedding, generation
 
 if TYPE_CHECKING:
     from tritonforge.export.decoder.spec import DecoderSpec
     from tritonforge.export.pipeline_spec import PipelineSpec
     from tritonforge.export.spec import ExportSpec
 
-GENERATION = "generation"  # the decoder's task (the encoders' are tritonforge.pipelines.TASKS)
 AnySpec = Union["PipelineSpec", "DecoderSpec"]
 PipelineFactory = Callable[[], "PipelineSpec"]
 
@@ -62,10 +63,10 @@ def _smollm2() -> DecoderSpec:
 
 
 REGISTRY: dict[str, Entry] = {
-    "minilm": Entry("embedding", _minilm, ("--format", "all", "--quantize", "int8")),
+    "minilm": Entry(embedding.NAME, _minilm, ("--format", "all", "--quantize", "int8")),
     # trains the classifier first when its inputs changed (export.classifier)
-    "sentiment": Entry("classification", _sentiment, ()),
-    "smollm2": Entry(GENERATION, _smollm2, ("--quantize", "int8")),
+    "sentiment": Entry(classification.NAME, _sentiment, ()),
+    "smollm2": Entry(generation.NAME, _smollm2, ("--quantize", "int8")),
 }
 
 
@@ -80,12 +81,12 @@ def default_exports() -> tuple[tuple[str, ...], ...]:
 
 def pipeline_names() -> list[str]:
     """The registered encoder pipelines (every entry but the decoders), sorted."""
-    return sorted(n for n, e in REGISTRY.items() if e.task != GENERATION)
+    return sorted(n for n, e in REGISTRY.items() if tasks.get(e.task).kind == tasks.PIPELINE)
 
 
 def decoder_names() -> list[str]:
     """The registered decoders, sorted."""
-    return sorted(n for n, e in REGISTRY.items() if e.task == GENERATION)
+    return sorted(n for n, e in REGISTRY.items() if tasks.get(e.task).kind == tasks.GENERATOR)
 
 
 def get_entry(name: str) -> Entry:
