@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,14 @@ def _check_decl(
 
 
 def check_graph(path: Path, spec: ExportSpec) -> list[str]:
+    """Every problem found in the graph at ``path`` against ``spec``'s declared tensors (see
+    :func:`check_declared`)."""
+    return check_declared(path, spec.inputs, spec.outputs)
+
+
+def check_declared(
+    path: Path, inputs: Sequence[TensorDecl], outputs: Sequence[TensorDecl]
+) -> list[str]:
     """Every problem found in the graph at ``path`` (empty list = fine).
 
     Runs ``onnx.checker`` (full check), strict shape inference, and checks that each declared
@@ -84,12 +93,12 @@ def check_graph(path: Path, spec: ExportSpec) -> list[str]:
         shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
     except Exception as e:  # onnx raises InferenceError / ValidationError variants
         failures.append(f"shape inference (strict): {type(e).__name__}: {e}".strip())
-    inputs = {vi.name: vi for vi in model.graph.input}
-    outputs = {vi.name: vi for vi in model.graph.output}
-    for decl in spec.inputs:
-        _check_decl(decl, inputs.get(decl.name), "graph input", failures)
-    for decl in spec.outputs:
-        _check_decl(decl, outputs.get(decl.name), "graph output", failures)
+    graph_inputs = {vi.name: vi for vi in model.graph.input}
+    graph_outputs = {vi.name: vi for vi in model.graph.output}
+    for decl in inputs:
+        _check_decl(decl, graph_inputs.get(decl.name), "graph input", failures)
+    for decl in outputs:
+        _check_decl(decl, graph_outputs.get(decl.name), "graph output", failures)
 
     stripped = onnx.ModelProto()
     stripped.CopyFrom(model)
@@ -102,11 +111,11 @@ def check_graph(path: Path, spec: ExportSpec) -> list[str]:
         failures.append(f"shape inference from the inputs: {type(e).__name__}: {e}")
         return failures
     inferred_outputs = {vi.name: vi for vi in inferred.graph.output}
-    for decl in spec.outputs:
+    for decl in outputs:
         before = len(failures)
         _check_decl(decl, inferred_outputs.get(decl.name), "inferred output", failures)
         # An output present in the graph but missing after inference is not a new finding.
-        if decl.name not in inferred_outputs and decl.name in outputs:
+        if decl.name not in inferred_outputs and decl.name in graph_outputs:
             del failures[before:]
     return failures
 

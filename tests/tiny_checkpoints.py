@@ -154,3 +154,22 @@ def bert(directory: Path, words: Sequence[str]) -> Path:
         '"mask_token": "[MASK]", "model_max_length": 64}'
     )
     return directory
+
+
+def bert_cross_encoder(directory: Path, seed: int = 0) -> Path:
+    """A cross-encoder: ``BertForSequenceClassification`` with one label (2 layers, hidden
+    32), all-MiniLM-L6-v2's WordPiece tokenizer.json (its pair template gives token_type_ids
+    0 then 1), position table 128; what ``--from-pretrained --task rerank`` takes."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    _seed(seed)
+    tokenizer = _fast_tokenizer(WORDPIECE_SPECIALS, tokenizer_file=str(minilm_tokenizer()))
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        **_bert_sizes(heads=4, max_positions=128),
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    BertForSequenceClassification(config).eval().save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

