@@ -229,6 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _common(pipes)
     pipes.set_defaults(func=cmd_pipelines)
     _generate_parser(sub)
+    for task in tasks.registry().values():  # a task's own commands (its client's add_parser)
+        client = task.module("client") if (task.folder / "client.py").is_file() else None
+        if client is not None and hasattr(client, "add_parser"):
+            client.add_parser(sub, _common)
     args = parser.parse_args(argv)
     try:
         result = args.func(args)

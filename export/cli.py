@@ -102,14 +102,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.spec == "clean":
             _clean(args.model_repository)
-        elif args.spec is not None and tasks.get(get_entry(args.spec).task).kind == tasks.GENERATOR:
+        elif args.spec is not None and _kind(args.spec) == tasks.GENERATOR:
             _export_decoder(args)
+        elif args.spec is not None and _kind(args.spec) != tasks.PIPELINE:
+            _export_own_kind(args)
         else:
             _export_pipeline(args)
     except ExportError as e:
         log.error("export failed: %s", e)
         return 1
     return 0
+
+
+def _kind(spec: str) -> str:
+    return tasks.get(get_entry(spec).task).kind
+
+
+def _export_own_kind(args: argparse.Namespace) -> None:
+    """A task of its own kind exports itself: its ``export.run.export_registered``."""
+    entry = get_entry(args.spec)
+    run = tasks.get(entry.task).module("export.run")
+    run.export_registered(entry(), args.model_repository, args.force)
 
 
 def _clean(repo: Path) -> None:

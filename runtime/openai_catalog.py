@@ -4,8 +4,11 @@ each decoupled model following the Triton generate convention under its own name
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import importlib.util
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
+from types import ModuleType
 from typing import Any
 
 from tritonforge import tasks
@@ -99,7 +102,24 @@ def catalog(configs: Iterable[Mapping[str, Any]]) -> dict[str, ServedModel]:
                 variant=params.get("variant", ""),
                 params=params,
             )
+    for routes in task_routes():
+        out.update(routes.served_models(configs))
     return dict(sorted(out.items()))
+
+
+@cache
+def task_routes() -> tuple[ModuleType, ...]:
+    """The registered tasks' ``routes`` modules: each has ``served_models(configs)`` (its
+    catalog entries) and ``ROUTES`` (path -> ``async handler(front, request, body)``)."""
+    found = (f"{t.package}.routes" for t in tasks.registry().values())
+    return tuple(
+        importlib.import_module(m) for m in found if importlib.util.find_spec(m) is not None
+    )
+
+
+def task_handlers() -> dict[str, Callable[..., Any]]:
+    """Every task route: path -> handler."""
+    return {path: h for routes in task_routes() for path, h in routes.ROUTES.items()}
 
 
 def models_list(models: Mapping[str, ServedModel], created: int) -> dict[str, Any]:

@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING, Union
 
 from tritonforge import tasks
 from tritonforge.export.errors import SpecError
-from tritonforge.tasks import classification, embedding, generation
+from tritonforge.tasks import classification, embedding, generation, rerank
 
 if TYPE_CHECKING:
     from tritonforge.export.decoder.spec import DecoderSpec
     from tritonforge.export.pipeline_spec import PipelineSpec
     from tritonforge.export.spec import ExportSpec
+    from tritonforge.tasks.rerank.spec import RerankSpec
 
-AnySpec = Union["PipelineSpec", "DecoderSpec"]
+AnySpec = Union["PipelineSpec", "DecoderSpec", "RerankSpec"]
 PipelineFactory = Callable[[], "PipelineSpec"]
 
 
@@ -62,11 +63,19 @@ def _smollm2() -> DecoderSpec:
     return smollm2_spec()
 
 
+def _msmarco() -> RerankSpec:
+    from tritonforge.tasks.rerank.spec import MS_MARCO_MINILM
+
+    return MS_MARCO_MINILM
+
+
 REGISTRY: dict[str, Entry] = {
     "minilm": Entry(embedding.NAME, _minilm, ("--format", "all", "--quantize", "int8")),
     # trains the classifier first when its inputs changed (export.classifier)
     "sentiment": Entry(classification.NAME, _sentiment, ()),
     "smollm2": Entry(generation.NAME, _smollm2, ("--quantize", "int8")),
+    # served as `rerank` / `rerank_bls`; a task of its own kind exports itself (its export.run)
+    "msmarco": Entry(rerank.NAME, _msmarco, ()),
 }
 
 

@@ -29,6 +29,7 @@ REGISTERED: tuple[str, ...] = (
     "tritonforge.tasks.embedding",
     "tritonforge.tasks.classification",
     "tritonforge.tasks.generation",
+    "tritonforge.tasks.rerank",
 )
 
 # How a task is served: a ``pipeline`` is text -> tokenizer -> encoder (-> its postprocess) behind
