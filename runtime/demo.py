@@ -64,12 +64,19 @@ def run_demo(server: EmbeddedServer, only: Collection[str] | None = None) -> Non
     if only is not None and not only:
         return
     found = {}
-    if only is None or set(only) - {GENERATE_MODEL}:
+    # tasks of their own kind (rerank): shown by their client's show, after the pipelines
+    own = [t for t in tasks.registry().values() if t.kind not in (tasks.PIPELINE, tasks.GENERATOR)]
+    if only is None or set(only) - {GENERATE_MODEL} - {t.name for t in own}:
         with demo_client(server, "http") as c:
             found = c.pipelines()
     chosen = [p for p in found.values() if only is None or p.name in only]
     order = tasks.names(tasks.PIPELINE)  # the registry's order: embeddings, then classifiers
     for pipeline in sorted(chosen, key=lambda p: order.index(p.task)):
         show(server, pipeline)
+    for task in tasks.registry().values():  # tasks of their own kind (rerank): their client's show
+        if task.kind not in (tasks.PIPELINE, tasks.GENERATOR) and (
+            only is None or task.name in only
+        ):
+            task.module("client").show(partial(demo_client, server), None, print)
     if only is None or GENERATE_MODEL in only:
         stream_answer(server)

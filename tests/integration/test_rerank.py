@@ -209,3 +209,11 @@ def test_client_cli_rerank(
     assert client_cli.main(argv) == 0
     results = json.loads(capsys.readouterr().out)["results"]
     assert len(results) == 2 and results[0]["relevance_score"] >= results[1]["relevance_score"]
+
+
+def test_demo_shows_reranking(server: EmbeddedServer, capsys: pytest.CaptureFixture[str]) -> None:
+    from tritonforge.runtime.demo import run_demo
+
+    run_demo(server, only={"rerank"})
+    out = capsys.readouterr().out
+    assert "==> rerank (HTTP, ensemble)" in out and "same order: True" in out, out

@@ -186,10 +186,15 @@ DOCUMENTS = (
 )
 
 
-def show(open_client: Callable[..., Any], emit: Emit) -> None:
-    """Rerank :data:`DOCUMENTS` for :data:`QUERY` over HTTP (ensemble) and gRPC (BLS)."""
+def show(open_client: Callable[..., Any], pipeline: object, emit: Emit) -> None:
+    """Rerank :data:`DOCUMENTS` for :data:`QUERY` over HTTP (ensemble) and gRPC (BLS);
+    ``pipeline``: unused (the pipeline tasks' ``show`` signature)."""
     with open_client("http") as c:
-        results = c.rerank(QUERY, list(DOCUMENTS))
+        try:
+            results = c.rerank(QUERY, list(DOCUMENTS))
+        except ModelNotFoundError as e:
+            emit(f"\n==> rerank: not served ({e}); `tritonforge export msmarco` exports it")
+            return
     emit(f"\n==> rerank (HTTP, ensemble): {QUERY!r}")
     for r in results:
         emit(f"  {r.relevance_score:.4f}  [{r.index}] {DOCUMENTS[r.index]}")
