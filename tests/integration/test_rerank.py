@@ -217,3 +217,34 @@ def test_demo_shows_reranking(server: EmbeddedServer, capsys: pytest.CaptureFixt
     run_demo(server, only={"rerank"})
     out = capsys.readouterr().out
     assert "==> rerank (HTTP, ensemble)" in out and "same order: True" in out, out
+
+
+def test_locust_users_rerank_without_failures(server: EmbeddedServer, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tritonforge.tasks.rerank import loadtest
+
+    command = [
+        *(sys.executable, "-m", "locust", "-f", str(loadtest.LOCUSTFILE), "--headless"),
+        *("-u", "2", "-r", "2", "-t", "4s", "--host", f"http://{server.http_url}"),
+        *("--grpc-url", server.grpc_url, "--csv", str(tmp_path / "run")),
+        *loadtest.USERS["both"],
+    ]
+    env = {**os.environ, "TRITONFORGE_ADMIN_KEY": server.settings.admin_key or ""}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stats = (tmp_path / "run_stats.csv").read_text()
+    assert "http rerank ensemble" in stats and "grpc rerank ensemble" in stats, done.stderr[-3000:]
+
+
+def test_bench_cell_measures_documents_per_second(
+    server: EmbeddedServer, reference: OrtReranker
+) -> None:
+    from tritonforge.tasks.rerank.loadtest import bench_cell
+
+    admin = server.settings.admin_key
+    with EmbeddingClient(url=server.grpc_url, protocol="grpc", admin_key=admin) as c:
+        cell = bench_cell(c, reference, runs=1)
+    assert cell["served_documents_per_s"] > 0 and cell["in_process_documents_per_s"] > 0
