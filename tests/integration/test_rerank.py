@@ -248,3 +248,20 @@ def test_bench_cell_measures_documents_per_second(
     with EmbeddingClient(url=server.grpc_url, protocol="grpc", admin_key=admin) as c:
         cell = bench_cell(c, reference, runs=1)
     assert cell["served_documents_per_s"] > 0 and cell["in_process_documents_per_s"] > 0
+
+
+def test_generic_canaries_pass_every_rerank_model(server: EmbeddedServer, repository: Path) -> None:
+    from tritonforge.repository import load_model_config, model_names
+    from tritonforge.runtime.canaries import canary_inputs
+
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        for name in model_names(repository):
+            config = load_model_config(repository, name)
+            inputs = []
+            for tensor, value in canary_inputs(config).items():
+                kind = "BYTES" if value.dtype == np.object_ else str(value.dtype).upper()
+                kind = {"FLOAT32": "FP32"}.get(kind, kind)
+                t = httpclient.InferInput(tensor, list(value.shape), kind)
+                t.set_data_from_numpy(value)
+                inputs.append(t)
+            client.infer(name, inputs)  # raises on an error answer
