@@ -117,8 +117,9 @@ def task_routes() -> tuple[ModuleType, ...]:
     )
 
 
+@cache
 def task_handlers() -> dict[str, Callable[..., Any]]:
-    """Every task route: path -> handler."""
+    """Every task route: path -> handler (read once; the front asks on every request)."""
     return {path: h for routes in task_routes() for path, h in routes.ROUTES.items()}
 
 
