@@ -13,7 +13,6 @@ is a :class:`ClientError` (under :class:`tritonforge.errors.TritonforgeError`).
 """
 
 from tritonforge.client.aio import AsyncEmbeddingClient
-from tritonforge.client.classification import Classification, Ranked
 from tritonforge.client.core import BaseClient
 from tritonforge.client.discovery import route
 from tritonforge.client.errors import (
@@ -33,6 +32,7 @@ from tritonforge.client.retry import RetryPolicy
 from tritonforge.client.settings import ClientSettings
 from tritonforge.client.status import translate
 from tritonforge.client.sync import EmbeddingClient
+from tritonforge.tasks.classification.client import Classification, Ranked
 
 __all__ = [
     "AsyncEmbeddingClient",

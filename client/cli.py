@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
+from tritonforge import tasks
 from tritonforge.client.core import SETTING_ARGS
 from tritonforge.client.errors import ClientError
 from tritonforge.client.settings import PROTOCOLS, ROUTES
 from tritonforge.client.sync import EmbeddingClient
-from tritonforge.pipelines import TASKS
+from tritonforge.tasks import classification
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,9 @@ def _client(args: argparse.Namespace) -> EmbeddingClient:
     return EmbeddingClient(**{k: getattr(args, k, None) for k in SETTING_ARGS})
 
 
-def _describe(c: EmbeddingClient, task: str = "embedding") -> dict[str, Any]:
+def _describe(c: EmbeddingClient, task: str | None = None) -> dict[str, Any]:
     s = c.settings
-    pipeline, model, parameters = c.resolve(task, None, None, None)
+    pipeline, model, parameters = c.resolve(task or tasks.default().name, None, None, None)
     return {
         "url": s.address,
         "protocol": s.protocol,
@@ -117,7 +118,7 @@ def cmd_classify(args: argparse.Namespace) -> dict[str, Any]:
     with _client(args) as c:
         results = c.classify(args.texts, top_k=args.top_k, version=args.version)
         return {
-            **_describe(c, "classification"),
+            **_describe(c, classification.NAME),
             "results": [
                 {"text": t, **r.as_dict()} for t, r in zip(args.texts, results, strict=True)
             ],
@@ -217,7 +218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cls.set_defaults(func=cmd_classify)
     health = sub.add_parser("health", help="liveness, readiness and model metadata")
     health.add_argument(
-        "--task", choices=TASKS, default="embedding", help="whose default pipeline to check"
+        "--task",
+        choices=tasks.names(tasks.PIPELINE),
+        default=tasks.default().name,
+        help="whose default pipeline to check",
     )
     _common(health)
     health.set_defaults(func=cmd_health)
@@ -225,6 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _common(pipes)
     pipes.set_defaults(func=cmd_pipelines)
     _generate_parser(sub)
+    for task in tasks.registry().values():  # a task's own commands (its client's add_parser)
+        client = task.module("client") if (task.folder / "client.py").is_file() else None
+        if client is not None and hasattr(client, "add_parser"):
+            client.add_parser(sub, _common)
     args = parser.parse_args(argv)
     try:
         result = args.func(args)

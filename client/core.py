@@ -34,9 +34,8 @@ from typing import (
 
 import numpy as np
 
-from tritonforge.client import classification
+from tritonforge import tasks
 from tritonforge.client.breaker import CircuitBreaker
-from tritonforge.client.classification import Classification
 from tritonforge.client.coroutines import finish
 from tritonforge.client.discovery import (
     admin_headers,
@@ -64,6 +63,10 @@ from tritonforge.client.wire import (
     trace_headers,
 )
 from tritonforge.pipelines import Pipeline
+from tritonforge.tasks import classification, embedding
+from tritonforge.tasks.classification import client as classifier
+from tritonforge.tasks.classification.client import Classification
+from tritonforge.tasks.rerank.client import rerank_flow
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -365,7 +368,7 @@ class BaseClient:
         """
         items = check_texts(texts)
         resolved = yield from self.resolve_flow(
-            "embedding", name, route, variant, pipeline=pipeline
+            embedding.NAME, name, route, variant, pipeline=pipeline
         )
         target, model, parameters = resolved
         outputs = make_outputs(self._module, [target.outputs[0].name])
@@ -395,21 +398,21 @@ class BaseClient:
         ``pipeline``: the old name of ``route``."""
         items = check_texts(texts)
         orchestration = chosen_route(route, pipeline)
-        resolved = yield from self.resolve_flow("classification", name, orchestration, variant)
+        resolved = yield from self.resolve_flow(classification.NAME, name, orchestration, variant)
         target, model, parameters = resolved
-        k, extra_params, extra = classification.prepare(
+        k, extra_params, extra = classifier.prepare(
             target, items, orchestration or self.settings.route, top_k, version
         )
         call = self._infer_call(
             model,
             make_inputs(self._module, items, target.input),
-            make_outputs(self._module, classification.output_names(target, model)),
+            make_outputs(self._module, classifier.output_names(target, model)),
             {**parameters, **extra_params},
             self._trace(traceparent),
             extra,
         )
         result = yield call
-        return classification.decode(result, target, len(items), k, self._context(model))
+        return classifier.decode(result, target, len(items), k, self._context(model))
 
     def _probe_flow(self, method: str, *args: str) -> Flow[bool]:
         try:
@@ -434,11 +437,12 @@ class BaseClient:
         variant: str | None = None,
         route: str | None = None,
         name: str | None = None,
-        task: str = "embedding",
+        task: str | None = None,
         *,
         pipeline: str | None = None,
     ) -> Flow[bool]:
         """Readiness of the model serving ``task`` (``pipeline``: the old name of ``route``)."""
+        task = task or tasks.default().name
         _, model, _ = yield from self.resolve_flow(task, name, route, variant, pipeline=pipeline)
         return (yield from self._probe_flow("is_model_ready", model))
 
@@ -447,11 +451,12 @@ class BaseClient:
         variant: str | None = None,
         route: str | None = None,
         name: str | None = None,
-        task: str = "embedding",
+        task: str | None = None,
         *,
         pipeline: str | None = None,
     ) -> Flow[dict[str, Any]]:
         """The model's metadata (name, versions, inputs, outputs) as a dict."""
+        task = task or tasks.default().name
         _, model, _ = yield from self.resolve_flow(task, name, route, variant, pipeline=pipeline)
         extra = {"as_json": True} if self.settings.protocol == "grpc" else {}
         return dict((yield Call("get_model_metadata", (model,), extra, self._context(model))))
@@ -462,6 +467,7 @@ class BaseClient:
     resolve = ClientMethod(resolve_flow)
     embed = ClientMethod(embed_flow)
     classify = ClientMethod(classify_flow)
+    rerank = ClientMethod(rerank_flow)  # the rerank task's flow (tasks/rerank/client.py)
     is_live = ClientMethod(is_live_flow)
     is_ready = ClientMethod(is_ready_flow)
     is_model_ready = ClientMethod(is_model_ready_flow)

@@ -18,6 +18,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from tritonforge import tasks
 from tritonforge.export.decoder.config import clean_decoders, int8_served
 from tritonforge.export.decoder.config import models as decoder_models
 from tritonforge.export.encoder import FORMATS, Options, export_pipeline
@@ -26,7 +27,6 @@ from tritonforge.export.pipeline_configs import stage_files, write_files
 from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.spec import CPU_TARGET, GPU_TARGET, TARGETS
 from tritonforge.export.specs import (
-    GENERATION,
     REGISTRY,
     decoder_names,
     get_decoder,
@@ -34,7 +34,7 @@ from tritonforge.export.specs import (
     get_pipeline,
 )
 from tritonforge.export.staging import clean
-from tritonforge.pipelines import TASKS, pipeline_models
+from tritonforge.pipelines import pipeline_models
 
 PROG = "python -m tritonforge.export"
 TARGET_ENV = "TRITONFORGE_EXPORT_TARGET"
@@ -48,8 +48,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     known = ", ".join(sorted(REGISTRY))
     p.add_argument("spec", nargs="?", help=f"a registered spec ({known}) or 'clean'")
     p.add_argument("--from-pretrained", type=Path, metavar="DIR", help="a Hugging Face checkpoint")
-    p.add_argument("--task", choices=TASKS, help="with --from-pretrained: what to serve")
-    p.add_argument("--name", help="with --from-pretrained: the pipeline's name (default: DIR's)")
+    p.add_argument(
+        "--from-onnx", type=Path, metavar="DIR", help="model.onnx + tokenizer.json (rerank)"
+    )
+    p.add_argument("--task", choices=_servable(), help="with --from-*: what to serve")
+    p.add_argument("--name", help="with --from-*: the pipeline's name (default: DIR's)")
     p.add_argument("--max-length", type=int, help="with --from-pretrained: tokens per text")
     p.add_argument("--format", choices=[*FORMATS, "all"], default=None)
     p.add_argument("--quantize", choices=["int8", "none"], default=None)
@@ -64,11 +67,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     p.add_argument("--force", action="store_true", help="export even if the inputs are unchanged")
     args = p.parse_args(argv)
-    if (args.spec is None) == (args.from_pretrained is None):
-        p.error("give a registered spec, 'clean', or --from-pretrained DIR --task TASK")
-    if args.from_pretrained is not None and args.task is None:
-        p.error("--from-pretrained needs --task embedding|classification")
+    given = [x for x in (args.spec, args.from_pretrained, args.from_onnx) if x is not None]
+    if len(given) != 1:
+        p.error("give a registered spec, 'clean', --from-pretrained DIR or --from-onnx DIR")
+    directory = args.from_pretrained or args.from_onnx
+    if directory is not None and args.task is None:
+        p.error(f"--from-pretrained/--from-onnx need --task {'|'.join(_servable())}")
+    if args.from_onnx is not None and tasks.get(args.task).kind == tasks.PIPELINE:
+        p.error(f"--from-onnx serves a task of its own kind: {_own_kinds()}")
     return args
+
+
+def _servable() -> list[str]:
+    return [n for n in tasks.names() if tasks.get(n).kind != tasks.GENERATOR]
+
+
+def _own_kinds() -> list[str]:
+    return [n for n in _servable() if tasks.get(n).kind != tasks.PIPELINE]
 
 
 def options_for(pipeline: PipelineSpec, args: argparse.Namespace) -> Options:
@@ -100,14 +115,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.spec == "clean":
             _clean(args.model_repository)
-        elif args.spec is not None and get_entry(args.spec).task == GENERATION:
+        elif args.spec is not None and _kind(args.spec) == tasks.GENERATOR:
             _export_decoder(args)
+        elif args.spec is not None and _kind(args.spec) != tasks.PIPELINE:
+            _export_own_kind(args)
+        elif args.spec is None and tasks.get(args.task).kind != tasks.PIPELINE:
+            _export_own_directory(args)
         else:
             _export_pipeline(args)
     except ExportError as e:
         log.error("export failed: %s", e)
         return 1
     return 0
+
+
+def _kind(spec: str) -> str:
+    return tasks.get(get_entry(spec).task).kind
+
+
+def _export_own_kind(args: argparse.Namespace) -> None:
+    """A task of its own kind exports itself: its ``export.run.export_registered``."""
+    entry = get_entry(args.spec)
+    run = tasks.get(entry.task).module("export.run")
+    run.export_registered(entry(), args.model_repository, args.force)
+
+
+def _export_own_directory(args: argparse.Namespace) -> None:
+    """``--from-onnx``/``--from-pretrained DIR --task T`` of a task of its own kind: its
+    ``export.run.export_directory``."""
+    directory: Path = args.from_pretrained or args.from_onnx
+    run = tasks.get(args.task).module("export.run")
+    run.export_directory(
+        directory,
+        args.model_repository,
+        args.name or directory.resolve().name,
+        pretrained=args.from_pretrained is not None,
+        force=args.force,
+        max_length=args.max_length,
+    )
 
 
 def _clean(repo: Path) -> None:

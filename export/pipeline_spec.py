@@ -13,11 +13,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from tritonforge import tasks
 from tritonforge.configschema import QueueLimits
 from tritonforge.export.errors import SpecError
 from tritonforge.export.spec import ExportSpec
-from tritonforge.pipelines import TASKS, VARIANTS, StageNames
+from tritonforge.pipelines import VARIANTS, StageNames
 
 
 @dataclass(frozen=True)
@@ -66,15 +68,6 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Classification:
-    """The classification head's serving side: labels (index order) and the default top-k."""
-
-    labels: tuple[str, ...]
-    top_k: int = 3
-    instance_count: int = 1
-
-
-@dataclass(frozen=True)
 class ModelVersion:
     """One version of a pipeline's model: its own export spec (e.g. another checkpoint)."""
 
@@ -108,11 +101,12 @@ class PipelineSpec:
     stage_prefix: str | None = None
     variants: tuple[str, ...] = VARIANTS
     input_name: str = "text"
-    output_name: str = "embedding"  # embeddings: the public output (the encoder's, renamed)
+    output_name: str = ""  # the public output (the encoder's, renamed; the task's share says)
     tokenizer: TokenizerStage = field(default_factory=TokenizerStage)
     bls: BlsStage | None = field(default_factory=BlsStage)
     limits: Limits = field(default_factory=Limits)
-    classification: Classification | None = None
+    # the task's own section (its folder's spec type, e.g. tasks.classification.spec.Classification)
+    head: Any = None
     # Further versions of the model (version 1 is ``encoder``); all are served side by side.
     extra_versions: tuple[ModelVersion, ...] = ()
     canary: Canary | None = None
@@ -126,15 +120,15 @@ class PipelineSpec:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.task not in TASKS:
-            problems.append(f"task {self.task!r} is not one of {list(TASKS)}")
+        if self.task not in tasks.names(tasks.PIPELINE):
+            problems.append(f"task {self.task!r} is not one of {list(tasks.names(tasks.PIPELINE))}")
+        else:
+            from tritonforge.export.task_share import share_of
+
+            problems += share_of(self.task).validate(self)  # e.g. a classifier's labels
         unknown = sorted(set(self.variants) - set(VARIANTS))
         if unknown or "fp32" not in self.variants:
             problems.append(f"variants {list(self.variants)} must include fp32, from {VARIANTS}")
-        if (self.task == "classification") != (self.classification is not None):
-            problems.append("a classification pipeline (only) needs a `classification` section")
-        if self.classification is not None and len(self.classification.labels) < 2:
-            problems.append("a classifier needs at least two labels")
         if self.bls is not None and self.bls.default_variant not in self.variants:
             problems.append(f"bls.default_variant {self.bls.default_variant!r} is not a variant")
         if self.bls is not None:
@@ -223,8 +217,10 @@ class PipelineSpec:
         names = self.names
         chosen = self.variants if variants is None else variants
         out = [names.tokenizer(), *(names.encoder(v) for v in chosen)]
-        if self.classification is not None:
-            out.append(names.postprocess())
+        if self.task in tasks.names(tasks.PIPELINE):
+            from tritonforge.export.task_share import share_of
+
+            out += share_of(self.task).stage_models(self)
         out += [names.ensemble(v) for v in chosen]
         if self.bls is not None:
             out.append(names.bls())

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import tritonforge
+from tritonforge import tasks
 from tritonforge.errors import ArtifactIntegrityError
 from tritonforge.export.errors import ExportError
 from tritonforge.export.report import REPORT_JSON
@@ -45,27 +46,42 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-# packages that fingerprint their own code (export.decoder.steps, export.classifier.build)
-OWN_DIGEST = ("decoder", "classifier")
-
-
 # the core modules that decide what an encoder export writes: the config layer (every
 # config.pbtxt is rendered there), the tokenizer path (calibration and verification inputs) and
 # the model names
 CORE_MODULES = ("configschema.py", "modelconfig.py", "text.py", "pipelines.py")
 CORE_ROOT = Path(tritonforge.__file__).resolve().parent  # in a checkout export/ is a link in it
+# the task folders: each task's share of the export (tritonforge.tasks)
+TASKS_ROOT = CORE_ROOT / "tasks"
+
+
+def _own_digest(rel: str) -> bool:
+    """True for a source a task fingerprints itself (``Task.export_sources``: the decoder's and
+    the classifier trainer's code), which the shared digest leaves out."""
+    return any(rel == s or rel.startswith(s + "/") for s in tasks.export_sources())
+
+
+def _sources(root: Path, prefix: str) -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(root.rglob("*")):
+        rel = f"{prefix}/{path.relative_to(root).as_posix()}"
+        if _own_digest(rel) or not path.is_file() or "__pycache__" in path.parts:
+            continue
+        if path.suffix in (".py", ".txt"):
+            out.append((rel, path))
+    return out
 
 
 def code_digest() -> str:
-    """sha256 over the exporter's own sources and data and :data:`CORE_MODULES` (a code change
-    re-exports)."""
+    """sha256 over the exporter's own sources and data, the task folders and
+    :data:`CORE_MODULES` (a code change re-exports), less what tasks fingerprint themselves."""
     h = hashlib.sha256()
-    for path in sorted(EXPORT_ROOT.rglob("*")):
-        if path.relative_to(EXPORT_ROOT).parts[0] in OWN_DIGEST or path.name == "smollm2.py":
-            continue
-        if path.is_file() and path.suffix in (".py", ".txt") and "__pycache__" not in path.parts:
-            h.update(str(path.relative_to(EXPORT_ROOT)).encode())
-            h.update(path.read_bytes())
+    for rel, path in _sources(EXPORT_ROOT, "export"):
+        h.update(rel.removeprefix("export/").encode())
+        h.update(path.read_bytes())
+    for rel, path in _sources(TASKS_ROOT, "tasks"):
+        h.update(rel.encode())
+        h.update(path.read_bytes())
     for name in CORE_MODULES:
         h.update(name.encode())
         h.update((CORE_ROOT / name).read_bytes())

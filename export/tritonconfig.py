@@ -16,7 +16,7 @@ from typing import Any, ParamSpec
 
 import numpy as np
 
-from tritonforge import configschema
+from tritonforge import configschema, tasks
 from tritonforge.configschema import (
     Accelerator,
     DynamicBatching,
@@ -211,7 +211,7 @@ def encoder_config(
     rename = torchscript_names(spec) if torchscript else {t.name: t.name for t in spec.inputs}
     # a classifier's logits name their classes (Triton's classification extension); the
     # pipeline writes the file next to the config
-    labels = LABEL_FILE if serving.task == "classification" else ""
+    labels = LABEL_FILE if serving.task and tasks.get(serving.task).labels else ""
     count = serving.gpu_instance_count if gpu else serving.instance_count
     return TritonConfig(
         name=name,

@@ -61,10 +61,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300, help="per path and server")
     args = parser.parse_args()
     if args.model is None:
+        from tritonforge import tasks
         from tritonforge.client.discovery import choose
         from tritonforge.pipelines import from_repository
 
-        args.model = choose(from_repository(args.model_repository), "embedding").model("fp32")
+        pipelines = from_repository(args.model_repository)
+        args.model = choose(pipelines, tasks.default().name).model("fp32")
     servers = {
         name: EmbeddedServer(ServerSettings.ephemeral(args.model_repository, front=front))
         for name, front in (("front", True), ("direct", False))

@@ -30,6 +30,7 @@ from tritonforge.runtime.openai_catalog import (
     model_card,
     models_list,
     resolve,
+    task_handlers,
 )
 from tritonforge.runtime.openai_requests import (
     ENCODING_FORMATS,
@@ -110,6 +111,7 @@ __all__ = [
     "resolve",
     "sse",
     "stream_chunk",
+    "task_handlers",
     "text_completion",
     "token_counts",
     "unbytes",

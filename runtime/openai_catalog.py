@@ -4,15 +4,21 @@ each decoupled model following the Triton generate convention under its own name
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import importlib.util
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
+from types import ModuleType
 from typing import Any
 
+from tritonforge import tasks
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 from tritonforge.pipelines import PIPELINE_KEY, ROLE_KEY, _params, discover
 from tritonforge.runtime.errors import OpenAIError
+from tritonforge.tasks import embedding, generation
 
-EMBEDDING, GENERATION = "embedding", "generation"
+# the /v1 model kinds: the tasks whose models /v1 serves
+EMBEDDING, GENERATION = embedding.NAME, generation.NAME
 
 
 @dataclass(frozen=True)
@@ -67,8 +73,8 @@ def catalog(configs: Iterable[Mapping[str, Any]]) -> dict[str, ServedModel]:
         if (p := _params(c)).get(ROLE_KEY) == "tokenizer" and PIPELINE_KEY in p
     }
     for name, pipeline in discover(configs).items():
-        if pipeline.task != "embedding":
-            continue  # classification stays on v2
+        if not tasks.get(pipeline.task).openai_embeddings:
+            continue  # e.g. classification stays on v2
         for variant, model in pipeline.ensembles.items():
             mid = embedding_model_id(name, variant)
             out[mid] = ServedModel(
@@ -96,7 +102,25 @@ def catalog(configs: Iterable[Mapping[str, Any]]) -> dict[str, ServedModel]:
                 variant=params.get("variant", ""),
                 params=params,
             )
+    for routes in task_routes():
+        out.update(routes.served_models(configs))
     return dict(sorted(out.items()))
+
+
+@cache
+def task_routes() -> tuple[ModuleType, ...]:
+    """The registered tasks' ``routes`` modules: each has ``served_models(configs)`` (its
+    catalog entries) and ``ROUTES`` (path -> ``async handler(front, request, body)``)."""
+    found = (f"{t.package}.routes" for t in tasks.registry().values())
+    return tuple(
+        importlib.import_module(m) for m in found if importlib.util.find_spec(m) is not None
+    )
+
+
+@cache
+def task_handlers() -> dict[str, Callable[..., Any]]:
+    """Every task route: path -> handler (read once; the front asks on every request)."""
+    return {path: h for routes in task_routes() for path, h in routes.ROUTES.items()}
 
 
 def models_list(models: Mapping[str, ServedModel], created: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -106,7 +107,8 @@ class OpenAIFront:
 
     @staticmethod
     def owns(path: str) -> bool:
-        return path == PREFIX or path.startswith(PREFIX + "/")
+        """``/v1`` and the tasks' own routes (e.g. ``/rerank``)."""
+        return path == PREFIX or path.startswith(PREFIX + "/") or path in api.task_handlers()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
@@ -116,10 +118,11 @@ class OpenAIFront:
                 if request.method != "GET":
                     raise OpenAIError(f"{request.method} {path}: use GET", 405)
                 return await self._models_route(path.removeprefix(f"{PREFIX}/models").strip("/"))
-            routes = {
+            routes: dict[str, Any] = {
                 f"{PREFIX}/embeddings": self._embeddings,
                 f"{PREFIX}/chat/completions": self._chat,
                 f"{PREFIX}/completions": self._completions,
+                **{p: functools.partial(h, self) for p, h in api.task_handlers().items()},
             }
             route = routes.get(path)
             if route is None:
@@ -268,12 +271,17 @@ class OpenAIFront:
         )
 
     async def _infer_embeddings(self, m: ServedModel, texts: list[str]) -> np.ndarray:
-        payload = api.embedding_infer_body(m, texts)
+        data, length = await self.infer(m.triton_model, api.embedding_infer_body(m, texts))
+        return api.embedding_outputs(data, length, m.output)
+
+    async def infer(self, model: str, payload: Any) -> tuple[bytes, str | None]:
+        """One v2 ``infer`` of ``model`` (JSON ``payload``) over the upstream: the body and its
+        ``Inference-Header-Content-Length``; Triton's refusal as an :class:`OpenAIError`."""
         limits = self.http.limits
         timeout = aiohttp.ClientTimeout(
             total=limits.request_timeout_s, connect=limits.queue_timeout_s
         )
-        path = f"/v2/models/{m.triton_model}/infer"
+        path = f"/v2/models/{model}/infer"
         with _upstream_errors(self.http.timeout_message()):
             async with self.http.session().post(
                 f"http://triton{path}",
@@ -283,9 +291,8 @@ class OpenAIFront:
             ) as r:
                 data = await r.read()
                 if r.status != 200:
-                    raise _triton_error(r.status, data, m.triton_model)
-                length = r.headers.get("Inference-Header-Content-Length")
-        return api.embedding_outputs(data, length, m.output)
+                    raise _triton_error(r.status, data, model)
+                return data, r.headers.get("Inference-Header-Content-Length")
 
     # -- completions ---------------------------------------------------------------------
     async def _chat(self, request: web.BaseRequest, body: dict[str, Any]) -> web.StreamResponse:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-TASKS = ("embedding", "classification")
+from tritonforge import tasks
+
 VARIANTS = ("fp32", "int8", "torchscript")
 
 PIPELINE_KEY = "tritonforge.pipeline"
@@ -136,7 +137,8 @@ class Pipeline:
     @property
     def dim(self) -> int:
         """Embeddings: the vector size; classifiers: the number of classes."""
-        first = self.outputs[0] if self.task == "embedding" else self.output("probabilities")
+        summary = tasks.get(self.task).summary_output
+        first = self.outputs[0] if summary is None else self.output(summary)
         return int(first.dims[-1])
 
 
@@ -174,7 +176,7 @@ def discover(configs: Iterable[Mapping[str, Any]]) -> dict[str, Pipeline]:
         params, first = public[0]
         pipelines[name] = Pipeline(
             name=name,
-            task=params.get(TASK_KEY, "embedding"),
+            task=params.get(TASK_KEY) or tasks.default().name,
             ensembles=dict(sorted(ensembles.items(), key=lambda kv: VARIANTS.index(kv[0]))),
             bls=str(bls[1]["name"]) if bls else None,
             bls_variants=tuple(

@@ -60,6 +60,7 @@ from tritonforge.export.staging import Staging, library_versions
 from tritonforge.export.step_bar import log_progress
 from tritonforge.generation import render_prompt
 from tritonforge.integrity import sha256_file
+from tritonforge.tasks import generation
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,7 @@ NAMESPACE = Path(tritonforge.__file__).parent
 # imports, and the serving scheduler its fidelity check drives); other exporters' changes do not
 # re-export it.
 CODE = (
-    "export/decoder",
-    "export/specs/smollm2.py",
+    *generation.EXPORT_SOURCES,  # the task's own (tritonforge/tasks/generation)
     "export/specs/text_inputs.py",
     "export/flow.py",
     "export/report.py",

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from tritonforge import tasks
 from tritonforge.export.errors import SpecError
 
-TASKS = ("embedding", "classification")
 INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids")
 # transformers model_type -> ONNX Runtime transformer optimizer model_type (its fusions).
 OPTIMIZER_TYPES = {
@@ -146,12 +146,13 @@ class _Encoder(nn.Module):
         self.model = model
         self.input_names = input_names
         self.task = task
+        self.logits = tasks.get(task).encoder_output == tasks.LOGITS
         self.normalize = normalize
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         kwargs = dict(zip(self.input_names, inputs, strict=True))
         out = self.model(**kwargs)
-        if self.task == "classification":
+        if self.logits:
             return out.logits
         hidden = out.last_hidden_state
         weights = kwargs["attention_mask"].to(hidden.dtype).unsqueeze(-1)
@@ -166,16 +167,18 @@ class _Encoder(nn.Module):
 
 def load_hf_encoder(info: CheckpointInfo, task: str) -> nn.Module:
     """The checkpoint as an eval-mode module ``(*inputs) -> embedding | logits``."""
-    if task not in TASKS:
-        raise SpecError(f"task {task!r} is not one of {list(TASKS)}")
+    if task not in tasks.names(tasks.PIPELINE):
+        raise SpecError(f"task {task!r} is not one of {list(tasks.names(tasks.PIPELINE))}")
     from transformers import AutoModel, AutoModelForSequenceClassification
 
-    cls = AutoModelForSequenceClassification if task == "classification" else AutoModel
+    declared = tasks.get(task)
+    logits = declared.encoder_output == tasks.LOGITS
+    cls = AutoModelForSequenceClassification if logits else AutoModel
     _quiet_transformers()
     try:
         model = cls.from_pretrained(str(info.directory), attn_implementation="eager")
     except (OSError, ValueError) as e:
         raise SpecError(f"transformers cannot load {info.directory} for {task}: {e}") from e
-    if task == "classification" and not info.labels:
+    if declared.labels and not info.labels:
         raise SpecError(f"{info.directory}: config.json has no id2label for a classifier")
     return _Encoder(model.eval(), info.input_names, task, info.normalize).eval()

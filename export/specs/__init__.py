@@ -18,15 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
+from tritonforge import tasks
 from tritonforge.export.errors import SpecError
+from tritonforge.tasks import classification, embedding, generation, rerank
 
 if TYPE_CHECKING:
     from tritonforge.export.decoder.spec import DecoderSpec
     from tritonforge.export.pipeline_spec import PipelineSpec
     from tritonforge.export.spec import ExportSpec
+    from tritonforge.tasks.rerank.spec import RerankSpec
 
-GENERATION = "generation"  # the decoder's task (the encoders' are tritonforge.pipelines.TASKS)
-AnySpec = Union["PipelineSpec", "DecoderSpec"]
+AnySpec = Union["PipelineSpec", "DecoderSpec", "RerankSpec"]
 PipelineFactory = Callable[[], "PipelineSpec"]
 
 
@@ -61,13 +63,21 @@ def _smollm2() -> DecoderSpec:
     return smollm2_spec()
 
 
+def _msmarco() -> RerankSpec:
+    from tritonforge.tasks.rerank.spec import MS_MARCO_MINILM
+
+    return MS_MARCO_MINILM
+
+
 # Registry order is the default exports' order, so the fastest first (`make run` serves each one
-# as it is done, docs/operations.md): minilm ~1 min, smollm2 ~2.5 min, sentiment last (it trains
-# the classifier first when its inputs changed, export.classifier).
+# as it is done, docs/operations.md): minilm ~1 min, msmarco seconds, smollm2 ~2.5 min, sentiment
+# last (it trains the classifier first when its inputs changed, export.classifier).
 REGISTRY: dict[str, Entry] = {
-    "minilm": Entry("embedding", _minilm, ("--format", "all", "--quantize", "int8")),
-    "smollm2": Entry(GENERATION, _smollm2, ("--quantize", "int8")),
-    "sentiment": Entry("classification", _sentiment, ()),
+    "minilm": Entry(embedding.NAME, _minilm, ("--format", "all", "--quantize", "int8")),
+    # served as `rerank` / `rerank_bls`; a task of its own kind exports itself (its export.run)
+    "msmarco": Entry(rerank.NAME, _msmarco, ()),
+    "smollm2": Entry(generation.NAME, _smollm2, ("--quantize", "int8")),
+    "sentiment": Entry(classification.NAME, _sentiment, ()),
 }
 
 
@@ -82,12 +92,12 @@ def default_exports() -> tuple[tuple[str, ...], ...]:
 
 def pipeline_names() -> list[str]:
     """The registered encoder pipelines (every entry but the decoders), sorted."""
-    return sorted(n for n, e in REGISTRY.items() if e.task != GENERATION)
+    return sorted(n for n, e in REGISTRY.items() if tasks.get(e.task).kind == tasks.PIPELINE)
 
 
 def decoder_names() -> list[str]:
     """The registered decoders, sorted."""
-    return sorted(n for n, e in REGISTRY.items() if e.task == GENERATION)
+    return sorted(n for n, e in REGISTRY.items() if tasks.get(e.task).kind == tasks.GENERATOR)
 
 
 def get_entry(name: str) -> Entry:

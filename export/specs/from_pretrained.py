@@ -21,7 +21,7 @@ from torch import nn
 
 from tritonforge.export.errors import SpecError
 from tritonforge.export.models.hf import CheckpointInfo, inspect_checkpoint, load_hf_encoder
-from tritonforge.export.pipeline_spec import Classification, PipelineSpec
+from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.spec import (
     BATCH_AXIS,
     ExportSpec,
@@ -33,6 +33,7 @@ from tritonforge.export.spec import (
     TensorDecl,
 )
 from tritonforge.export.specs.text_inputs import DATA_DIR, disjoint_sentences
+from tritonforge.export.task_share import share_of
 from tritonforge.text import TextTokenizer
 
 SEQ_AXIS = "sequence_length"
@@ -159,23 +160,6 @@ def _pipeline_name(directory: Path, name: str | None) -> str:
     return name
 
 
-def _task_output(
-    directory: Path, info: CheckpointInfo, task: str
-) -> tuple[TensorDecl, QualityGate]:
-    """The encoder's one output for ``task`` and its default int8 quality gate."""
-    if task == "classification":
-        if not info.labels:
-            raise SpecError(f"{directory}: config.json has no id2label; a classifier needs labels")
-        output = TensorDecl(
-            "logits", "float32", (BATCH_AXIS, len(info.labels)), atol=1e-4, rtol=1e-3
-        )
-        return output, QualityGate("logits", metric="top1")
-    output = TensorDecl(
-        "sentence_embedding", "float32", (BATCH_AXIS, info.hidden_size), atol=1e-4, rtol=1e-3
-    )
-    return output, QualityGate("sentence_embedding", mean_cosine_min=0.99, min_cosine_min=0.97)
-
-
 def _token_inputs(info: CheckpointInfo) -> tuple[TensorDecl, ...]:
     """The tokenizer's inputs, in its order (padding input_ids with the pad token)."""
     return tuple(
@@ -222,7 +206,8 @@ def pipeline_from_pretrained(
     name = _pipeline_name(directory, name)
     length = _max_length(info, max_length)
     tokenizer = partial(_tokenizer, info, length)
-    output, default_gate = _task_output(directory, info, task)
+    share = share_of(task)
+    output, default_gate = share.encoder_output(directory, info)
     calibration = calibration_texts or partial(default_texts, CALIBRATION_FILE, EVALUATION_FILE)
     evaluation = evaluation_texts or partial(default_texts, EVALUATION_FILE, CALIBRATION_FILE)
     sources = corpus_source or DEFAULT_CORPUS_SOURCE
@@ -253,14 +238,12 @@ def pipeline_from_pretrained(
         warmup=partial(_warmup, tokenizer, warmup_text),
         source_files=(*checkpoint_files(directory), *extra_sources),
     )
-    classification = Classification(info.labels, top_k=min(top_k, len(info.labels)))
     return PipelineSpec(
         name=name,
         task=task,
         encoder=encoder,
         tokenizer_file=directory / "tokenizer.json",
         description=encoder.description,
-        output_name="embedding" if task == "embedding" else "probabilities",
-        classification=classification if task == "classification" else None,
+        **share.pipeline_fields(info, top_k),
         **pipeline,
     )

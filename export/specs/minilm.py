@@ -15,6 +15,7 @@ from tritonforge.export.errors import SpecError
 from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.spec import GPU_TARGET, Serving
 from tritonforge.export.specs.from_pretrained import SENSITIVITY_GROUPS, pipeline_from_pretrained
+from tritonforge.tasks import embedding
 
 
 def model_dir() -> Path:
@@ -31,7 +32,7 @@ def model_dir() -> Path:
 def minilm_pipeline() -> PipelineSpec:
     return pipeline_from_pretrained(
         model_dir(),
-        "embedding",
+        embedding.NAME,
         "embed",
         export_name="minilm",
         # The default pipeline keeps its stage names (`tokenizer`, `encoder_fp32`, ...): they

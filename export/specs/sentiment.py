@@ -24,6 +24,7 @@ from tritonforge.export.errors import SpecError
 from tritonforge.export.pipeline_spec import Canary, ModelVersion, PipelineSpec
 from tritonforge.export.spec import Inputs, QualityGate, Serving
 from tritonforge.export.specs.from_pretrained import SENSITIVITY_GROUPS, pipeline_from_pretrained
+from tritonforge.tasks import classification
 
 CLASSIFIER_ENV = "TRITONFORGE_CLASSIFIER_DIR"
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def _version(number: int, **kwargs: Any) -> PipelineSpec:
         raise SpecError(f"the default classifier v{number} is missing from {directory}")
     spec = pipeline_from_pretrained(
         directory,
-        "classification",
+        classification.NAME,
         "classify",
         export_name=f"sentiment-v{number}",
         # the trainer's truncation (p99 of the corpus is 59 tokens); no TorchScript variant

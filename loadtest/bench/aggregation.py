@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from tritonforge import tasks
 from tritonforge.loadtest.bench import classify as classify_bench
 from tritonforge.loadtest.bench.cells import Cell, Target
 
@@ -95,7 +96,7 @@ def best_round(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _inproc_key(r: dict[str, Any]) -> tuple[str, str, str, int]:
-    return (r.get("task", "embedding"), r.get("name", ""), r["variant"], r["batch"])
+    return (r.get("task", tasks.default().name), r.get("name", ""), r["variant"], r["batch"])
 
 
 def _ratio(a: float, b: float | None) -> float:
@@ -185,7 +186,7 @@ def limit_lines(rows: list[dict[str, Any]], generator: str, protocol: str) -> li
     lines = []
     for task, name in dict.fromkeys((r["task"], r["name"]) for r in mine):
         cells = {r["concurrency"]: r for r in mine if (r["task"], r["name"]) == (task, name)}
-        what = "fp32 ensemble" if task == "embedding" else f"{name} ensemble fp32"
+        what = "fp32 ensemble" if task == tasks.default().name else f"{name} ensemble fp32"
         one = cells.get(1)
         if one is not None:
             d = one["p50_minus_inprocess_ms"]
@@ -248,7 +249,7 @@ def analyse(
             }
         )
     combos = dict.fromkeys((r["generator"], r["protocol"]) for r in rows if r["system"] == "triton")
-    embedding = [r for r in rows if r["task"] == "embedding"]
+    embedding = [r for r in rows if r["task"] == tasks.default().name]
     lines = [line for gen, protocol in combos for line in _target_lines(embedding, gen, protocol)]
     lines += [line for gen, protocol in combos for line in limit_lines(rows, gen, protocol)]
     return rows, lines + classify_bench.ratio_lines(rows)

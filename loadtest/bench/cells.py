@@ -9,11 +9,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritonforge import tasks
 from tritonforge.client.discovery import choose, route
 from tritonforge.client.errors import ClientError
 from tritonforge.loadtest.bench import classify as classify_bench
 from tritonforge.loadtest.discovered import pipelines
 from tritonforge.pipelines import Pipeline
+from tritonforge.tasks import embedding
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ class Target:
     name: str = ""  # the pipeline (discovered)
     model: str = ""
     parameters: tuple[tuple[str, str], ...] = ()
-    task: str = "embedding"  # "classification": loadtest.bench.classify
+    task: str = embedding.NAME  # classification: loadtest.bench.classify
     input_name: str = "text"  # the pipeline's text input (discovered)
 
     @property
@@ -101,7 +103,7 @@ def targets_from(args: argparse.Namespace, pipeline: Pipeline) -> list[Target]:
                     if protocol == OPENAI and (
                         generator != "locust"
                         or orchestration != "ensemble"
-                        or pipeline.task != "embedding"
+                        or not tasks.get(pipeline.task).openai_embeddings
                     ):
                         continue  # /v1 serves embedding ensembles only
                     out.append(
@@ -130,4 +132,4 @@ def classify_pipelines(args: argparse.Namespace) -> list[Pipeline]:
 def bench_pipeline(args: argparse.Namespace) -> Pipeline:
     """The embedding pipeline to measure (``--pipeline-name``, else the default), discovered from
     ``--model-repository`` (the served one, or a copy of a running server's)."""
-    return choose(pipelines(args.model_repository), "embedding", args.pipeline_name)
+    return choose(pipelines(args.model_repository), embedding.NAME, args.pipeline_name)

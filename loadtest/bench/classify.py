@@ -24,8 +24,9 @@ from tritonforge.loadtest.discovered import encoder_onnx, stage_model, text_toke
 from tritonforge.loadtest.locust import CLASSIFY_LOCUSTFILE
 from tritonforge.pipelines import Pipeline
 from tritonforge.repository import load_model_config
+from tritonforge.tasks import classification
 
-TASK = "classification"
+TASK = classification.NAME
 FASTAPI_MODULE = "tritonforge.loadtest.anchors.fastapi.classify"
 LOCUSTFILE = CLASSIFY_LOCUSTFILE
 USERS = {"http": "TritonClassifyHttpUser", "grpc": "TritonClassifyGrpcUser"}

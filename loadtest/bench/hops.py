@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from tritonforge import tasks
 from tritonforge.loadtest import corpus
 from tritonforge.loadtest.bench.runners import model_stats, stats_delta, tree_cpu_s
 from tritonforge.loadtest.discovered import pipelines, stage_model
@@ -155,7 +156,7 @@ def subject(args: argparse.Namespace) -> Subject:
     pipeline: Pipeline = (
         pipelines(repo)[args.pipeline_name]
         if args.pipeline_name
-        else next(p for p in pipelines(repo).values() if p.task == "embedding")
+        else next(p for p in pipelines(repo).values() if p.task == tasks.default().name)
     )
     tokenizer_model = stage_model(repo, pipeline, "tokenizer")
     encoder_model = stage_model(repo, pipeline, "encoder", args.variant)

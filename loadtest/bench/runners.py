@@ -26,6 +26,7 @@ from tritonforge.loadtest.discovered import encoder_onnx, text_tokenizer
 from tritonforge.loadtest.locust import EMBED_LOCUSTFILE
 from tritonforge.loadtest.locust.run import locust_command
 from tritonforge.pipelines import Pipeline
+from tritonforge.tasks import embedding
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +251,7 @@ def measure_inprocess(
     embedders: dict[str, Any],
     texts: Sequence[str],
     duration_s: float,
-    task: str = "embedding",
+    task: str = embedding.NAME,
     name: str = "",
 ) -> list[dict[str, Any]]:
     """Each in-process model (embedder or classifier of pipeline ``name``) at batch 1 and 16."""

@@ -32,6 +32,7 @@ from tritonforge.loadtest.locust.common import (
 )
 from tritonforge.loadtest.slo import ValidationError
 from tritonforge.pipelines import Pipeline
+from tritonforge.tasks import embedding
 
 
 class Fetch(Protocol):
@@ -132,7 +133,7 @@ class FastApiAnchorUser(JsonHttpUser):
 class TritonTask:
     """The task hooks of a Triton user, shared by its HTTP and gRPC users."""
 
-    pipeline_task: ClassVar[str] = "embedding"
+    pipeline_task: ClassVar[str] = embedding.NAME
     pipeline: Pipeline
 
     def outputs(self) -> list[str]:

@@ -16,8 +16,9 @@ import numpy as np
 
 from tritonforge.loadtest.locust import base
 from tritonforge.loadtest.slo import validate_classification
+from tritonforge.tasks import classification
 
-TASK = "classification"
+TASK = classification.NAME
 OUTPUTS = ["label", "probabilities"]  # what the users validate (every classifier has them)
 
 

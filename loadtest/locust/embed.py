@@ -34,12 +34,13 @@ import numpy as np
 from tritonforge.loadtest.locust import base
 from tritonforge.loadtest.locust.common import target
 from tritonforge.loadtest.slo import ValidationError, validate
+from tritonforge.tasks import embedding
 
 
 class EmbedTask(base.TritonTask):
     """Ask for the pipeline's embedding output; valid: [n, dim] finite rows of unit norm."""
 
-    pipeline_task = "embedding"
+    pipeline_task = embedding.NAME
 
     def outputs(self) -> list[str]:
         return [self.pipeline.outputs[0].name]
@@ -65,7 +66,7 @@ class OpenAIEmbeddingsUser(base.JsonHttpUser):
     def setup(self) -> None:
         from tritonforge.runtime.openai_api import embedding_model_id
 
-        self.pipeline, self.model, _, _ = target(self.environment, "embedding")
+        self.pipeline, self.model, _, _ = target(self.environment, embedding.NAME)
         variant = next((v for v, m in self.pipeline.ensembles.items() if m == self.model), None)
         if variant is None:
             raise ValidationError(f"{self.model!r} is not an ensemble: /v1 serves ensembles only")

@@ -21,9 +21,9 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from tritonforge import tasks
 from tritonforge.client.settings import normalize_url
 from tritonforge.env import env_float
-from tritonforge.loadtest.locust import CLASSIFY_LOCUSTFILE, EMBED_LOCUSTFILE
 from tritonforge.loadtest.locust.options import check_environment
 from tritonforge.logs import run_main
 from tritonforge.pipelines import ROUTES
@@ -31,21 +31,13 @@ from tritonforge.runtime.server import serving
 
 log = logging.getLogger(__name__)
 
-LOCUSTFILE = EMBED_LOCUSTFILE
-USER_CLASSES = {"http": ["TritonHttpUser"], "grpc": ["TritonGrpcUser"]}
-USER_CLASSES["both"] = USER_CLASSES["http"] + USER_CLASSES["grpc"]
-# Per task: the locustfile and its users by protocol.
+# Per pipeline task: the locustfile and its users by protocol (its folder's ``loadtest`` module).
 TASK_USERS = {
-    "embedding": (LOCUSTFILE, USER_CLASSES),
-    "classification": (
-        CLASSIFY_LOCUSTFILE,
-        {
-            "http": ["TritonClassifyHttpUser"],
-            "grpc": ["TritonClassifyGrpcUser"],
-            "both": ["TritonClassifyHttpUser", "TritonClassifyGrpcUser"],
-        },
-    ),
+    name: (module.LOCUSTFILE, module.USERS)
+    for name in tasks.names(tasks.PIPELINE)
+    if (module := tasks.get(name).module("loadtest"))
 }
+LOCUSTFILE, USER_CLASSES = TASK_USERS[tasks.default().name]
 
 
 def locust_command(
@@ -123,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         default=env_float("TRITONFORGE_LOADTEST_DURATION_S", 30.0, minimum=0.1),
     )
-    parser.add_argument("--task", choices=sorted(TASK_USERS), default="embedding")
+    parser.add_argument("--task", choices=sorted(TASK_USERS), default=tasks.default().name)
     parser.add_argument(
         "--pipeline-name", default=None, help="pipeline (default: the task's discovered default)"
     )

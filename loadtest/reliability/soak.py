@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from tritonforge import tasks
 from tritonforge.client.sync import EmbeddingClient
 from tritonforge.loadtest.corpus import generate
 from tritonforge.logs import run_main
@@ -53,7 +54,7 @@ def routes(server: EmbeddedServer) -> list[Route]:
 
 def send(client: EmbeddingClient, route: Route, texts: list[str]) -> None:
     """One call through ``route`` (embed or classify, by the pipeline's task)."""
-    call = client.classify if route.pipeline.task == "classification" else client.embed
+    call = getattr(client, tasks.get(route.pipeline.task).client_call)
     call(texts, variant=route.variant, pipeline=route.orchestration, name=route.pipeline.name)
 
 

@@ -150,7 +150,7 @@ def test_the_servers_refusal_maps_to_the_same_error(
     byo_server: EmbeddedServer, protocol: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without the client-side check, the BLS itself refuses top_k (INVALID_ARG / 400)."""
-    from tritonforge.client import classification
+    from tritonforge.tasks.classification import client as classification
 
     monkeypatch.setattr(classification, "checked_top_k", lambda top_k, pipeline: top_k)
     with (

@@ -215,11 +215,12 @@ def test_the_demo_compares_the_same_version_and_shows_the_split(
     """The ensemble answers with the latest version: the demo pins the BLS to it (unpinned, the
     canary split would put some texts on version 1), then shows the split on its own line."""
     from tritonforge.runtime import demo
+    from tritonforge.tasks.classification.client import CANARY_REQUESTS
 
     with demo.demo_client(server, "http") as c:
         pipeline = c.pipelines()["ab"]
     assert pipeline.versions == (1, 2) and pipeline.version_weights == dict(WEIGHTS)
-    demo.show_classification(server, pipeline)
+    demo.show(server, pipeline)
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if "ab_bls over gRPC" in x)
     assert "both at version 2" in line and "3/3 labels agree" in line
@@ -227,4 +228,4 @@ def test_the_demo_compares_the_same_version_and_shows_the_split(
     assert gap < 1e-5  # the same weights on both sides
     split = next(x for x in out.splitlines() if "unpinned (canary split)" in x)
     counts = [int(n) for n in re.findall(r"v\d (\d+)/20", split)]
-    assert len(counts) == 2 and sum(counts) == demo.CANARY_REQUESTS and min(counts) > 0
+    assert len(counts) == 2 and sum(counts) == CANARY_REQUESTS and min(counts) > 0

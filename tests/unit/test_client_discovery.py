@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 
 from tests.fake_repository import write_model
-from tritonforge.client import classification
-from tritonforge.client.classification import Ranked, decode, prepare
 from tritonforge.client.discovery import (
     DiscoveryError,
     choose,
@@ -22,6 +20,8 @@ from tritonforge.client.discovery import (
 )
 from tritonforge.client.errors import InvalidRequestError, ModelNotFoundError
 from tritonforge.pipelines import Pipeline, discover
+from tritonforge.tasks.classification import client as classification
+from tritonforge.tasks.classification.client import Ranked, decode, prepare
 
 LABELS = ("negative", "neutral", "positive")
 

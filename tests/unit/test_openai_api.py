@@ -358,7 +358,7 @@ def test_the_bls_versions_and_split_are_discovered() -> None:
 
 
 def test_the_demos_split_line_counts_each_version() -> None:
-    from tritonforge.runtime.demo import format_split
+    from tritonforge.tasks.classification.client import format_split
 
     line = format_split(["1", "2", "1", "1"], {1: 80, 2: 20})
     assert line == "v1 3/4 (configured 80%), v2 1/4 (configured 20%)"
@@ -392,8 +392,8 @@ def test_bench_adds_v1_cells_for_embedding_ensembles_only() -> None:
 
 
 def test_the_client_asks_a_versioned_bls_for_model_version() -> None:
-    from tritonforge.client.classification import output_names
     from tritonforge.pipelines import discover
+    from tritonforge.tasks.classification.client import output_names
 
     bls = _config("classify_bls", "bls", task="classification")
     bls["parameters"]["versions"] = _param("1,2")

@@ -106,3 +106,23 @@ def test_spec_refuses_bad_canary(checkpoint: Path) -> None:
         pipeline_from_pretrained(
             checkpoint, "classification", "ab", canary=Canary(((1, 50), (3, 50)))
         )
+
+
+def test_a_task_checks_its_own_spec_section(checkpoint: Path) -> None:
+    """The task's share validates its section (tasks/<task>/export.py): a classifier needs its
+    labels, an embedding pipeline takes none, an unknown task names the registered ones."""
+    import dataclasses
+
+    from tritonforge.export.errors import SpecError
+    from tritonforge.tasks.classification.spec import Classification
+
+    spec = pipeline_from_pretrained(checkpoint, "classification", "ab")
+    assert isinstance(spec.head, Classification) and "ab_postprocess" in spec.model_names()
+    with pytest.raises(SpecError, match="needs a `head` section"):
+        dataclasses.replace(spec, head=None)
+    with pytest.raises(SpecError, match="at least two labels"):
+        dataclasses.replace(spec, head=Classification(("only",)))
+    with pytest.raises(SpecError, match="takes no `head` section"):
+        dataclasses.replace(spec, task="embedding")
+    with pytest.raises(SpecError, match="is not one of"):
+        dataclasses.replace(spec, task="rerankk")

@@ -1,4 +1,5 @@
-"""The Python-backend models' sources, one file per stage kind.
+"""The shared Python-backend models' sources, one file per stage kind (a task's own stages
+live in its folder, ``tritonforge/tasks/<task>/stages/``).
 
 ``make export`` copies each into ``<model>/1/model.py`` of every pipeline that has that stage
 (:mod:`export.pipeline_configs`), so several pipelines share one tested source and a user's
@@ -9,6 +10,4 @@ repository needs nothing from a checkout. They run only inside Triton's Python s
 SOURCES = {
     "tokenizer": "tokenizer_model.py",
     "bls": "bls_model.py",
-    "postprocess": "postprocess_model.py",
-    "generate": "generate_model.py",
 }

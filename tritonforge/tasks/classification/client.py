@@ -10,9 +10,10 @@ probabilities (same order as the server: most probable first, ties by lower inde
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -21,6 +22,10 @@ from tritonforge.client.discovery import check_limits
 from tritonforge.client.errors import InvalidRequestError, ResponseError
 from tritonforge.errors import InvalidInputError
 from tritonforge.pipelines import Pipeline
+from tritonforge.tasks.classification import NAME
+
+if TYPE_CHECKING:
+    from tritonforge.client.sync import EmbeddingClient
 
 VERSION_PARAMETER = "version"  # the BLS's request parameter
 VERSION_OUTPUT = "model_version"  # optional output / response parameter: which version answered
@@ -56,7 +61,7 @@ class Classification:
 
 def check_classifier(pipeline: Pipeline) -> Pipeline:
     missing = [n for n in REQUIRED if n not in {o.name for o in pipeline.outputs}]
-    if pipeline.task != "classification" or not pipeline.labels or missing:
+    if pipeline.task != NAME or not pipeline.labels or missing:
         raise InvalidRequestError(
             f"pipeline {pipeline.name!r} is not a classifier (task {pipeline.task!r}, "
             f"labels {list(pipeline.labels)}, missing outputs {missing})"
@@ -198,3 +203,75 @@ def decode(
             )
         )
     return out
+
+
+# ``make run``'s demo of a classification pipeline (runtime.demo.show calls it)
+# (protocol, route) -> a typed client of the demo's server
+OpenClient = Callable[..., "EmbeddingClient"]
+Emit = Callable[[str], None]  # where the demo writes its lines (runtime.demo: stdout)
+SENTENCES = (
+    "I love how fast and friendly the support team was.",
+    "The package arrived on Tuesday.",
+    "This is the worst update they have ever shipped.",
+)
+
+
+def show(open_client: OpenClient, pipeline: Pipeline, emit: Emit) -> None:
+    """Classify :data:`SENTENCES` via the ensemble (HTTP) and the BLS (gRPC)."""
+    texts = list(SENTENCES)
+    k = min(2, len(pipeline.labels))
+    with open_client("http") as c:
+        results = c.classify(texts, top_k=k, name=pipeline.name)
+    emit(
+        f"\n==> {pipeline.name}: classified {len(texts)} sentences through "
+        f"{pipeline.model('fp32')!r} (HTTP), labels {list(pipeline.labels)}"
+    )
+    for text, r in zip(texts, results, strict=True):
+        top = ", ".join(f"{t.label} {t.score:.3f}" for t in r.top)
+        emit(f"  {text!r:56} -> {r.label} ({r.score:.3f}); top {k}: {top}")
+    if pipeline.bls is None:
+        return
+    # Like with like: the ensemble answers with the latest version, so the BLS is pinned to it
+    # (unpinned, the BLS would split traffic between the versions: shown separately below).
+    pinned = pipeline.latest_version
+    with open_client("grpc", "bls") as c:
+        bls = c.classify(texts, top_k=k, name=pipeline.name, version=pinned)
+    gap = max(
+        abs(a.probabilities[label] - b.probabilities[label])
+        for a, b in zip(results, bls, strict=True)
+        for label in pipeline.labels
+    )
+    same = sum(a.label == b.label for a, b in zip(results, bls, strict=True))
+    both = "" if pinned is None else f", both at version {pinned}"
+    emit(
+        f"==> {pipeline.bls} over gRPC{both}: {same}/{len(texts)} labels agree, "
+        f"max |ensemble - BLS| probability = {gap:.2e}"
+    )
+    if pipeline.version_weights:
+        show_canary_split(open_client, pipeline, emit)
+    emit("")
+
+
+CANARY_REQUESTS = 20
+
+
+def format_split(answered: Sequence[str | None], weights: Mapping[int, int]) -> str:
+    """``"v1 16/20 (80%), v2 4/20 (20%)"``: which version answered each unpinned request,
+    next to the configured split."""
+    counts = Counter(str(v) for v in answered)
+    n = len(answered)
+    return ", ".join(
+        f"v{v} {counts.get(str(v), 0)}/{n} (configured {p}%)" for v, p in sorted(weights.items())
+    )
+
+
+def show_canary_split(open_client: OpenClient, pipeline: Pipeline, emit: Emit) -> None:
+    """:data:`CANARY_REQUESTS` unpinned one-text requests through the BLS: which version
+    answered each (the canary split by request), against the configured weights."""
+    texts = [f"{SENTENCES[i % len(SENTENCES)]} (#{i})" for i in range(CANARY_REQUESTS)]
+    with open_client("grpc", "bls") as c:
+        answered = [c.classify([t], name=pipeline.name)[0].model_version for t in texts]
+    emit(
+        f"==> {pipeline.bls} unpinned (canary split): "
+        f"{format_split(answered, pipeline.version_weights)}"
+    )

@@ -1,0 +1,1 @@
+"""The classification task's Triton Python models (copied into the repository by the export)."""
