@@ -168,12 +168,16 @@ def format_table(cells: Sequence[Cell]) -> str:
 
 def _ours(repository: Path, stack: Any) -> tuple[EmbedFn, Callable[[], EmbedFn]]:
     """Start the embedded Triton with the fp32 ``embed`` ensemble and what it calls."""
+    from tritonforge import tasks
     from tritonforge.client.sync import EmbeddingClient
     from tritonforge.pipelines import from_repository
     from tritonforge.runtime.server import EmbeddedServer, ServerSettings
     from tritonforge.runtime.staged import calls
 
-    pipeline = next(p for p in from_repository(repository).values() if p.task == "embedding")
+    # the peer speaks OpenAI's embeddings API: ours is the pipeline served on /v1/embeddings
+    pipeline = next(
+        p for p in from_repository(repository).values() if tasks.get(p.task).openai_embeddings
+    )
     ensemble = pipeline.model("fp32")
     settings = ServerSettings.ephemeral(
         repository,

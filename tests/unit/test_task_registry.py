@@ -22,7 +22,11 @@ from tritonforge.errors import ModelConfigError
 
 TASK_FOLDERS = ("tritonforge/tasks/", "export/classifier/", "export/decoder/")
 # OpenAI's wire format names a field "embedding" (an object type and a key), not our task.
-WIRE_FORMAT = {"runtime/openai_responses.py": 2, "loadtest/locust/embed.py": 1}
+WIRE_FORMAT = {
+    "runtime/openai_responses.py": 2,
+    "loadtest/locust/embed.py": 1,
+    "loadtest/anchors/infinity.py": 1,
+}
 # Shared modules that still import a task package by name, and why (the rest reach tasks through
 # the registry). Shrink this list; never grow it.
 NAMED_TASK_IMPORTS = {

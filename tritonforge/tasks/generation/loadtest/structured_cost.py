@@ -3,7 +3,7 @@
 the grammar mask, logprobs (top 0 and 20), all together; rounds interleaved, next to one int8
 decode step of the served model for scale.
 
-``python -m tritonforge.loadtest.bench.structured_cost [--model-dir model_repository/generate]``"""
+``python -m tritonforge.tasks.generation.loadtest.structured_cost [--model-dir model_repository/generate]``"""
 
 from __future__ import annotations
 

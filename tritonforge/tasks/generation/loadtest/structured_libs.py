@@ -3,7 +3,7 @@ outlines-core, the tokenizer info built from the generate model's tokenizer.json
 compiled, then per token of a valid instance the mask computed, applied to a vocab-wide row of
 logits and the token accepted; rounds interleaved so a busy machine slows each library alike.
 
-``python -m tritonforge.loadtest.bench.structured_libs [--model-dir model_repository/generate/1]``"""
+``python -m tritonforge.tasks.generation.loadtest.structured_libs [--model-dir model_repository/generate/1]``"""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""The generation task's benches (loadtest layer)."""
