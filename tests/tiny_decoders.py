@@ -1,5 +1,5 @@
 """Tiny random-initialised causal LMs of each supported family, saved with ``save_pretrained``
-(no download): Llama, Qwen2, Gemma 3 (``Gemma3ForCausalLM``, text only) and Phi-3. 2 layers,
+(no download): Llama, Mistral, Qwen2, Qwen3, Gemma 3 (``Gemma3ForCausalLM``, text only) and Phi-3. 2 layers,
 hidden 64, grouped-query attention (4 heads, 2 KV heads, head dim 16).
 
 They share a byte-level BPE tokenizer trained here on the project's generation prompts, with
@@ -16,7 +16,7 @@ from typing import Any
 
 from tests.tiny_checkpoints import CORPUS
 
-FAMILIES = ("llama", "qwen2", "gemma3_text", "phi3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -66,13 +66,24 @@ def tokenizer(chat: bool = True) -> Any:
 
 
 def _config(family: str, vocab: int) -> Any:
-    from transformers import Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen2Config
+    from transformers import (
+        Gemma3TextConfig,
+        LlamaConfig,
+        MistralConfig,
+        Phi3Config,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     sizes = {**SIZES, "vocab_size": vocab}
     if family == "llama":
         return LlamaConfig(**sizes)
+    if family == "mistral":
+        return MistralConfig(**sizes)
     if family == "qwen2":
         return Qwen2Config(**sizes)
+    if family == "qwen3":
+        return Qwen3Config(**sizes)
     if family == "gemma3_text":
         # a sliding window shorter than the verification grid's sequences: local layers
         # really drop old columns (Gemma 3 alternates local and global attention)
