@@ -3,11 +3,14 @@
     python -m tritonforge.export minilm [--format onnx|torchscript|all] [--quantize int8]
                                         [--target cpu|gpu]
     python -m tritonforge.export --from-pretrained DIR --task embedding|classification [--name N]
+    python -m tritonforge.export --from-pretrained DIR | --gguf FILE --task generation --name N
     python -m tritonforge.export clean
 
 A registered spec or any Hugging Face checkpoint directory (config.json, safetensors,
 tokenizer.json) takes the same road: encoders exported and verified, then every config of the
 pipeline generated. Without --format/--quantize the spec's variants are exported (all three).
+A causal LM (--task generation: Llama, Mistral, Qwen2/3, Gemma 3, Phi-3) is served as N (the
+fastest variant through its gate; --quantize none: fp32 only) and N_fp32.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     known = ", ".join(sorted(REGISTRY))
     p.add_argument("spec", nargs="?", help=f"a registered spec ({known}) or 'clean'")
     p.add_argument("--from-pretrained", type=Path, metavar="DIR", help="a Hugging Face checkpoint")
-    p.add_argument("--task", choices=TASKS, help="with --from-pretrained: what to serve")
+    p.add_argument("--gguf", type=Path, metavar="FILE", help="a GGUF causal LM (--task generation)")
+    p.add_argument("--task", choices=[*TASKS, GENERATION], help="with a checkpoint: what to serve")
     p.add_argument("--name", help="with --from-pretrained: the pipeline's name (default: DIR's)")
     p.add_argument("--max-length", type=int, help="with --from-pretrained: tokens per text")
     p.add_argument("--format", choices=[*FORMATS, "all"], default=None)
@@ -64,10 +68,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     p.add_argument("--force", action="store_true", help="export even if the inputs are unchanged")
     args = p.parse_args(argv)
-    if (args.spec is None) == (args.from_pretrained is None):
-        p.error("give a registered spec, 'clean', or --from-pretrained DIR --task TASK")
-    if args.from_pretrained is not None and args.task is None:
-        p.error("--from-pretrained needs --task embedding|classification")
+    given = [a is not None for a in (args.spec, args.from_pretrained, args.gguf)]
+    if sum(given) != 1:
+        p.error("give one of: a registered spec, 'clean', --from-pretrained DIR, --gguf FILE")
+    if args.spec is None and args.task is None:
+        p.error(f"a checkpoint needs --task {'|'.join([*TASKS, GENERATION])}")
+    if args.gguf is not None and args.task != GENERATION:
+        p.error("--gguf takes --task generation (a causal LM)")
+    if args.task == GENERATION and args.name is None:
+        p.error("--task generation needs --name NAME (the served model's name)")
     return args
 
 
@@ -100,7 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.spec == "clean":
             _clean(args.model_repository)
-        elif args.spec is not None and get_entry(args.spec).task == GENERATION:
+        elif args.task == GENERATION or (
+            args.spec is not None and get_entry(args.spec).task == GENERATION
+        ):
             _export_decoder(args)
         else:
             _export_pipeline(args)
@@ -119,8 +130,14 @@ def _clean(repo: Path) -> None:
 def _export_decoder(args: argparse.Namespace) -> None:
     from tritonforge.export.decoder.steps import run_decoder_export
 
-    spec = get_decoder(args.spec)
-    int8 = args.quantize == "int8"
+    if args.spec is not None:
+        spec = get_decoder(args.spec)
+        int8 = args.quantize == "int8"
+    else:
+        from tritonforge.export.decoder.pretrained import decoder_from_pretrained
+
+        spec = decoder_from_pretrained(args.from_pretrained or args.gguf, args.name)
+        int8 = args.quantize != "none"  # int8 through its gate unless asked not to
     run_decoder_export(spec, args.model_repository, int8, args.force)
     # the served names (int8 may have failed its gate), which the export's report records
     served = int8_served(spec, args.model_repository, int8)

@@ -1,6 +1,6 @@
 """Any supported causal-LM family, end to end: tiny random Llama, Mistral, Qwen2, Qwen3,
 Gemma 3 and Phi-3 checkpoints (built here by transformers, tests/tiny_decoders.py) exported
-through the decoder export's own steps (logits on the grid, greedy fidelity, batch invariance;
+by ``tritonforge export --from-pretrained DIR --task generation`` (logits on the grid, greedy fidelity, batch invariance;
 int8 and its gate for one of them), served side by side by one embedded Triton, and their
 greedy output compared with transformers' ``generate`` on the same checkpoint over gRPC
 streaming, SSE and the OpenAI ``/v1`` routes. Qwen3's checkpoint has no chat template: it serves
@@ -42,16 +42,15 @@ def family_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
 def family_repository(
     tmp_path_factory: pytest.TempPathFactory, family_checkpoints: dict[str, Path]
 ) -> Path:
-    """Every tiny decoder exported into one repository (~20 s each)."""
-    from tritonforge.export.decoder.pretrained import decoder_from_pretrained
-    from tritonforge.export.decoder.steps import run_decoder_export
+    """Every tiny decoder exported into one repository by the CLI (~20 s each)."""
+    from tritonforge.export.cli import main
 
     repo = tmp_path_factory.mktemp("decoder_repo") / "model_repository"
     for family, directory in family_checkpoints.items():
-        spec = decoder_from_pretrained(
-            directory, served_name(family), fidelity_prompts=6, fidelity_new_tokens=16
-        )
-        run_decoder_export(spec, repo, int8=family == WITH_INT8, progress=lambda _: None)
+        argv = ["--from-pretrained", str(directory), "--task", "generation"]
+        argv += ["--name", served_name(family), "--model-repository", str(repo)]
+        code = main([*argv, "--quantize", "int8" if family == WITH_INT8 else "none"])
+        assert code == 0, f"export of the tiny {family} failed"
     return repo
 
 
@@ -98,7 +97,7 @@ def test_each_family_exports_verified(family_repository: Path, family: str) -> N
     assert report["family"] == family
     assert report["parity"]["fp32"]["worst"]["ratio"] <= 1.0
     fidelity = report["fidelity"]
-    assert fidelity["identical"] == fidelity["prompts"] == 6
+    assert fidelity["identical"] == fidelity["prompts"] > 0
     assert not fidelity["batching_invariance_differences"]
     meta = json.loads(
         (family_repository / _fp32_model(family) / "1" / "generation.json").read_text()

@@ -16,6 +16,7 @@ from tritonforge.generation import with_bos
 
 
 def _config_dir(tmp_path: Path, **config: object) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "config.json").write_text(json.dumps(config))
     return tmp_path
 
@@ -91,3 +92,39 @@ def test_bos_is_put_first_once() -> None:
     assert with_bos([1, 5], 1) == [1, 5]  # the template wrote it
     assert with_bos([5, 6], None) == [5, 6]  # the tokenizer adds none
     assert with_bos([], 1) == []  # an empty prompt stays empty (refused as such)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--gguf", "m.gguf", "--task", "embedding", "--name", "m"],
+            "--gguf takes --task generation",
+        ),
+        (["--gguf", "m.gguf", "--task", "generation"], "needs --name"),
+        (["--from-pretrained", "d", "--gguf", "m.gguf", "--task", "generation"], "give one of"),
+        (["--gguf", "m.gguf"], "needs --task"),
+    ],
+)
+def test_cli_checks_the_decoder_options(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tritonforge.export.cli import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_cli_refuses_an_unsupported_family_naming_the_supported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tritonforge.export.cli import main
+
+    d = _config_dir(tmp_path / "ckpt", model_type="gpt2", n_layer=1, n_embd=32, n_head=2)
+    repo = tmp_path / "repo"
+    argv = ["--from-pretrained", str(d), "--task", "generation", "--name", "mine"]
+    assert main([*argv, "--model-repository", str(repo)]) == 1
+    assert "'gpt2' is not a supported decoder family" in caplog.text
+    assert "gemma3_text (Gemma3ForCausalLM)" in caplog.text
+    assert not repo.exists()  # nothing written
