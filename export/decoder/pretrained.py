@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tritonforge.export.decoder import DATA_DIR
-from tritonforge.export.decoder.families import family_of
+from tritonforge.export.decoder.families import LOGITS_TOLERANCE, family_of
 from tritonforge.export.decoder.load import read_config
 from tritonforge.export.decoder.spec import DecoderSpec, GenerationServing
 from tritonforge.export.errors import SpecError
@@ -52,8 +52,11 @@ def decoder_from_pretrained(source: Path, name: str, **fields: object) -> Decode
         max_new_tokens_limit=min(defaults.max_new_tokens_limit, context // 2),
         default_max_new_tokens=min(defaults.default_max_new_tokens, context // 4),
     )
+    atol, rtol = LOGITS_TOLERANCE.get(family, (DecoderSpec.logits_atol, DecoderSpec.logits_rtol))
     spec = DecoderSpec(
         name=name,
+        logits_atol=atol,
+        logits_rtol=rtol,
         description=f"{family} decoder from {source.name}",
         source=source.resolve(),
         grid=GRID,

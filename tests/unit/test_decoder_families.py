@@ -128,3 +128,14 @@ def test_cli_refuses_an_unsupported_family_naming_the_supported(
     assert "'gpt2' is not a supported decoder family" in caplog.text
     assert "gemma3_text (Gemma3ForCausalLM)" in caplog.text
     assert not repo.exists()  # nothing written
+
+
+def test_a_family_tolerance_comes_from_the_families_table(tmp_path: Path) -> None:
+    from tritonforge.export.decoder.families import LOGITS_TOLERANCE
+
+    sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
+    gemma = _config_dir(tmp_path / "g", model_type="gemma3_text", **sizes)
+    llama = _config_dir(tmp_path / "l", model_type="llama", **sizes)
+    got = decoder_from_pretrained(gemma, "g")
+    assert (got.logits_atol, got.logits_rtol) == LOGITS_TOLERANCE["gemma3_text"]
+    assert decoder_from_pretrained(llama, "l").logits_atol == 1e-2  # the spec's default
