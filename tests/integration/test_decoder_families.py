@@ -44,13 +44,16 @@ def family_repository(
 ) -> Path:
     """Every tiny decoder exported into one repository by the CLI (~20 s each)."""
     from tritonforge.export.cli import main
+    from tritonforge.export.decoder import steps
 
     repo = tmp_path_factory.mktemp("decoder_repo") / "model_repository"
-    for family, directory in family_checkpoints.items():
-        argv = ["--from-pretrained", str(directory), "--task", "generation"]
-        argv += ["--name", served_name(family), "--model-repository", str(repo)]
-        code = main([*argv, "--quantize", "int8" if family == WITH_INT8 else "none"])
-        assert code == 0, f"export of the tiny {family} failed"
+    with pytest.MonkeyPatch.context() as mp:  # the references' cache, not the checkout's build/
+        mp.setattr(steps, "REFERENCE_CACHE", tmp_path_factory.mktemp("reference-cache"))
+        for family, directory in family_checkpoints.items():
+            argv = ["--from-pretrained", str(directory), "--task", "generation"]
+            argv += ["--name", served_name(family), "--model-repository", str(repo)]
+            code = main([*argv, "--quantize", "int8" if family == WITH_INT8 else "none"])
+            assert code == 0, f"export of the tiny {family} failed"
     return repo
 
 
