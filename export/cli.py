@@ -3,11 +3,14 @@
     python -m tritonforge.export minilm [--format onnx|torchscript|all] [--quantize int8]
                                         [--target cpu|gpu]
     python -m tritonforge.export --from-pretrained DIR --task embedding|classification [--name N]
+    python -m tritonforge.export --from-pretrained DIR | --gguf FILE --task generation --name N
     python -m tritonforge.export clean
 
 A registered spec or any Hugging Face checkpoint directory (config.json, safetensors,
 tokenizer.json) takes the same road: encoders exported and verified, then every config of the
 pipeline generated. Without --format/--quantize the spec's variants are exported (all three).
+A causal LM (--task generation: Llama, Mistral, Qwen2/3, Gemma 3, Phi-3) is served as N (the
+fastest variant through its gate; --quantize none: fp32 only) and N_fp32.
 """
 
 from __future__ import annotations
@@ -51,8 +54,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--from-onnx", type=Path, metavar="DIR", help="model.onnx + tokenizer.json (rerank)"
     )
-    p.add_argument("--task", choices=_servable(), help="with --from-*: what to serve")
-    p.add_argument("--name", help="with --from-*: the pipeline's name (default: DIR's)")
+    p.add_argument("--gguf", type=Path, metavar="FILE", help="a GGUF causal LM (--task generation)")
+    p.add_argument("--task", choices=tasks.names(), help="with a checkpoint: what to serve")
+    p.add_argument("--name", help="with a checkpoint: the served name (default: DIR's)")
     p.add_argument("--max-length", type=int, help="with --from-pretrained: tokens per text")
     p.add_argument("--format", choices=[*FORMATS, "all"], default=None)
     p.add_argument("--quantize", choices=["int8", "none"], default=None)
@@ -67,14 +71,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     p.add_argument("--force", action="store_true", help="export even if the inputs are unchanged")
     args = p.parse_args(argv)
-    given = [x for x in (args.spec, args.from_pretrained, args.from_onnx) if x is not None]
+    given = [
+        x for x in (args.spec, args.from_pretrained, args.from_onnx, args.gguf) if x is not None
+    ]
     if len(given) != 1:
-        p.error("give a registered spec, 'clean', --from-pretrained DIR or --from-onnx DIR")
-    directory = args.from_pretrained or args.from_onnx
-    if directory is not None and args.task is None:
-        p.error(f"--from-pretrained/--from-onnx need --task {'|'.join(_servable())}")
-    if args.from_onnx is not None and tasks.get(args.task).kind == tasks.PIPELINE:
+        p.error(
+            "give one of: a registered spec, 'clean', --from-pretrained DIR, --from-onnx DIR, "
+            "--gguf FILE"
+        )
+    if args.spec is None and args.task is None:
+        p.error(f"a checkpoint needs --task {'|'.join(tasks.names())}")
+    generators = tasks.names(tasks.GENERATOR)
+    if args.gguf is not None and args.task not in generators:
+        p.error(f"--gguf takes --task {'|'.join(generators)} (a causal LM)")
+    if args.from_onnx is not None and args.task not in _own_kinds():
         p.error(f"--from-onnx serves a task of its own kind: {_own_kinds()}")
+    if args.task in generators and args.name is None:
+        p.error(f"--task {args.task} needs --name NAME (the served model's name)")
     return args
 
 
@@ -115,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.spec == "clean":
             _clean(args.model_repository)
-        elif args.spec is not None and _kind(args.spec) == tasks.GENERATOR:
+        elif _generator(args):
             _export_decoder(args)
         elif args.spec is not None and _kind(args.spec) != tasks.PIPELINE:
             _export_own_kind(args)
@@ -131,6 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _kind(spec: str) -> str:
     return tasks.get(get_entry(spec).task).kind
+
+
+def _generator(args: argparse.Namespace) -> bool:
+    """A decoder export: a registered decoder spec, or a checkpoint given with a generator task."""
+    if args.spec is not None:
+        return _kind(args.spec) == tasks.GENERATOR
+    return tasks.get(args.task).kind == tasks.GENERATOR
 
 
 def _export_own_kind(args: argparse.Namespace) -> None:
@@ -164,8 +184,14 @@ def _clean(repo: Path) -> None:
 def _export_decoder(args: argparse.Namespace) -> None:
     from tritonforge.export.decoder.steps import run_decoder_export
 
-    spec = get_decoder(args.spec)
-    int8 = args.quantize == "int8"
+    if args.spec is not None:
+        spec = get_decoder(args.spec)
+        int8 = args.quantize == "int8"
+    else:
+        from tritonforge.export.decoder.pretrained import decoder_from_pretrained
+
+        spec = decoder_from_pretrained(args.from_pretrained or args.gguf, args.name)
+        int8 = args.quantize != "none"  # int8 through its gate unless asked not to
     run_decoder_export(spec, args.model_repository, int8, args.force)
     # the served names (int8 may have failed its gate), which the export's report records
     served = int8_served(spec, args.model_repository, int8)

@@ -134,8 +134,9 @@ def run(name: str, rest: list[str]) -> int:
     install_models = INSTALL_FLAG in rest and name in ("export", "serve", "demo")
     if install_models:
         rest.remove(INSTALL_FLAG)
-    named = any(not a.startswith("-") for a in rest[:1])
-    named = named or any(a in rest for a in ("--from-pretrained", "--from-onnx"))
+    named = any(not a.startswith("-") for a in rest[:1]) or bool(
+        {"--from-pretrained", "--from-onnx", "--gguf"} & {*rest}
+    )
     if name == "export" and not named:
         return export_defaults(rest, install_models)
     prepared = command.prepared(rest, install_models)

@@ -14,7 +14,7 @@ import numpy as np
 
 from tritonforge.decoder import OrtDecoder
 from tritonforge.errors import InvalidInputError
-from tritonforge.generation import check_variant, render_prompt
+from tritonforge.generation import check_variant, render_prompt, with_bos
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import VARIANT_KEY, VARIANT_PARAMETER
@@ -51,6 +51,8 @@ class GenerateEngine:
         meta = json.loads(meta_path.read_text())
         self.chat_template: str | None = meta.get("chat_template")
         self.eos_ids: list[int] = list(meta["eos_token_ids"])
+        # the bos the checkpoint's tokenizer puts first in every prompt (None: none)
+        self.prompt_bos: int | None = meta.get("prompt_bos_token_id")
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         # ONNX Runtime session entries from the config (``session.*`` parameters), as the
         # encoders' backend passes them.
@@ -81,7 +83,7 @@ class GenerateEngine:
         """Token ids of the prompt; :class:`InvalidInputError` naming ``text_input`` when it is
         empty or longer than ``max_prompt_tokens``."""
         prompt = render_prompt(text, self.chat_template, chat_template)
-        ids = list(self.tokenizer.encode(prompt, add_special_tokens=False).ids)
+        ids = with_bos(self.tokenizer.encode(prompt, add_special_tokens=False).ids, self.prompt_bos)
         if not ids:
             raise InvalidInputError("text_input: the prompt is empty")
         if len(ids) > self.limits.max_prompt_tokens:

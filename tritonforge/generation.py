@@ -62,6 +62,7 @@ __all__ = [
     "render_prompt",
     "sample_next",
     "stop_split",
+    "with_bos",
 ]
 
 # Field names of the Triton generate convention (vLLM / TensorRT-LLM backends, genai-perf).
@@ -91,6 +92,15 @@ def render_prompt(text: str, template: str | None, use_template: bool) -> str:
     if not use_template or not template:
         return text
     return render_chat([{"role": "user", "content": text}], template)
+
+
+def with_bos(ids: list[int], bos_id: int | None) -> list[int]:
+    """``ids`` starting with ``bos_id`` (the checkpoint's tokenizer adds it to every prompt;
+    None: it adds nothing), unless they already do (a chat template that writes it) or are
+    empty."""
+    if bos_id is None or not ids or ids[0] == bos_id:
+        return ids
+    return [bos_id, *ids]
 
 
 def render_chat(messages: Sequence[Mapping[str, str]], template: str) -> str:

