@@ -118,11 +118,10 @@ class Chaos:
             grpc_client, http_client = self._clients()
             try:
                 if n % 2:
-                    tensor = text_tensor(grpcclient, target.input, text, target.config.batched)
-                    grpc_client.infer(target.model, [tensor], client_timeout=self.timeout_s)
+                    tensors = target.tensors(grpcclient, text)
+                    grpc_client.infer(target.model, tensors, client_timeout=self.timeout_s)
                 else:
-                    tensor = text_tensor(httpclient, target.input, text, target.config.batched)
-                    http_client.infer(target.model, [tensor])
+                    http_client.infer(target.model, target.tensors(httpclient, text))
             except Exception as e:  # every failure is classified below
                 status = getattr(e, "status", lambda: None)()
                 error = f"{type(e).__name__}: {status or ''} {e}"[:300]

@@ -155,6 +155,13 @@ class Target:
     model: str
     config: ModelConfig
     input: str
+    inputs: tuple[str, ...] = ()
+    """Every required text input (a pair task has two); ``input`` is the first."""
+
+    def tensors(self, module: Any, text: str) -> list[Any]:
+        """One tensor per required text input, each holding ``text``."""
+        batched = self.config.batched
+        return [text_tensor(module, name, text, batched) for name in self.inputs or (self.input,)]
 
     @property
     def decoupled(self) -> bool:
@@ -167,9 +174,7 @@ def targets(repository: Path, models: Iterable[str]) -> list[Target]:
     out = []
     for model in models:
         config = load_model_config(repository, model)
-        text_input = next(
-            (s.name for s in config.inputs if not s.optional and s.wire_dtype == "BYTES"), None
-        )
-        if text_input is not None:
-            out.append(Target(owner.get(model, model), model, config, text_input))
+        texts = tuple(s.name for s in config.inputs if not s.optional and s.wire_dtype == "BYTES")
+        if texts:
+            out.append(Target(owner.get(model, model), model, config, texts[0], texts))
     return out
