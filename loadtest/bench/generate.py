@@ -226,21 +226,29 @@ def client_stream(
     return stream
 
 
-def openai_stream(url: str, model: str, timeout_s: float = 300) -> StreamFn:
-    """Chat completions streamed from ``/v1`` (the key from $TRITONFORGE_OPENAI_API_KEY)."""
+def has_chat_template(model_dir: Path) -> bool:
+    """Whether the served decoder renders chats (its ``generation.json`` holds a template); one
+    without (a base model) answers ``/v1/completions`` only."""
+    meta = json.loads((model_dir / "1" / "generation.json").read_text())
+    return bool(meta.get("chat_template"))
+
+
+def openai_stream(url: str, model: str, chat: bool = True, timeout_s: float = 300) -> StreamFn:
+    """Chat completions (or, ``chat=False``, completions) streamed from ``/v1`` (the key from
+    $TRITONFORGE_OPENAI_API_KEY)."""
     import requests
 
     key = os.environ.get("TRITONFORGE_OPENAI_API_KEY") or "none"
+    route = "chat/completions" if chat else "completions"
 
     def stream(prompt: str, max_tokens: int) -> Iterator[str]:
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens,
-            "stream": True,
-        }
+        body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": True}
+        if chat:
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
         with requests.post(
-            f"http://{url}/v1/chat/completions",
+            f"http://{url}/v1/{route}",
             json=body,
             headers={"Authorization": f"Bearer {key}"},
             stream=True,
@@ -253,7 +261,7 @@ def openai_stream(url: str, model: str, timeout_s: float = 300) -> StreamFn:
                     if "error" in event:
                         raise StreamError(str(event["error"]))
                     for choice in event.get("choices", []):
-                        text = (choice.get("delta") or {}).get("content")
+                        text = (choice.get("delta") or {}).get("content") or choice.get("text")
                         if text:
                             yield text
 
@@ -388,7 +396,8 @@ def _measure_served(
             for v, model in zip(variants, models, strict=True):
                 measure(f"triton {v}", client_stream(server.grpc_url, "grpc", model=model), rnd)
         if "triton-v1" not in args.skip:
-            measure("triton-v1", openai_stream(server.http_url, model_dir.name))
+            chat = has_chat_template(model_dir)
+            measure("triton-v1", openai_stream(server.http_url, model_dir.name, chat))
     finally:
         server.stop()
 
