@@ -8,7 +8,7 @@ from tritonforge.runtime.errors import (
     ServerNotFoundError,
     ServerStartError,
 )
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
 
 __all__ = [
     "EmbeddedServer",

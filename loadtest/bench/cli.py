@@ -62,7 +62,7 @@ from tritonforge.loadtest.locust.run import exit_on_sigterm
 from tritonforge.logs import run_main
 from tritonforge.pipelines import Pipeline
 from tritonforge.progress import Bar
-from tritonforge.runtime.server import ADMIN_HEADER, serving
+from tritonforge.runtime.launcher.server import ADMIN_HEADER, serving
 from tritonforge.tasks import embedding
 
 log = logging.getLogger(__name__)

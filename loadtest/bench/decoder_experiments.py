@@ -288,7 +288,7 @@ def served_spinning(repo: Path, work: Path, rounds: int, max_tokens: int) -> dic
 
     from tritonforge.loadtest.bench.generate import client_stream, median_cells, run_cell
     from tritonforge.pipelines import generator_from_repository
-    from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+    from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
 
     src = repo / generator_from_repository(repo).model("int8")
     tmp = work / "served-spinning"

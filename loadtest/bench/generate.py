@@ -33,7 +33,7 @@ from tritonforge.loadtest.errors import StreamError
 from tritonforge.logs import run_main
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.progress import Bar
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from tritonforge.logs import run_main
 from tritonforge.ort_options import session_options
 from tritonforge.pipelines import Pipeline
 from tritonforge.repository import load_model_config
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
 from tritonforge.text import TextTokenizer, served_tokenizer
 
 log = logging.getLogger(__name__)

@@ -43,8 +43,8 @@ from tritonforge.loadtest.reliability.chaos.probes import (
 )
 from tritonforge.logs import run_main
 from tritonforge.ort_options import session_options
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.supervisor import Supervisor, callees
+from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.supervisor.supervisor import Supervisor, callees
 
 
 class TimedSupervisor(Supervisor):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests import tiny_checkpoints
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from tritonforge.client import (
     EmbeddingClient,
     InvalidRequestError,
 )
-from tritonforge.runtime.server import EmbeddedServer, free_port
+from tritonforge.runtime.launcher.server import EmbeddedServer, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ import requests
 
 from tests import tiny_decoders
 from tritonforge.client.generate import GenerateClient
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
 
 pytestmark = pytest.mark.integration
 FAMILIES = tiny_decoders.FAMILIES

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PROJECT_ROOT
-from tritonforge.runtime.server import EmbeddedServer, free_port
+from tritonforge.runtime.launcher.server import EmbeddedServer, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ import urllib.request
 import grpc
 import pytest
 
-from tritonforge.runtime.server import EmbeddedServer, free_port
+from tritonforge.runtime.launcher.server import EmbeddedServer, free_port
 
 pytestmark = pytest.mark.integration
 CHECK = "/grpc.health.v1.Health/Check"

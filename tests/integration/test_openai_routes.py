@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from tests import tiny_checkpoints
 from tritonforge.generation import render_chat
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.integration

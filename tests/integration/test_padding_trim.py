@@ -14,7 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tritonforge.integrity import write_sidecar
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,13 @@ from tritonclient.utils import InferenceServerException
 from tests.conftest import PROJECT_ROOT
 from tests.integration.reliability import MINIMAL, Load, Outcome, linked_repository, text_inputs
 from tritonforge.runtime.errors import ModelLoadError
-from tritonforge.runtime.server import ADMIN_HEADER, EmbeddedServer, ServerSettings, free_port
-from tritonforge.runtime.supervisor import Supervisor
+from tritonforge.runtime.launcher.server import (
+    ADMIN_HEADER,
+    EmbeddedServer,
+    ServerSettings,
+    free_port,
+)
+from tritonforge.runtime.supervisor.supervisor import Supervisor
 
 pytestmark = pytest.mark.integration
 

@@ -32,8 +32,8 @@ from tritonforge.loadtest.reliability.chaos.outcomes import OK
 from tritonforge.loadtest.reliability.chaos.probes import stream_once
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.supervisor import Backoff, Supervisor, public_models
+from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.supervisor.supervisor import Backoff, Supervisor, public_models
 
 pytestmark = pytest.mark.integration
 

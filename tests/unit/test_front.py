@@ -12,9 +12,9 @@ import pytest
 
 from tests.integration.reliability import gzip_bomb
 from tritonforge.errors import InvalidInputError
-from tritonforge.runtime.cli import main as cli_main
+from tritonforge.runtime.cli.main import main as cli_main
 from tritonforge.runtime.errors import FrontError
-from tritonforge.runtime.front import (
+from tritonforge.runtime.front.app import (
     GRPC_RESTRICTED,
     HTTP_RESTRICTED,
     MAX_ELEMENTS,

@@ -34,8 +34,8 @@ from tritonforge.loadtest.reliability.chaos.probes import (
     text_tensor,
 )
 from tritonforge.pipelines import from_repository
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.supervisor import (
+from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.supervisor.supervisor import (
     OVERLOADED,
     Supervisor,
     callees,

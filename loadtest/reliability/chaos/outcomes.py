@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tritonforge.runtime.supervisor import (
+from tritonforge.runtime.supervisor.supervisor import (
     OVERLOADED,
     classify_failure,
 )
