@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"

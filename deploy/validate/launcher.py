@@ -72,7 +72,7 @@ def front_findings(
     same_volume: Callable[[str], bool] | None = None,
 ) -> list[str]:
     """What the front before tritonserver needs in a container deployment: Triton's HTTP/gRPC on
-    ``unix:`` sockets in the front's ``--socket-dir`` (runtime.front.app.triton_listen_args), that
+    ``unix:`` sockets in the front's ``--socket-dir`` (runtime.front.settings.triton_listen_args), that
     directory a volume both containers mount (``shared(dir)``), the admin key from the front's
     environment and not on any command line, no restricted flags on Triton; Triton's
     ``--model-repository`` given to the front too and mounted there from the same volume
@@ -80,7 +80,7 @@ def front_findings(
     it: without it ``/v1`` is off), and ``--traced=true`` when Triton exports OpenTelemetry
     spans (the front then gives each traced gRPC call its own upstream connection:
     ``GrpcFront.unary_channel``)."""
-    from tritonforge.runtime.front.app import triton_listen_args
+    from tritonforge.runtime.front.settings import triton_listen_args
     from tritonforge.runtime.launcher.tracing import tracing_enabled
 
     args = front_args(front_command)
@@ -97,7 +97,7 @@ def front_findings(
         if have.get(name) != value:
             out.append(
                 f"{where}: tritonserver needs {want} (Unix sockets in the front's --socket-dir, "
-                "runtime.front.app.triton_listen_args)"
+                "runtime.front.settings.triton_listen_args)"
             )
     if not shared(socket_dir):
         out.append(f"{where}: {socket_dir} must be one volume mounted by both triton and the front")

@@ -16,13 +16,13 @@ from tritonforge import tasks
 from tritonforge.client.sync import EmbeddingClient
 from tritonforge.env import env_float
 from tritonforge.pipelines import Pipeline
-from tritonforge.runtime.launcher.server import EmbeddedServer
+from tritonforge.runtime.launcher.server import TritonLauncher
 
 TIMEOUT_S = env_float("TRITONFORGE_DEMO_TIMEOUT_S", 60.0)
 
 
 def demo_client(
-    server: EmbeddedServer, protocol: str, pipeline: str = "ensemble"
+    server: TritonLauncher, protocol: str, pipeline: str = "ensemble"
 ) -> EmbeddingClient:
     """A typed client for ``server`` that may read its configs (the admin key) to discover."""
     url = server.http_url if protocol == "http" else server.grpc_url
@@ -35,7 +35,7 @@ GENERATE_PROMPT = "In one sentence, what is an inference server?"
 GENERATE_MODEL = "generate"
 
 
-def stream_answer(server: EmbeddedServer, prompt: str = GENERATE_PROMPT) -> str:
+def stream_answer(server: TritonLauncher, prompt: str = GENERATE_PROMPT) -> str:
     """Stream a greedy answer from the ``generate`` model over gRPC, printing chunks as they
     arrive; returns the text."""
     from tritonforge.client.generate import GenerateClient
@@ -52,13 +52,13 @@ def stream_answer(server: EmbeddedServer, prompt: str = GENERATE_PROMPT) -> str:
     return "".join(parts)
 
 
-def show(server: EmbeddedServer, pipeline: Pipeline) -> None:
+def show(server: TritonLauncher, pipeline: Pipeline) -> None:
     """``pipeline`` answering, as its task's client shows it (``tasks/<task>/client.py``)."""
     show_pipeline = tasks.get(pipeline.task).module("client").show
     show_pipeline(partial(demo_client, server), pipeline, print)
 
 
-def run_demo(server: EmbeddedServer, only: Collection[str] | None = None) -> None:
+def run_demo(server: TritonLauncher, only: Collection[str] | None = None) -> None:
     """Every discovered pipeline answering (embeddings, then classifiers), then generation;
     with ``only``, just the pipelines (and the generation model) named there."""
     if only is not None and not only:

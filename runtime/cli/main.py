@@ -14,7 +14,8 @@ from pathlib import Path
 from types import FrameType
 
 from tritonforge.env import env_int
-from tritonforge.runtime.cli.serve_setup import prepare_args
+from tritonforge.headers import ADMIN_HEADER, GRPC_ADMIN_HEADER
+from tritonforge.runtime.cli.serve_setup import DEFAULT_REPOSITORY, prepare_args
 from tritonforge.runtime.cli.staged import (
     BackgroundExports,
     ExportJob,
@@ -23,16 +24,12 @@ from tritonforge.runtime.cli.staged import (
 )
 from tritonforge.runtime.errors import EmbeddedServerError, ServerStartError
 from tritonforge.runtime.launcher.cache import CACHE_ENV, DEFAULT_CACHE_BYTES, cache_args
-from tritonforge.runtime.launcher.server import (
-    ADMIN_HEADER,
-    GRPC_ADMIN_HEADER,
-    EmbeddedServer,
-    ServerSettings,
-)
+from tritonforge.runtime.launcher.settings import ServerSettings
 from tritonforge.runtime.launcher.tracing import TRACE_ENV, TRACE_RATE_ENV, trace_args
-from tritonforge.runtime.supervisor.supervisor import HealthEndpoint, Supervisor
+from tritonforge.runtime.serving import EmbeddedServer
+from tritonforge.runtime.supervisor.health import HealthEndpoint
+from tritonforge.runtime.supervisor.supervisor import Supervisor
 
-DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_REPOSITORY", "main", "prepare_args"]  # prepare_args: tritonforge.cli's hook

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_repository"))
 SERVING = ("serve", "demo")
 """The subcommands (the first word of a command's prefix) that export in the background."""
 
@@ -30,7 +32,6 @@ def repository_args(rest: Sequence[str]) -> list[str]:
 
 def needs_export(rest: Sequence[str]) -> bool:
     """True when the model repository does not lint clean (e.g. a fresh clone: no encoders)."""
-    from tritonforge.runtime.cli.main import DEFAULT_REPOSITORY
     from tritonforge.runtime.launcher.lint import lint_repository
 
     repo = repository_args(rest)

@@ -35,7 +35,7 @@ from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config, referenced_models
 from tritonforge.runtime.errors import EmbeddedServerError
 from tritonforge.runtime.launcher.lint import lint_by_model
-from tritonforge.runtime.launcher.server import EmbeddedServer
+from tritonforge.runtime.launcher.server import TritonLauncher
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class BackgroundExports:
 
     def __init__(
         self,
-        server: EmbeddedServer,
+        server: TritonLauncher,
         jobs: Sequence[ExportJob],
         loaded: Iterable[str] = (),
         on_up: UpCallback | None = None,

@@ -44,35 +44,17 @@ from aiohttp import web
 
 from tritonforge.env import env_int
 from tritonforge.headers import ADMIN_HEADER, GRPC_ADMIN_HEADER
-from tritonforge.runtime.errors import FrontError, ServerStartError
-from tritonforge.runtime.front.body import (
-    MAX_ELEMENTS,
-    apply_version_header,
-    check_infer_message,
-    check_json_shapes,
-    check_shape,
-    inflate,
-    json_depth,
-)
+from tritonforge.runtime.errors import ServerStartError
 from tritonforge.runtime.front.grpc import (
-    GRPC_INFER,
-    GRPC_RESTRICTED,
-    GRPC_SERVICE,
-    GRPC_STREAMING,
-    TRACEPARENT_KEY,
     GrpcFront,
 )
 from tritonforge.runtime.front.guard import (
-    VERSION_HEADER,
     Admission,
     ServerErrorLog,
     ThrottledLog,
 )
 from tritonforge.runtime.front.http import (
-    HOP_BY_HOP,
-    HTTP_RESTRICTED,
     SHUTTING_DOWN,
-    STREAM_PATH_SUFFIX,
     HttpFront,
 )
 from tritonforge.runtime.front.settings import (
@@ -81,49 +63,14 @@ from tritonforge.runtime.front.settings import (
     grpc_target,
     http_socket,
     openai_settings,
-    triton_listen_args,
 )
-from tritonforge.runtime.front.sse import sse_event
 from tritonforge.runtime.tenants.gate import TenantGate
 from tritonforge.runtime.tenants.grpc import TENANT_METADATA, admit_call
 from tritonforge.runtime.tenants.http import TenantHttp
 
 if TYPE_CHECKING:
-    from tritonforge.runtime.front.openai.app import OpenAISettings
+    from tritonforge.runtime.front.settings import OpenAISettings
 
-# Re-exported: callers import these from here (the pieces live in front_body, front_grpc,
-# front_guard, front_http and front_settings).
-__all__ = [
-    "GRPC_INFER",
-    "GRPC_RESTRICTED",
-    "GRPC_SERVICE",
-    "GRPC_STREAMING",
-    "HOP_BY_HOP",
-    "HTTP_RESTRICTED",
-    "MAX_ELEMENTS",
-    "OPENAI_KEY_ENV",
-    "SHUTTING_DOWN",
-    "STREAM_PATH_SUFFIX",
-    "TRACEPARENT_KEY",
-    "VERSION_HEADER",
-    "Front",
-    "FrontError",
-    "FrontLimits",
-    "GrpcFront",
-    "HttpFront",
-    "apply_version_header",
-    "check_infer_message",
-    "check_json_shapes",
-    "check_shape",
-    "grpc_target",
-    "http_socket",
-    "inflate",
-    "json_depth",
-    "main",
-    "openai_settings",
-    "sse_event",
-    "triton_listen_args",
-]
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,6 @@ over Triton's gRPC (:mod:`runtime.front.sse`), so open streams hold no Triton HT
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
@@ -20,9 +19,7 @@ import grpc
 from aiohttp import web
 
 from tritonforge.runtime.errors import FrontError
-from tritonforge.runtime.front import degrade_headers, stream_end
-from tritonforge.runtime.front import sse as front_sse
-from tritonforge.runtime.front import stream as front_stream
+from tritonforge.runtime.front import degrade_headers, sse_relay
 from tritonforge.runtime.front.body import (
     INFLATE_WBITS,
     add_parameters,
@@ -32,7 +29,7 @@ from tritonforge.runtime.front.body import (
     json_depth,
     json_has_version,
 )
-from tritonforge.runtime.front.grpc import TRACEPARENT_KEY
+from tritonforge.runtime.front.capacity import StreamCapacity
 from tritonforge.runtime.front.guard import (
     LENGTH_HEADER,
     VERSION_HEADER,
@@ -43,12 +40,12 @@ from tritonforge.runtime.front.guard import (
     admin_ok,
     check_model_name,
     parse_header_length,
-    parse_version,
     shown,
-    stream_capacities,
 )
 from tritonforge.runtime.front.settings import FrontLimits
 from tritonforge.runtime.front.sse import sse_event
+from tritonforge.runtime.front.sse_relay import DRAIN_NOT_FOUND
+from tritonforge.runtime.front.sse_relay import unavailable as _unavailable
 
 __all__ = ["HOP_BY_HOP", "HTTP_RESTRICTED", "STREAM_PATH_SUFFIX", "HttpFront", "sse_event"]
 
@@ -78,14 +75,6 @@ STREAM_PATH_SUFFIX = "/generate_stream"
 GENERATE_PATH_SUFFIX = "/generate"
 PIN_POLICY_TTL_S = 30.0
 SHUTTING_DOWN = "the server is shutting down"
-_DRAIN_NOT_FOUND = ("has no available versions", "unknown model", "is not found")
-
-
-def _model_and_version(path: str) -> tuple[str, str]:
-    """``(model, version)`` of a ``/v2/models/<name>[/versions/<v>]/...`` path ("" when none)."""
-    parts = path.split("/")
-    version = parts[5] if len(parts) > 6 and parts[4] == "versions" else ""
-    return parts[3], version
 
 
 def _model_of(path: str) -> str | None:
@@ -124,8 +113,11 @@ class HttpFront:
         self._closing: set[asyncio.Task[None]] = set()
         self._pins: tuple[Path, float, PinPolicy] | None = None
         self._pins_lock: asyncio.Lock | None = None
-        self._capacity_socket: Path | None = None
-        self._capacity_known: set[str] = set()
+        admin = {admin_header: admin_key} if admin_key else {}
+        # each model's stream bound, read once from its served config (the relays' admission)
+        self.stream_capacity = StreamCapacity(
+            self.admission, upstream_socket, self.session, admin, limits.queue_timeout_s
+        )
 
     def session(self, pool: str = "short") -> aiohttp.ClientSession:
         """The upstream session (short requests; streams go over gRPC), reopened after a
@@ -187,34 +179,6 @@ class HttpFront:
         policy = PinPolicy.from_configs(configs)
         self._pins = (key, now, policy)
         return policy
-
-    async def stream_capacity(self, model: str) -> None:
-        """Read ``model``'s stream bound (:func:`stream_capacities`) from its served config,
-        once per model and upstream (a restart reads it again): one config read the first time
-        a stream goes to it, none after."""
-        key = self.upstream_socket()
-        if self._capacity_socket != key:
-            self._capacity_socket, self._capacity_known = key, set()
-            self.admission.capacities = {}
-        if model in self._capacity_known:
-            return
-        headers = {self.admin_header: self.admin_key} if self.admin_key else {}
-        timeout = aiohttp.ClientTimeout(total=self.limits.queue_timeout_s)
-        try:
-            async with self.session().get(
-                f"http://triton/v2/models/{urllib.parse.quote(model)}/config",
-                headers=headers,
-                timeout=timeout,
-            ) as resp:
-                if resp.status != 200:
-                    return  # unknown or not loaded: max_open_streams until it is
-                config = await resp.json(content_type=None)
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
-            return
-        capacity = stream_capacities([config]).get(model)
-        if capacity is not None:
-            self.admission.capacities[model] = capacity
-        self._capacity_known.add(model)
 
     async def check_pin(self, model: str, field: str) -> None:
         """400 naming ``field`` when ``model`` cannot pin a version (see :class:`PinPolicy`)."""
@@ -305,7 +269,7 @@ class HttpFront:
             await self._check_pins(request, model, body)
         body, headers = _with_parameters(request, body, headers)
         if request.path.endswith(STREAM_PATH_SUFFIX):
-            return await self._forward_stream(request, headers, body)
+            return await sse_relay.forward_stream(self, request, headers, body)
         self.admission.short += 1
         try:
             if model is not None and request.path.endswith(GENERATE_PATH_SUFFIX):
@@ -412,7 +376,7 @@ class HttpFront:
                 if (
                     self.admission.draining is not None
                     and upstream.status >= 400
-                    and any(m in data.decode("utf-8", "replace") for m in _DRAIN_NOT_FOUND)
+                    and any(m in data.decode("utf-8", "replace") for m in DRAIN_NOT_FOUND)
                 ):
                     return _unavailable(f"{self.admission.draining}; retry later")
                 return web.Response(status=upstream.status, headers=out_headers, body=data)
@@ -420,148 +384,6 @@ class HttpFront:
             return _unavailable(self.timeout_message())
         except (aiohttp.ClientError, OSError) as e:
             return _unavailable(f"tritonserver not reachable (restarting?): {type(e).__name__}")
-
-    async def _forward_stream(
-        self, request: web.BaseRequest, headers: dict[str, str], body: bytes
-    ) -> web.StreamResponse:
-        """A ``generate_stream`` SSE stream, served by the front itself over Triton's gRPC
-        (:mod:`runtime.front.sse`: Triton's request mapping and wire format), holding one of its
-        model's stream slots (:class:`Admission`): no Triton HTTP thread and no short-request
-        connection is held while it streams. A client that goes away cancels the gRPC call at
-        once (Triton cancels the request, the decode loop frees its slot at the next step); on
-        drain or :meth:`Admission.end_streams` the stream ends with an ``error`` event saying
-        why."""
-        model, version = _model_and_version(request.path)
-        if request.method != "POST":
-            return web.json_response({"error": "Method Not Allowed"}, status=405)
-        if self.grpc_channel is None:
-            return _unavailable("generate_stream needs the front's gRPC upstream")
-        await self.stream_capacity(model)
-        ended: list[str] = []
-        calls: list[Any] = []
-        answered = [False]  # the final response came: the call is left to close
-
-        def end(reason: str) -> None:
-            ended.append(reason)
-            for call in calls:
-                call.cancel()
-
-        token = self.admission.open_stream(end, model)
-        if token is None:
-            return _unavailable(self.admission.full_message(model))
-        try:
-            version = await self._stream_version(request, model, version)
-            channel = self.grpc_channel()
-            try:
-                inputs = await front_stream.model_inputs(
-                    channel, model, version, self.limits.queue_timeout_s
-                )
-            except grpc.aio.AioRpcError as e:
-                return self._grpc_refusal(e)
-            try:
-                message = front_sse.infer_request(model, version, _json(body), inputs)
-            except FrontError as e:
-                return _triton_error(e.status, str(e))
-            trace = [(k.lower(), v) for k, v in headers.items() if k.lower() == TRACEPARENT_KEY]
-            call = front_stream.start_stream(channel, message, trace)
-            calls.append(call)
-            if ended:  # ended while it was being set up
-                call.cancel()
-            return await self._relay_sse(request, call, ended, answered)
-        finally:
-            for call in calls:
-                # a client gone or a failure: Triton cancels; answered: it closes the call
-                stream_end.end_call(call, answered[0] and not ended)
-            self.admission.close_stream(token)
-
-    async def _stream_version(self, request: web.BaseRequest, model: str, version: str) -> str:
-        """The version to stream from: the path's, else an ``X-Model-Version`` the model can
-        pin (400 where it cannot, as on ``/infer``)."""
-        pinned = request.headers.get(VERSION_HEADER)
-        if pinned is None:
-            return version
-        parse_version(pinned, VERSION_HEADER)
-        await self.check_pin(model, VERSION_HEADER)
-        return version or pinned.strip()
-
-    def _grpc_refusal(self, e: grpc.aio.AioRpcError) -> web.Response:
-        """A refusal before the stream began, as Triton's HTTP endpoint answers it."""
-        code, details = e.code(), e.details() or ""
-        if code == grpc.StatusCode.UNAVAILABLE or code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED or "connect" in details.lower():
-                details = "tritonserver not reachable (restarting?)"
-            return _unavailable(details)
-        if self.admission.draining is not None and any(m in details for m in _DRAIN_NOT_FOUND):
-            return _unavailable(f"{self.admission.draining}; retry later")
-        return _triton_error(_TRITON_HTTP_STATUS.get(code, 400), details)
-
-    async def _relay_sse(
-        self, request: web.BaseRequest, call: Any, ended: list[str], answered: list[bool]
-    ) -> web.StreamResponse:
-        """Write ``call``'s responses as Triton's SSE events; the status is the first one's.
-        ``answered[0]`` becomes true once the request's final response came."""
-        watcher = asyncio.get_running_loop().create_task(_watch_client(request, call, answered))
-        response: web.StreamResponse | None = None
-        timeout_s = self.limits.request_timeout_s
-        try:
-            while True:
-                event, last = b"", False
-                try:
-                    message = await front_stream.next_response(call, timeout_s)
-                except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if task is not None and task.cancelling():
-                        raise
-                    if _client_gone(request):  # the watcher cancelled the call: nobody to tell
-                        return response or web.Response(status=499)
-                    reason = ended[0] if ended else "the stream was cancelled"
-                    event, last = front_sse.error_event(f"{reason}: stream ended"), True
-                except TimeoutError:
-                    silent = f"no output from tritonserver within request_timeout_s={timeout_s:g}"
-                    if response is None:
-                        return _unavailable(silent)
-                    event, last = front_sse.error_event(f"{silent}: stream ended"), True
-                except grpc.aio.AioRpcError as e:
-                    if response is None:
-                        return self._grpc_refusal(e)
-                    reason = ended[0] if ended else "tritonserver closed the stream (restarting?)"
-                    event, last = front_sse.error_event(f"{reason}: stream ended"), True
-                else:
-                    if message is None:
-                        break
-                    if message.error_message:
-                        event = front_sse.error_event(message.error_message)
-                    else:
-                        event = front_sse.response_event(message.infer_response) or b""
-                        last = answered[0] = stream_end.is_final(message)
-                if response is None:
-                    if not event:
-                        if last:
-                            break
-                        continue
-                    status = 200
-                    if event.startswith(b'data: {"error"'):
-                        status = front_stream.in_stream_status(event.decode("utf-8", "replace"))
-                        status = 400 if status == 499 else status
-                    headers = front_sse.stream_headers(status, event)
-                    response = web.StreamResponse(status=status, headers=headers)
-                    await response.prepare(request)
-                if event:
-                    await response.write(event)
-                if last:
-                    break
-            if response is None:  # ended without a response: Triton answered an empty 200
-                response = web.StreamResponse(
-                    status=200, headers={"Content-Type": front_sse.CONTENT_TYPE}
-                )
-                await response.prepare(request)
-            await response.write_eof()
-            return response
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            stream_end.end_call(call, answered[0])  # the client went away: free its slot now
-            return response or web.Response(status=499)
-        finally:
-            watcher.cancel()
 
 
 def _with_parameters(
@@ -596,46 +418,3 @@ def _with_length(headers: dict[str, str], length: str | None) -> dict[str, str]:
     if length is not None:
         out[LENGTH_HEADER] = length
     return out
-
-
-async def _watch_client(
-    request: web.BaseRequest, call: Any, answered: list[bool], poll_s: float = 0.2
-) -> None:
-    """End the upstream gRPC ``call`` once the client's connection is gone, even while the
-    stream is silent (queued): Triton then cancels the request and the decode loop drops it at
-    its next step (:func:`stream_end.end_call`: not once it was answered)."""
-    while not _client_gone(request):
-        await asyncio.sleep(poll_s)
-    stream_end.end_call(call, answered[0])
-
-
-def _client_gone(request: web.BaseRequest) -> bool:
-    transport = request.transport
-    return transport is None or transport.is_closing()
-
-
-# Triton's HTTP status of an error before a stream began (its HttpCodeFromError)
-_TRITON_HTTP_STATUS = {
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.INTERNAL: 500,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.UNIMPLEMENTED: 501,
-}
-
-
-def _triton_error(status: int, message: str) -> web.Response:
-    """An error answered as Triton's HTTP endpoint writes it (compact JSON, its content type)."""
-    return web.Response(
-        status=status, body=front_sse.dumps({"error": message}), content_type="application/json"
-    )
-
-
-def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body or b"{}")
-    except ValueError as e:
-        raise FrontError(f"the generate request is not JSON: {shown(str(e))}", 400) from e
-
-
-def _unavailable(message: str) -> web.Response:
-    return web.json_response({"error": message}, status=503, headers={"Retry-After": "1"})

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tritonforge.runtime.front.openai.app import OpenAISettings
 
 OPENAI_KEY_ENV = "TRITONFORGE_OPENAI_API_KEY"  # when set, /v1 needs `Authorization: Bearer`
 # Triton's private sockets in the socket directory: ``--grpc-address=unix:<dir>/grpc.sock`` listens
@@ -65,12 +61,22 @@ class FrontLimits:
     max_open_streams: int = 64
 
 
+@dataclass(frozen=True)
+class OpenAISettings:
+    """``model_repository``: where the served tokenizers and chat templates are read from (for
+    ``usage`` counts and ``messages``). ``api_key``: when set, ``/v1`` needs
+    ``Authorization: Bearer <key>``. ``catalog_ttl_s``: how long the model list read from Triton
+    is reused."""
+
+    model_repository: Path
+    api_key: str | None = None
+    catalog_ttl_s: float = 5.0
+
+
 def openai_settings(
     model_repository: Path | None, api_key: str | None = None
 ) -> OpenAISettings | None:
     """The ``/v1`` settings for a front serving ``model_repository`` (None: no ``/v1``)."""
     if model_repository is None:
         return None
-    from tritonforge.runtime.front.openai.app import OpenAISettings
-
     return OpenAISettings(Path(model_repository), api_key=api_key or None)

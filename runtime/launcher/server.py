@@ -1,73 +1,80 @@
 """Start, watch and stop the embedded tritonserver.
 
-:class:`EmbeddedServer` is both what ``python -m tritonforge.runtime serve`` runs and the context manager the
-tests use: free ports, a readiness poll that reports model load errors by name, and a teardown
-that waits for the process group to exit and removes its shared-memory regions.
+:class:`TritonLauncher` runs one tritonserver: free ports, a readiness poll that reports model load
+errors by name, and a teardown that waits for the process group to exit and removes its
+shared-memory regions. It builds no front: the front it runs before Triton's sockets is given
+(``front``, a :data:`FrontFactory`); :mod:`runtime.serving` composes the two.
 
 It composes units with one job each: :mod:`~runtime.launcher.settings` (what to run),
 :mod:`~runtime.launcher.command` (the command line), :mod:`~runtime.launcher.process` (one launch and its stop),
 :mod:`~runtime.launcher.logparse` (the log and the load failures in it), :mod:`~runtime.launcher.procinfo` (the
 process group through psutil), :mod:`~runtime.launcher.repository_api` (readiness, model loads) and
-:mod:`~runtime.launcher.metrics` (the metrics port and draining), plus the front (:mod:`~runtime.front.app`).
+:mod:`~runtime.launcher.metrics` (the metrics port and draining).
 """
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, Protocol, TypeVar
 
 from tritonforge.headers import ADMIN_HEADER, GRPC_ADMIN_HEADER
 from tritonforge.runtime.errors import ModelLoadError, ServerStartError
-from tritonforge.runtime.front.app import (
-    Front,
-    grpc_target,
-    http_socket,
-    openai_settings,
-)
+from tritonforge.runtime.front.settings import grpc_target, http_socket
 from tritonforge.runtime.launcher import metrics, procinfo, repository_api
-from tritonforge.runtime.launcher.command import RESTRICTED_APIS, triton_command, triton_environment
+from tritonforge.runtime.launcher.command import triton_command, triton_environment
 from tritonforge.runtime.launcher.locate import assemble_backend_dir, find_triton
 from tritonforge.runtime.launcher.logparse import ServerLog, load_failures, port_hint
 from tritonforge.runtime.launcher.planned_loads import PlannedLoads
-from tritonforge.runtime.launcher.process import TritonProcess, namespace_prefix
+from tritonforge.runtime.launcher.process import TritonProcess
 from tritonforge.runtime.launcher.repository_api import RepositoryAPI
-from tritonforge.runtime.launcher.settings import ADMIN_KEY_ENV, ServerSettings, free_port
-from tritonforge.runtime.launcher.tracing import tracing_enabled
+from tritonforge.runtime.launcher.settings import ServerSettings, free_port
 
-# Re-exported: callers import these from here.
-__all__ = [
-    "ADMIN_HEADER",
-    "ADMIN_KEY_ENV",
-    "GRPC_ADMIN_HEADER",
-    "RESTRICTED_APIS",
-    "SHM_DIR",
-    "EmbeddedServer",
-    "ServerSettings",
-    "free_port",
-    "namespace_prefix",
-    "serving",
-]
 SHM_DIR = procinfo.SHM_DIR
 
 
-class EmbeddedServer:
-    """One tritonserver process (and its Python stubs) in its own process group, behind the
-    front; a context manager that starts it, waits until ready and stops it."""
+class PublicFront(Protocol):
+    """What the launcher asks of the front it runs before Triton's sockets (started: its public
+    ports bound)."""
 
-    def __init__(self, settings: ServerSettings) -> None:
+    http_port: int
+    grpc_port: int
+
+    def metrics(self) -> str: ...
+    def release_upstream(self) -> None: ...
+    def begin_drain(self) -> None: ...
+    def wait_idle(self, timeout_s: float) -> bool: ...
+    def end_streams(
+        self, models: Iterable[str], reason: str, opened_before_s: float | None = None
+    ) -> int: ...
+    def stop(self) -> None: ...
+
+
+FrontFactory = Callable[["TritonLauncher"], PublicFront]
+"""Builds and starts the front of a launcher (its settings and sockets); called once."""
+
+
+_L = TypeVar("_L", bound="TritonLauncher")  # a subclass's own type (Python 3.10: no Self)
+
+
+class TritonLauncher:
+    """One tritonserver process (and its Python stubs) in its own process group, behind the
+    front ``front`` builds when ``settings.front``; a context manager that starts it, waits until
+    ready and stops it."""
+
+    def __init__(self, settings: ServerSettings, front: FrontFactory | None = None) -> None:
         self.settings = settings
+        self._front_factory = front
         self._log = ServerLog(echo=settings.echo_log)
         self._process: TritonProcess | None = None
         # Triton's Unix sockets; mkdtemp makes it 0700, so other users cannot connect. Kept across
         # restarts (the front reads the paths per request).
         self.socket_dir = Path(tempfile.mkdtemp(prefix="tritonforge-sock-"))
-        self._front: Front | None = None
+        self._front: PublicFront | None = None
         self._metrics_proxy: metrics.MetricsProxy | None = None
         self._triton_metrics_port: int | None = None
         # One lifecycle operation at a time: the supervisor's restart and the launcher's stop
@@ -148,14 +155,14 @@ class EmbeddedServer:
         return load_failures(self._log.text())
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> EmbeddedServer:
+    def start(self: _L) -> _L:
         """Launch tritonserver; returns at once (see :meth:`wait_ready`). Behind the front, the
         public ports (HTTP, gRPC, metrics) are bound once, here, and held across restarts."""
         self._stopping.clear()
         with self._lifecycle:
             return self._start()
 
-    def _start(self) -> EmbeddedServer:
+    def _start(self: _L) -> _L:
         if self._process is not None:
             raise ServerStartError("server already started")
         s = self.settings
@@ -170,7 +177,7 @@ class EmbeddedServer:
                     extra=self._front_metrics,
                 )
             if s.front and self._front is None:
-                self._front = self._make_front().start()  # binds the public ports first
+                self._front = self._make_front()  # binds the public ports first
             if s.front:  # port 0 asked for any free port: from now on the bound ones
                 assert self._front is not None and self._metrics_proxy is not None
                 s.http_port, s.grpc_port = self._front.http_port, self._front.grpc_port
@@ -214,22 +221,13 @@ class EmbeddedServer:
         front = self._front
         return front.metrics() if front is not None else ""
 
-    def _make_front(self) -> Front:
-        s = self.settings
-        return Front(
-            s.host,
-            s.http_port,
-            s.grpc_port,
-            http_socket=lambda: self.http_socket,
-            grpc_target=lambda: self.grpc_target,
-            admin_key=s.admin_key if s.restrict_apis else None,
-            admin_header=ADMIN_HEADER,
-            grpc_admin_headers=(GRPC_ADMIN_HEADER, ADMIN_HEADER),
-            limits=s.front_limits,
-            openai=openai_settings(s.model_repository, s.openai_api_key) if s.openai else None,
-            traced=tracing_enabled(s.extra_args),
-            tenants=s.tenants_file,
-        )
+    def _make_front(self) -> PublicFront:
+        if self._front_factory is None:
+            raise ServerStartError(
+                "settings.front is on but this launcher was given no front: build it with "
+                "tritonforge.runtime.serving.EmbeddedServer (or set front=False)"
+            )
+        return self._front_factory(self)
 
     def is_ready(self, timeout_s: float = 2.0) -> bool:
         """Triton's ``/v2/health/ready`` (behind the front: on its private socket, so a flood
@@ -252,8 +250,8 @@ class EmbeddedServer:
             self._front.release_upstream()
 
     def wait_ready(
-        self, timeout_s: float | None = None, cancel: threading.Event | None = None
-    ) -> EmbeddedServer:
+        self: _L, timeout_s: float | None = None, cancel: threading.Event | None = None
+    ) -> _L:
         """Block until ``/v2/health/ready`` answers 200.
 
         Raises :class:`ModelLoadError` naming each model that failed (Triton exits when a model
@@ -339,7 +337,7 @@ class EmbeddedServer:
             return 0
         return self._front.end_streams(models, reason, opened_before_s)
 
-    def restart(self, stop_timeout_s: float = 5.0) -> EmbeddedServer:
+    def restart(self: _L, stop_timeout_s: float = 5.0) -> _L:
         """Stop (bounded: in-flight requests of a dead stub never finish) and start again on the
         same ports and settings; returns when ready."""
         with self._lifecycle:
@@ -382,7 +380,7 @@ class EmbeddedServer:
         timeout_s = self.settings.exit_timeout_s + 10 if timeout_s is None else timeout_s
         return process.stop(timeout_s)
 
-    def __enter__(self) -> EmbeddedServer:
+    def __enter__(self: _L) -> _L:
         self.start()
         try:
             self.wait_ready()
@@ -394,10 +392,3 @@ class EmbeddedServer:
     def __exit__(self, *exc_info: object) -> None:
         """Stop the server, whatever ended the block (an exception propagates)."""
         self.stop()
-
-
-@contextlib.contextmanager
-def serving(model_repository: Path, **kwargs: object) -> Iterator[EmbeddedServer]:
-    """Serve ``model_repository`` on free loopback ports for the duration of the block."""
-    with EmbeddedServer(ServerSettings.ephemeral(model_repository, **kwargs)) as server:
-        yield server

@@ -1,6 +1,6 @@
 """Launcher-death watchdog: ``python -m tritonforge.runtime.launcher.watchdog PGID SHM_PREFIX DIR...``.
 
-Started by :class:`runtime.launcher.server.EmbeddedServer` for each tritonserver it launches, in its own
+Started by :class:`runtime.launcher.server.TritonLauncher` for each tritonserver it launches, in its own
 session, with a pipe on stdin whose write end only the launcher holds. The launcher writes ``done``
 after a clean stop. End of file without ``done`` means the launcher died (``kill -9``, OOM): the
 watchdog then stops tritonserver's process group (SIGTERM, SIGKILL after ``GRACE_S``), unlinks its

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tritonforge.runtime.launcher.server import EmbeddedServer
+from tritonforge.runtime.launcher.server import TritonLauncher
 from tritonforge.runtime.supervisor.canaries import FAILED, OK, OVERLOADED, RECOVERING
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class HealthEndpoint:
 
     def __init__(
         self,
-        server: EmbeddedServer,
+        server: TritonLauncher,
         host: str,
         port: int,
         supervisor: Supervisor | None = None,

@@ -33,62 +33,28 @@ from pathlib import Path
 from tritonforge.repository import load_model_config
 from tritonforge.runtime.errors import EmbeddedServerError, ModelLoadError
 from tritonforge.runtime.launcher.planned_loads import StubExits
-from tritonforge.runtime.launcher.server import EmbeddedServer
+from tritonforge.runtime.launcher.server import TritonLauncher
 from tritonforge.runtime.supervisor.canaries import (
-    CANARY_TEXT,
-    FAILED,
     OK,
     OVERLOADED,
     RECOVERING,
-    canary_inputs,
     canary_round,
     classify_failure,
     error_text,
-    stop_stream,
-    stream_canary,
     unhealthy_stubs,
 )
 from tritonforge.runtime.supervisor.health import (
-    BuildState,
     Health,
-    HealthEndpoint,
     pipeline_states,
 )
 from tritonforge.runtime.supervisor.model_graph import (
     callees,
-    dependents,
     model_calls,
     pipeline_of,
     public_models,
     reload_plan,
     repository_configs,
 )
-
-# Re-exported: callers import these from here.
-__all__ = [
-    "CANARY_TEXT",
-    "FAILED",
-    "OK",
-    "OVERLOADED",
-    "RECOVERING",
-    "Backoff",
-    "BuildState",
-    "Health",
-    "HealthEndpoint",
-    "Supervisor",
-    "callees",
-    "canary_inputs",
-    "classify_failure",
-    "dependents",
-    "model_calls",
-    "pipeline_of",
-    "pipeline_states",
-    "public_models",
-    "reload_plan",
-    "stop_stream",
-    "stream_canary",
-    "unhealthy_stubs",
-]
 
 log = logging.getLogger(__name__)
 
@@ -118,12 +84,12 @@ class Backoff:
 
 
 class Supervisor:
-    """Watches an :class:`EmbeddedServer`: reloads what died, reports what is busy, restarts the
+    """Watches an :class:`TritonLauncher`: reloads what died, reports what is busy, restarts the
     server only when tritonserver exits (see the module docstring)."""
 
     def __init__(
         self,
-        server: EmbeddedServer,
+        server: TritonLauncher,
         models: Sequence[str] | None = None,
         canary_interval_s: float = 5.0,
         canary_timeout_s: float = 10.0,

@@ -29,8 +29,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.integration.reliability import MINIMAL, launch, linked_repository, text_inputs
 from tritonforge.client.generate import GenerateClient, grpc_inputs
-from tritonforge.runtime.front.app import FrontLimits
-from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.front.settings import FrontLimits
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 GENERATE = ("generate",)

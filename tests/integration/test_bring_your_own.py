@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 
 from tests import tiny_checkpoints
 from tritonforge.pipelines import Pipeline, from_repository
-from tritonforge.runtime.launcher.server import EmbeddedServer
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

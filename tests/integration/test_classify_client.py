@@ -25,7 +25,7 @@ from tritonforge.client import (
     InvalidRequestError,
     ModelNotFoundError,
 )
-from tritonforge.runtime.launcher.server import EmbeddedServer
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -26,7 +26,8 @@ from tritonforge.export.encoder import Options, export_pipeline
 from tritonforge.export.pipeline_spec import Canary, ModelVersion
 from tritonforge.export.specs.from_pretrained import pipeline_from_pretrained
 from tritonforge.runtime.launcher.cache import cache_args
-from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

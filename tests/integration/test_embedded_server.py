@@ -26,7 +26,8 @@ import tritonclient.http as httpclient
 from tests.conftest import PROJECT_ROOT
 from tritonforge.integrity import write_sidecar
 from tritonforge.runtime.errors import ModelLoadError, ServerStartError
-from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings, free_port
+from tritonforge.runtime.launcher.settings import ServerSettings, free_port
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 

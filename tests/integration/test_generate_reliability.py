@@ -15,7 +15,8 @@ import pytest
 from tests.integration.reliability import linked_repository
 from tritonforge.client.errors import ClientError
 from tritonforge.client.generate import GenerateClient
-from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 from tritonforge.runtime.supervisor.supervisor import Supervisor
 
 pytestmark = pytest.mark.integration

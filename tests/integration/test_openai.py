@@ -23,7 +23,7 @@ from tritonforge.client.sync import EmbeddingClient
 from tritonforge.generation import render_chat
 from tritonforge.pipelines import repository_configs
 from tritonforge.runtime.front.openai import api as openai_api
-from tritonforge.runtime.launcher.server import EmbeddedServer
+from tritonforge.runtime.serving import EmbeddedServer
 from tritonforge.text import served_tokenizer
 
 openai = pytest.importorskip("openai")

@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 from tests.conftest import PIPELINE_REPOSITORY, PROJECT_ROOT
 from tritonforge.client import EmbeddingClient
 from tritonforge.model_packages import INSTALL_COMMAND, MODEL_PACKAGES
-from tritonforge.runtime.launcher.server import free_port
+from tritonforge.runtime.launcher.settings import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PACKAGE_DIRS = ("client", "deploy", "export", "loadtest", "runtime")

@@ -21,7 +21,8 @@ from tritonforge.client import EmbeddingClient
 from tritonforge.client import cli as client_cli
 from tritonforge.client.errors import InvalidRequestError
 from tritonforge.runtime.launcher.lint import lint_repository
-from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 from tritonforge.tasks.rerank.export import OrtReranker, package_dir
 from tritonforge.tasks.rerank.export.run import export_reranker
 from tritonforge.tasks.rerank.spec import MS_MARCO_MINILM as SPEC

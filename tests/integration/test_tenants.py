@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from tests.integration.reliability import MINIMAL, linked_repository, text_inputs
 from tritonforge.pipelines import repository_configs
 from tritonforge.runtime.front.openai import api as openai_api
-from tritonforge.runtime.launcher.server import serving
+from tritonforge.runtime.serving import serving
 from tritonforge.runtime.tenants.grpc import TENANT_METADATA
 from tritonforge.runtime.tenants.http import TENANT_HEADER, USAGE_PATH
 from tritonforge.runtime.tenants.keys import hash_key

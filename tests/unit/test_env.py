@@ -104,7 +104,7 @@ def _runtime_cli() -> object:
 
 
 def _server_settings() -> object:
-    from tritonforge.runtime.launcher.server import ServerSettings
+    from tritonforge.runtime.launcher.settings import ServerSettings
 
     return ServerSettings(model_repository=Path("model_repository"))
 

@@ -24,7 +24,9 @@ import pytest
 from aiohttp import web
 from tritonclient.grpc import service_pb2
 
-from tritonforge.runtime.front.app import GRPC_INFER, GRPC_SERVICE, Front, FrontLimits
+from tritonforge.runtime.front.app import Front
+from tritonforge.runtime.front.grpc import GRPC_INFER, GRPC_SERVICE
+from tritonforge.runtime.front.settings import FrontLimits
 from tritonforge.runtime.launcher.settings import free_port
 
 STREAM = f"{GRPC_SERVICE}ModelStreamInfer"

@@ -21,8 +21,10 @@ from tritonforge.runtime.cli.staged import (
 from tritonforge.runtime.errors import EmbeddedServerError
 from tritonforge.runtime.launcher.command import triton_command
 from tritonforge.runtime.launcher.lint import lint_by_model, lint_repository
-from tritonforge.runtime.launcher.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.supervisor.supervisor import Health, HealthEndpoint, Supervisor
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
+from tritonforge.runtime.supervisor.health import Health, HealthEndpoint
+from tritonforge.runtime.supervisor.supervisor import Supervisor
 
 EMBED_PUBLIC = ["embed", "embed_int8", "embed_torchscript", "embed_bls"]
 

@@ -22,19 +22,15 @@ from tritonforge.runtime.launcher.logparse import ServerLog
 from tritonforge.runtime.launcher.metrics import MetricsProxy
 from tritonforge.runtime.launcher.planned_loads import PlannedLoads
 from tritonforge.runtime.launcher.process import TritonProcess
-from tritonforge.runtime.supervisor.supervisor import (
+from tritonforge.runtime.supervisor.canaries import (
     FAILED,
     OVERLOADED,
-    Backoff,
-    Supervisor,
-    callees,
     classify_failure,
-    dependents,
-    model_calls,
-    pipeline_states,
-    reload_plan,
     unhealthy_stubs,
 )
+from tritonforge.runtime.supervisor.health import pipeline_states
+from tritonforge.runtime.supervisor.model_graph import callees, dependents, model_calls, reload_plan
+from tritonforge.runtime.supervisor.supervisor import Backoff, Supervisor
 
 
 def _python(name: str, **params: str) -> ModelConfig:
@@ -454,7 +450,7 @@ def test_stop_stream_ends_the_request_iterator_after_a_cancel() -> None:
     import queue
     from types import SimpleNamespace
 
-    from tritonforge.runtime.supervisor.supervisor import stop_stream
+    from tritonforge.runtime.supervisor.canaries import stop_stream
 
     requests: queue.Queue[object] = queue.Queue()
     calls: list[bool] = []

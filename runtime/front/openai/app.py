@@ -36,6 +36,7 @@ from tritonforge.runtime.front import stream_end
 from tritonforge.runtime.front.body import INFLATE_WBITS, inflate, json_depth
 from tritonforge.runtime.front.openai import api
 from tritonforge.runtime.front.openai.api import OpenAIError, ServedModel
+from tritonforge.runtime.front.settings import OpenAISettings
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -47,18 +48,6 @@ log = logging.getLogger(__name__)
 PREFIX = "/v1"
 # The upstream session does not inflate (it forwards v2 bytes as they are): ask for none.
 IDENTITY = {"Accept-Encoding": "identity"}
-
-
-@dataclass(frozen=True)
-class OpenAISettings:
-    """``model_repository``: where the served tokenizers and chat templates are read from (for
-    ``usage`` counts and ``messages``). ``api_key``: when set, ``/v1`` needs
-    ``Authorization: Bearer <key>``. ``catalog_ttl_s``: how long the model list read from Triton
-    is reused."""
-
-    model_repository: Path
-    api_key: str | None = None
-    catalog_ttl_s: float = 5.0
 
 
 @dataclass
@@ -91,7 +80,7 @@ class _Slot:
 
 
 class OpenAIFront:
-    """Handles ``/v1`` for :class:`~runtime.front.app.HttpFront` (which owns the port and limits)."""
+    """Handles ``/v1`` for :class:`~runtime.front.http.HttpFront` (which owns the port and limits)."""
 
     def __init__(
         self,
