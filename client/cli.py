@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    """The flags every command shares; ``args.open_client(args)`` opens the client they name (a
+    task's own command calls it: the task imports nothing of this module)."""
+    p.set_defaults(open_client=_client)
     p.add_argument("--protocol", choices=PROTOCOLS, help="default $TRITONFORGE_PROTOCOL or http")
     p.add_argument(
         "--url",

@@ -41,7 +41,8 @@ from tritonforge.client.errors import (
 from tritonforge.client.retry import breaker_failure
 from tritonforge.client.settings import ClientSettings
 from tritonforge.client.status import from_status, translate
-from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT, VARIANT_PARAMETER
+from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
+from tritonforge.pipelines import VARIANT_PARAMETER
 from tritonforge.stream_errors import says_invalid, says_unavailable
 
 DEFAULT_MODEL = "generate"

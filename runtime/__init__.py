@@ -1,20 +1,7 @@
 """The embedded runtime: a real Triton Inference Server 2.51 (from the ``nvidia-pytriton`` wheel) on
 CPU, without Docker, plus Python-based ``onnxruntime``/``pytorch`` backends so that the same
-``config.pbtxt`` runs here and in the NVIDIA container."""
+``config.pbtxt`` runs here and in the NVIDIA container.
 
-from tritonforge.runtime.errors import (
-    EmbeddedServerError,
-    ModelLoadError,
-    ServerNotFoundError,
-    ServerStartError,
-)
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-
-__all__ = [
-    "EmbeddedServer",
-    "EmbeddedServerError",
-    "ModelLoadError",
-    "ServerNotFoundError",
-    "ServerSettings",
-    "ServerStartError",
-]
+Subpackages: :mod:`.launcher` (the tritonserver process), :mod:`.front` (the public relays and
+``/v1``), :mod:`.supervisor` (health and self-healing), :mod:`.tenants` (keys, limits, usage),
+:mod:`.cli` (``serve``, ``demo``, ``lint``); :mod:`.serving` composes the launcher and the front."""

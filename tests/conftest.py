@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
@@ -40,7 +41,7 @@ def serve() -> Iterator[ServeFn]:
 def pipeline_server() -> Iterator[EmbeddedServer]:
     """The real model repository (tokenizer, encoders, ensembles, embed_bls) served
     once per session; fails with the lint's problems if it is not ready (run `make export`)."""
-    from tritonforge.runtime.lint import lint_repository
+    from tritonforge.runtime.launcher.lint import lint_repository
 
     problems = lint_repository(PIPELINE_REPOSITORY)
     if problems:

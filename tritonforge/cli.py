@@ -61,12 +61,16 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "export": Command("tritonforge.export.cli", "export a model spec into the model repository"),
     "serve": Command(
-        "tritonforge.runtime.cli", "serve the model repository on the embedded Triton", ("serve",)
+        "tritonforge.runtime.cli.main",
+        "serve the model repository on the embedded Triton",
+        ("serve",),
     ),
     "demo": Command(
-        "tritonforge.runtime.cli", "serve and show every pipeline answering", ("demo",)
+        "tritonforge.runtime.cli.main", "serve and show every pipeline answering", ("demo",)
     ),
-    "lint": Command("tritonforge.runtime.cli", "check the model repository's configs", ("lint",)),
+    "lint": Command(
+        "tritonforge.runtime.cli.main", "check the model repository's configs", ("lint",)
+    ),
     "client": Command(
         "tritonforge.client.cli",
         "call a running server (embed, classify, similarity, health, pipelines)",

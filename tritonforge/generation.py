@@ -1,12 +1,13 @@
 """Text generation: the Triton generate convention (field names, the ``variant`` check, the
-prompt through the chat template) and, re-exported for its users, the pure parts it is made of:
-:mod:`tritonforge.sampling` (sampling parameters, next-token sampling),
+prompt through the chat template); the wire names the front and the client read live here, so
+neither imports the scheduler. The pure parts the ``generate`` model is made of are their own
+modules: :mod:`tritonforge.sampling` (sampling parameters, next-token sampling),
 :mod:`tritonforge.text_stream` (streamed detokenization with stop strings),
 :mod:`tritonforge.kv_batch` and :mod:`tritonforge.scheduler` (the in-flight batch scheduler).
 
 The ``generate`` Triton model is a thin loop over these; the export's fidelity check and the
-in-process benchmark drive the same :class:`Scheduler` with an ONNX Runtime step function, so the
-served code path is the verified one.
+in-process benchmark drive the same :class:`~tritonforge.scheduler.Scheduler` with an ONNX Runtime
+step function, so the served code path is the verified one.
 """
 
 from __future__ import annotations
@@ -15,55 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tritonforge.errors import InvalidInputError
-from tritonforge.kv_batch import KVBatch, RightKVBatch
 from tritonforge.pipelines import VARIANT_PARAMETER
-from tritonforge.sampling import (
-    SAMPLING_FIELDS,
-    GenerationLimits,
-    SamplingParams,
-    parse_sampling,
-    sample_next,
-)
-from tritonforge.scheduler import (
-    FINISH_LENGTH,
-    FINISH_STOP,
-    CancelledError,
-    ErrorFn,
-    Generation,
-    OutputFn,
-    Scheduler,
-    StepFn,
-)
-from tritonforge.text_stream import Detokenizer, TextStream, stop_split
-
-__all__ = [
-    "FINISH_LENGTH",
-    "FINISH_REASON",
-    "FINISH_STOP",
-    "SAMPLING_FIELDS",
-    "TEXT_INPUT",
-    "TEXT_OUTPUT",
-    "VARIANT_PARAMETER",
-    "CancelledError",
-    "Detokenizer",
-    "ErrorFn",
-    "Generation",
-    "GenerationLimits",
-    "KVBatch",
-    "OutputFn",
-    "RightKVBatch",
-    "SamplingParams",
-    "Scheduler",
-    "StepFn",
-    "TextStream",
-    "check_variant",
-    "parse_sampling",
-    "render_chat",
-    "render_prompt",
-    "sample_next",
-    "stop_split",
-    "with_bos",
-]
 
 # Field names of the Triton generate convention (vLLM / TensorRT-LLM backends, genai-perf).
 TEXT_INPUT = "text_input"

@@ -145,7 +145,7 @@ def compose_front_findings(doc: Mapping[str, Any]) -> list[str]:
     services, volumes = doc.get("services") or {}, doc.get("volumes") or {}
     triton, front = services["triton"], services.get("front")
     if not front:
-        return ["compose: no `front` service (runtime/front.py before Triton's sockets)"]
+        return ["compose: no `front` service (runtime/front/app.py before Triton's sockets)"]
     command = [str(a) for a in front.get("command") or []]
     env = front.get("environment") or {}
     if isinstance(env, list):

@@ -104,7 +104,7 @@ def k8s_findings(docs: list[dict[str, Any]], adapter_rules: Path = ADAPTER_RULES
             out.append(f"k8s: triton needs {flag}={want}")
     front = containers.get("front")
     if front is None:
-        return ["k8s: the Deployment has no `front` container (runtime/front.py before Triton)"]
+        return ["k8s: the Deployment has no `front` container (runtime/front/app.py before Triton)"]
     out += k8s_front_findings(pod, triton, front)
     front_flags = triton_flags(
         front_args([*front.get("command", []), *front.get("args", [])]) or []

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonforge.deploy.validate.documents import seconds, triton_flags
-from tritonforge.runtime.settings import ADMIN_KEY_ENV
+from tritonforge.runtime.launcher.settings import ADMIN_KEY_ENV
 
 # What the admin key reads as after interpolation (compose) and in the Deployment's args (the
 # kubelet expands it from the container's env): the files must take the key from the variable.
@@ -33,7 +33,7 @@ def launcher_flag_findings(
     key, which must never be on a command line; otherwise the launcher's list and header, keyed by
     ``key``."""
     from tritonforge.headers import ADMIN_HEADER
-    from tritonforge.runtime.command import RESTRICTED_APIS
+    from tritonforge.runtime.launcher.command import RESTRICTED_APIS
 
     out: list[str] = []
     want = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={key}"
@@ -45,7 +45,9 @@ def launcher_flag_findings(
                 "admin key; on a command line it is world-readable)"
             )
         elif not fronted and values != [want]:
-            out.append(f"{where}: needs {flag}={want} (the APIs and header of runtime.server)")
+            out.append(
+                f"{where}: needs {flag}={want} (the APIs and header of runtime.launcher.server)"
+            )
     trace = [a.partition("=")[2] for a in args if a.startswith("--trace-config=")]
     if "mode=opentelemetry" not in trace:
         out.append(f"{where}: needs --trace-config=mode=opentelemetry")
@@ -70,7 +72,7 @@ def front_findings(
     same_volume: Callable[[str], bool] | None = None,
 ) -> list[str]:
     """What the front before tritonserver needs in a container deployment: Triton's HTTP/gRPC on
-    ``unix:`` sockets in the front's ``--socket-dir`` (runtime.front.triton_listen_args), that
+    ``unix:`` sockets in the front's ``--socket-dir`` (runtime.front.settings.triton_listen_args), that
     directory a volume both containers mount (``shared(dir)``), the admin key from the front's
     environment and not on any command line, no restricted flags on Triton; Triton's
     ``--model-repository`` given to the front too and mounted there from the same volume
@@ -78,8 +80,8 @@ def front_findings(
     it: without it ``/v1`` is off), and ``--traced=true`` when Triton exports OpenTelemetry
     spans (the front then gives each traced gRPC call its own upstream connection:
     ``GrpcFront.unary_channel``)."""
-    from tritonforge.runtime.front import triton_listen_args
-    from tritonforge.runtime.tracing import tracing_enabled
+    from tritonforge.runtime.front.settings import triton_listen_args
+    from tritonforge.runtime.launcher.tracing import tracing_enabled
 
     args = front_args(front_command)
     if args is None:
@@ -95,7 +97,7 @@ def front_findings(
         if have.get(name) != value:
             out.append(
                 f"{where}: tritonserver needs {want} (Unix sockets in the front's --socket-dir, "
-                "runtime.front.triton_listen_args)"
+                "runtime.front.settings.triton_listen_args)"
             )
     if not shared(socket_dir):
         out.append(f"{where}: {socket_dir} must be one volume mounted by both triton and the front")

@@ -21,15 +21,10 @@ import numpy as np
 import torch
 
 from tritonforge.export.decoder.spec import DecoderSpec
-from tritonforge.generation import (
-    Generation,
-    RightKVBatch,
-    SamplingParams,
-    Scheduler,
-    StepFn,
-    TextStream,
-)
-from tritonforge.kv_batch import LEFT, RIGHT
+from tritonforge.kv_batch import LEFT, RIGHT, RightKVBatch
+from tritonforge.sampling import SamplingParams
+from tritonforge.scheduler import Generation, Scheduler, StepFn
+from tritonforge.text_stream import TextStream
 
 Past = list[np.ndarray]
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonforge.env import env_float, env_int
+from tritonforge.headers import ADMIN_HEADER
 from tritonforge.loadtest import corpus
 from tritonforge.loadtest.bench import classify as classify_bench
 from tritonforge.loadtest.bench.cells import (
@@ -62,7 +63,7 @@ from tritonforge.loadtest.locust.run import exit_on_sigterm
 from tritonforge.logs import run_main
 from tritonforge.pipelines import Pipeline
 from tritonforge.progress import Bar
-from tritonforge.runtime.server import ADMIN_HEADER, serving
+from tritonforge.runtime.serving import serving
 from tritonforge.tasks import embedding
 
 log = logging.getLogger(__name__)

@@ -288,7 +288,8 @@ def served_spinning(repo: Path, work: Path, rounds: int, max_tokens: int) -> dic
 
     from tritonforge.loadtest.bench.generate import client_stream, median_cells, run_cell
     from tritonforge.pipelines import generator_from_repository
-    from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+    from tritonforge.runtime.launcher.settings import ServerSettings
+    from tritonforge.runtime.serving import EmbeddedServer
 
     src = repo / generator_from_repository(repo).model("int8")
     tmp = work / "served-spinning"
@@ -347,6 +348,36 @@ def served_spinning(repo: Path, work: Path, rounds: int, max_tokens: int) -> dic
     }
 
 
+def _quantization(
+    args: argparse.Namespace, version: Path, report: dict[str, Any], int8: Path, fp32: Path
+) -> dict[str, Any]:
+    """Bits x block size of the int8 decoder: each candidate's speed and gate figures."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(version / "tokenizer.json"))
+    ppl32 = float(report["quantization"]["perplexity"]["fp32"])
+    work = args.build_dir / "decoder-experiments"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "generation.json").write_text((version / "generation.json").read_text())
+    variants = {"int8 block 32 (served)": int8}
+    for bits, block in ((8, 128), (4, 32), (4, 128)):
+        dst = work / f"decoder_q{bits}_b{block}.onnx"
+        if not dst.is_file():
+            log.info("    quantizing %d bits, block %d", bits, block)
+            quantize(fp32, dst, bits, block)
+        variants[f"int{bits} block {block}"] = dst
+    gates = {}
+    for name, path in variants.items():
+        gates[name] = gate(path, report, tokenizer, ppl32)
+        log.info("    %s: %s", name, gates[name])
+    qs = {name: session(path) for name, path in variants.items()}
+    qmeta = {name: OrtDecoder(path, intra_op_threads=1) for name, path in variants.items()}
+    qcands: dict[str, Callable[[int], float]] = {
+        name: functools.partial(numpy_steps, s, qmeta[name]) for name, s in qs.items()
+    }
+    return {name: {**speed, **gates[name]} for name, speed in measure(qcands, args.repeats).items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tritonforge.loadtest.bench.decoder_experiments")
     p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
@@ -382,7 +413,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(json.dumps(out, indent=2))
         return 0
-    from tokenizers import Tokenizer
 
     from tritonforge.pipelines import generator_from_repository
 
@@ -410,30 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("==> session options + IO binding (load %.2f)", load[0])
     out["session"] = measure(candidates, args.repeats)
     if args.quantize:
-        tokenizer = Tokenizer.from_file(str(version / "tokenizer.json"))
-        ppl32 = float(report["quantization"]["perplexity"]["fp32"])
-        work = args.build_dir / "decoder-experiments"
-        work.mkdir(parents=True, exist_ok=True)
-        (work / "generation.json").write_text((version / "generation.json").read_text())
-        variants = {"int8 block 32 (served)": int8}
-        for bits, block in ((8, 128), (4, 32), (4, 128)):
-            dst = work / f"decoder_q{bits}_b{block}.onnx"
-            if not dst.is_file():
-                log.info("    quantizing %d bits, block %d", bits, block)
-                quantize(fp32, dst, bits, block)
-            variants[f"int{bits} block {block}"] = dst
-        gates = {}
-        for name, path in variants.items():
-            gates[name] = gate(path, report, tokenizer, ppl32)
-            log.info("    %s: %s", name, gates[name])
-        qs = {name: session(path) for name, path in variants.items()}
-        qmeta = {name: OrtDecoder(path, intra_op_threads=1) for name, path in variants.items()}
-        qcands: dict[str, Callable[[int], float]] = {
-            name: functools.partial(numpy_steps, s, qmeta[name]) for name, s in qs.items()
-        }
-        out["quantization"] = {
-            name: {**speed, **gates[name]} for name, speed in measure(qcands, args.repeats).items()
-        }
+        out["quantization"] = _quantization(args, version, report, int8, fp32)
     out["load_average_end"] = os.getloadavg()
     path = args.build_dir / "decoder_experiments.json"
     path.write_text(json.dumps(out, indent=2) + "\n")

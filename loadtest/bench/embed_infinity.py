@@ -171,8 +171,9 @@ def _ours(repository: Path, stack: Any) -> tuple[EmbedFn, Callable[[], EmbedFn]]
     from tritonforge import tasks
     from tritonforge.client.sync import EmbeddingClient
     from tritonforge.pipelines import from_repository
-    from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-    from tritonforge.runtime.staged import calls
+    from tritonforge.runtime.cli.staged import calls
+    from tritonforge.runtime.launcher.settings import ServerSettings
+    from tritonforge.runtime.serving import EmbeddedServer
 
     # the peer speaks OpenAI's embeddings API: ours is the pipeline served on /v1/embeddings
     pipeline = next(

@@ -33,7 +33,8 @@ from tritonforge.loadtest.errors import StreamError
 from tritonforge.logs import run_main
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.progress import Bar
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,8 @@ from tritonforge.loadtest.bench.generate import (
     run_cell,
 )
 from tritonforge.logs import run_main
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 # named, not __name__: run as `python -m` that is __main__, which logging leaves at warning
 log = logging.getLogger("tritonforge.loadtest.bench.generate_llamacpp")

@@ -45,7 +45,8 @@ from tritonforge.logs import run_main
 from tritonforge.ort_options import session_options
 from tritonforge.pipelines import Pipeline
 from tritonforge.repository import load_model_config
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 from tritonforge.text import TextTokenizer, served_tokenizer
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from pathlib import Path
 from tritonforge.loadtest.bench import classify as classify_bench
 from tritonforge.loadtest.errors import LoadtestError
 from tritonforge.pipelines import Pipeline
-from tritonforge.runtime.server import free_port
+from tritonforge.runtime.launcher.settings import free_port
 
 log = logging.getLogger(__name__)
 

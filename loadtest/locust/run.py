@@ -27,7 +27,7 @@ from tritonforge.env import env_float
 from tritonforge.loadtest.locust.options import check_environment
 from tritonforge.logs import run_main
 from tritonforge.pipelines import ROUTES
-from tritonforge.runtime.server import serving
+from tritonforge.runtime.serving import serving
 
 log = logging.getLogger(__name__)
 

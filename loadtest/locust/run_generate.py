@@ -18,7 +18,7 @@ from tritonforge.loadtest.locust import GENERATE_LOCUSTFILE
 from tritonforge.loadtest.locust.run import exit_on_sigterm, locust_command
 from tritonforge.logs import run_main
 from tritonforge.pipelines import generator_from_repository
-from tritonforge.runtime.server import serving
+from tritonforge.runtime.serving import serving
 
 log = logging.getLogger(__name__)
 

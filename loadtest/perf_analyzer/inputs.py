@@ -28,14 +28,14 @@ from typing import Any
 import numpy as np
 
 from tritonforge.env import env_str
+from tritonforge.headers import ADMIN_HEADER, GRPC_ADMIN_HEADER
 from tritonforge.loadtest import corpus
 from tritonforge.loadtest.errors import LoadtestError
 from tritonforge.loadtest.perf_analyzer.tool import TOOL_DIR, binary
 from tritonforge.logs import run_main
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.repository import load_model_config
-from tritonforge.runtime.server import ADMIN_HEADER, GRPC_ADMIN_HEADER
-from tritonforge.runtime.supervisor import public_models
+from tritonforge.runtime.supervisor.model_graph import public_models
 
 DEFAULT_ROWS = 256
 log = logging.getLogger(__name__)

@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.http_url:
         report = flood(args.http_url, model, streams, args.max_tokens)
     else:
-        from tritonforge.runtime.server import serving
+        from tritonforge.runtime.serving import serving
 
         with serving(
             args.model_repository, model_control_mode="explicit", load_models=[model]

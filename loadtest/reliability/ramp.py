@@ -304,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.host:
         return run(args)
-    from tritonforge.runtime.server import serving
+    from tritonforge.runtime.serving import serving
 
     with serving(args.model_repository) as server:
         args.host = f"http://{server.wait_ready().http_url}"

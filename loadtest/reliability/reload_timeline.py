@@ -43,8 +43,10 @@ from tritonforge.loadtest.reliability.chaos.probes import (
 )
 from tritonforge.logs import run_main
 from tritonforge.ort_options import session_options
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.supervisor import Supervisor, callees
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
+from tritonforge.runtime.supervisor.model_graph import callees
+from tritonforge.runtime.supervisor.supervisor import Supervisor
 
 
 class TimedSupervisor(Supervisor):

@@ -28,7 +28,8 @@ from tritonforge.loadtest.corpus import generate
 from tritonforge.logs import run_main
 from tritonforge.pipelines import Pipeline, from_repository
 from tritonforge.progress import Bar
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 MB = 1024 * 1024
 log = logging.getLogger(__name__)

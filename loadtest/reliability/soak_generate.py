@@ -19,7 +19,7 @@ from tritonforge.loadtest.reliability.soak import growth_per_10k, measure
 from tritonforge.logs import run_main
 from tritonforge.pipelines import generator_from_repository
 from tritonforge.progress import Bar
-from tritonforge.runtime.server import EmbeddedServer, serving
+from tritonforge.runtime.serving import EmbeddedServer, serving
 
 log = logging.getLogger(__name__)
 PROMPTS = ("Hi", "Name a fruit.", "What is 2 + 2?", "Say something kind about Mondays.")

@@ -19,8 +19,8 @@ from typing import Any
 
 from aiohttp import streams, web
 
-from tritonforge.runtime.degrade_headers import PRIORITY_HEADER
-from tritonforge.runtime.front_guard import admin_ok
+from tritonforge.runtime.front.degrade_headers import PRIORITY_HEADER
+from tritonforge.runtime.front.guard import admin_ok
 from tritonforge.runtime.tenants.gate import TenantGate, TenantRefusedError, TenantState
 
 TENANT_HEADER = "X-Api-Key"

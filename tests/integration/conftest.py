@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests import tiny_checkpoints
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 
 @pytest.fixture(scope="session")

@@ -29,8 +29,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.integration.reliability import MINIMAL, launch, linked_repository, text_inputs
 from tritonforge.client.generate import GenerateClient, grpc_inputs
-from tritonforge.runtime.front import FrontLimits
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.front.settings import FrontLimits
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 GENERATE = ("generate",)
@@ -492,7 +493,7 @@ def test_stream_canaries_leave_no_model_live_at_shutdown(tmp_path: Path) -> None
     (measured: 150 such canaries, 8 states never released, exit 1 after 31.6 s). Now a canary
     that got its answer ends its stream gracefully; tritonserver must exit 0."""
     from tritonforge.repository import load_model_config
-    from tritonforge.runtime.canaries import OK, canary_round
+    from tritonforge.runtime.supervisor.canaries import OK, canary_round
 
     repo = linked_repository(tmp_path / "repo", GENERATE)
     configs = {"generate": load_model_config(repo, "generate")}

@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.conftest import PIPELINE_REPOSITORY
 from tritonforge.pipelines import Pipeline, from_repository
-from tritonforge.runtime.server import EmbeddedServer
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 

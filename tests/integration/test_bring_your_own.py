@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 
 from tests import tiny_checkpoints
 from tritonforge.pipelines import Pipeline, from_repository
-from tritonforge.runtime.server import EmbeddedServer
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -86,7 +86,7 @@ def test_export_generates_every_model_under_its_own_names(repository: Path) -> N
     # two vocabularies, two tokenizers: nothing is shared between the pipelines
     assert not set(distil.models) & set(sentiment.models)
     assert "distil_tokenizer" in distil.models and "sentiment_tokenizer" in sentiment.models
-    from tritonforge.runtime.lint import lint_repository
+    from tritonforge.runtime.launcher.lint import lint_repository
 
     assert lint_repository(repository) == []
 

@@ -25,7 +25,7 @@ from tritonforge.client import (
     InvalidRequestError,
     ModelNotFoundError,
 )
-from tritonforge.runtime.server import EmbeddedServer
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -194,7 +194,7 @@ def test_cli_classify_prints_typed_results(byo_server: EmbeddedServer) -> None:
 def test_the_demo_shows_every_discovered_pipeline(
     byo_server: EmbeddedServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tritonforge.runtime import demo
+    from tritonforge.runtime.cli import demo
 
     monkeypatch.setattr(demo, "stream_answer", lambda server: "")  # no decoder in this repository
     demo.run_demo(byo_server)

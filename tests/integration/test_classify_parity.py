@@ -24,7 +24,7 @@ from tests.conftest import PIPELINE_REPOSITORY
 from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.specs import get_pipeline, pipeline_names
 from tritonforge.pipelines import from_repository
-from tritonforge.runtime.server import EmbeddedServer
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 

@@ -25,8 +25,9 @@ from tritonforge.bls_parameters import canary_bucket
 from tritonforge.export.encoder import Options, export_pipeline
 from tritonforge.export.pipeline_spec import Canary, ModelVersion
 from tritonforge.export.specs.from_pretrained import pipeline_from_pretrained
-from tritonforge.runtime.cache import cache_args
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.cache import cache_args
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -214,7 +215,7 @@ def test_the_demo_compares_the_same_version_and_shows_the_split(
 ) -> None:
     """The ensemble answers with the latest version: the demo pins the BLS to it (unpinned, the
     canary split would put some texts on version 1), then shows the split on its own line."""
-    from tritonforge.runtime import demo
+    from tritonforge.runtime.cli import demo
     from tritonforge.tasks.classification.client import CANARY_REQUESTS
 
     with demo.demo_client(server, "http") as c:

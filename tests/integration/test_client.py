@@ -17,7 +17,8 @@ from tritonforge.client import (
     EmbeddingClient,
     InvalidRequestError,
 )
-from tritonforge.runtime.server import EmbeddedServer, free_port
+from tritonforge.runtime.launcher.settings import free_port
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,8 @@ import requests
 
 from tests import tiny_decoders
 from tritonforge.client.generate import GenerateClient
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 FAMILIES = tiny_decoders.FAMILIES

@@ -27,7 +27,8 @@ from tests.integration.reliability import MINIMAL, linked_repository, text_input
 from tritonforge.bls_degrade import DEGRADED_METRIC
 from tritonforge.export.tritonconfig import render_pbtxt
 from tritonforge.modelconfig import pbtxt_to_dict
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 

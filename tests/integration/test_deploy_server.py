@@ -21,13 +21,14 @@ import pytest
 
 from tests.conftest import ServeFn
 from tritonforge.deploy import validate as dv
-from tritonforge.runtime.locate import find_triton
-from tritonforge.runtime.server import ADMIN_HEADER, EmbeddedServer
+from tritonforge.headers import ADMIN_HEADER
+from tritonforge.runtime.launcher.locate import find_triton
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 
 # Flags the embedded launcher owns (paths, addresses, ports on free loopback ports, its socket
-# directory: the same runtime.front.triton_listen_args the compose file must use).
+# directory: the same runtime.front.settings.triton_listen_args the compose file must use).
 LAUNCHER_FLAGS = {
     "--model-repository",
     "--http-address",

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PROJECT_ROOT
-from tritonforge.runtime.server import EmbeddedServer, free_port
+from tritonforge.runtime.launcher.settings import free_port
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

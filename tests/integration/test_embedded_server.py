@@ -26,7 +26,8 @@ import tritonclient.http as httpclient
 from tests.conftest import PROJECT_ROOT
 from tritonforge.integrity import write_sidecar
 from tritonforge.runtime.errors import ModelLoadError, ServerStartError
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings, free_port
+from tritonforge.runtime.launcher.settings import ServerSettings, free_port
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 
@@ -341,7 +342,7 @@ def test_cli_sigterm_is_graceful_and_leaves_nothing(tiny_repo: Path) -> None:
 
 def test_supervisor_restarts_the_server_when_a_stub_dies(tiny_repo: Path) -> None:
     """Model control ``none``: the supervisor restarts the whole server on the same ports."""
-    from tritonforge.runtime.supervisor import Supervisor
+    from tritonforge.runtime.supervisor.supervisor import Supervisor
 
     server = EmbeddedServer(ServerSettings.ephemeral(tiny_repo))
     server.start().wait_ready()

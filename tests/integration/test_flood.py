@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import PIPELINE_REPOSITORY
 from tests.integration.reliability import linked_repository
 from tritonforge.loadtest.reliability.flood import decoupled_model, flood, flood_size
-from tritonforge.runtime.server import serving
+from tritonforge.runtime.serving import serving
 
 pytestmark = pytest.mark.integration
 

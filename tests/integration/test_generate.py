@@ -20,7 +20,7 @@ from tests.conftest import PIPELINE_REPOSITORY, ServeFn
 from tritonforge.client.errors import InvalidRequestError, ServerUnavailableError
 from tritonforge.client.generate import AsyncGenerateClient, GenerateClient
 from tritonforge.modelconfig import ModelConfig
-from tritonforge.runtime.server import EmbeddedServer
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 

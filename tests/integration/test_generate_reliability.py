@@ -15,8 +15,9 @@ import pytest
 from tests.integration.reliability import linked_repository
 from tritonforge.client.errors import ClientError
 from tritonforge.client.generate import GenerateClient
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.supervisor import Supervisor
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
+from tritonforge.runtime.supervisor.supervisor import Supervisor
 
 pytestmark = pytest.mark.integration
 LONG = "Write a long story about a dragon and a knight."

@@ -17,7 +17,7 @@ from tests.conftest import PIPELINE_REPOSITORY
 from tritonforge.client.errors import InvalidRequestError
 from tritonforge.client.generate import GenerateClient
 from tritonforge.pipelines import Generator, generator_from_repository
-from tritonforge.runtime.server import EmbeddedServer
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 

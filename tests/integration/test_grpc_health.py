@@ -13,7 +13,8 @@ import urllib.request
 import grpc
 import pytest
 
-from tritonforge.runtime.server import EmbeddedServer, free_port
+from tritonforge.runtime.launcher.settings import free_port
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 CHECK = "/grpc.health.v1.Health/Check"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PIPELINE_REPOSITORY, PROJECT_ROOT
-from tritonforge.runtime.server import EmbeddedServer
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

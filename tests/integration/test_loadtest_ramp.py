@@ -13,7 +13,8 @@ import pytest
 from tests.integration.test_degrade import degrading_repository
 from tritonforge.loadtest.reliability.ramp import OUTCOMES, RampPlan, gate, locust_ramp
 from tritonforge.loadtest.reliability.ramp import main as ramp_main
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -22,8 +22,8 @@ from tritonforge.client.generate import GenerateClient
 from tritonforge.client.sync import EmbeddingClient
 from tritonforge.generation import render_chat
 from tritonforge.pipelines import repository_configs
-from tritonforge.runtime import openai_api
-from tritonforge.runtime.server import EmbeddedServer
+from tritonforge.runtime.front.openai import api as openai_api
+from tritonforge.runtime.serving import EmbeddedServer
 from tritonforge.text import served_tokenizer
 
 openai = pytest.importorskip("openai")

@@ -18,7 +18,8 @@ from tokenizers import Tokenizer
 
 from tests import tiny_checkpoints
 from tritonforge.generation import render_chat
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.integration

@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 from tests.conftest import PIPELINE_REPOSITORY, PROJECT_ROOT
 from tritonforge.client import EmbeddingClient
 from tritonforge.model_packages import INSTALL_COMMAND, MODEL_PACKAGES
-from tritonforge.runtime.server import free_port
+from tritonforge.runtime.launcher.settings import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PACKAGE_DIRS = ("client", "deploy", "export", "loadtest", "runtime")
@@ -120,7 +120,7 @@ def test_installed_command_runs_outside_the_checkout(installed: Path, tmp_path: 
     for command in ("export", "serve", "client", "bench", "loadtest", "lint"):
         assert command in help_text
     where = run(
-        installed / "python", "-c", "import tritonforge.runtime.locate as m; print(m.__file__)",
+        installed / "python", "-c", "import tritonforge.runtime.launcher.locate as m; print(m.__file__)",
         cwd=tmp_path,
     ).stdout  # fmt: skip
     assert where.startswith(str(installed.parent)), where

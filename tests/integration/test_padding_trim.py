@@ -14,7 +14,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tritonforge.integrity import write_sidecar
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 

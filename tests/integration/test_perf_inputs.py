@@ -12,8 +12,8 @@ from tests.conftest import PIPELINE_REPOSITORY
 from tritonforge.loadtest.perf_analyzer import inputs as perf_inputs
 from tritonforge.loadtest.perf_analyzer.tool import binary
 from tritonforge.repository import load_model_config
-from tritonforge.runtime.server import EmbeddedServer
-from tritonforge.runtime.supervisor import public_models
+from tritonforge.runtime.serving import EmbeddedServer
+from tritonforge.runtime.supervisor.model_graph import public_models
 
 pytestmark = pytest.mark.integration
 QUICK = ["--concurrency-range", "1", "--measurement-interval-ms", "500"]

@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import PIPELINE_REPOSITORY
 from tritonforge.modelconfig import ModelConfig
-from tritonforge.runtime.server import EmbeddedServer
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 

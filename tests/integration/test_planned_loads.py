@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from tests.integration.reliability import linked_repository
-from tritonforge.runtime.logparse import NO_CUDA_NOTE
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.supervisor import Supervisor
+from tritonforge.runtime.launcher.logparse import NO_CUDA_NOTE
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
+from tritonforge.runtime.supervisor.supervisor import Supervisor
 
 pytestmark = pytest.mark.integration
 

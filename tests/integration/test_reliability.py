@@ -21,9 +21,11 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import PROJECT_ROOT
 from tests.integration.reliability import MINIMAL, Load, Outcome, linked_repository, text_inputs
+from tritonforge.headers import ADMIN_HEADER
 from tritonforge.runtime.errors import ModelLoadError
-from tritonforge.runtime.server import ADMIN_HEADER, EmbeddedServer, ServerSettings, free_port
-from tritonforge.runtime.supervisor import Supervisor
+from tritonforge.runtime.launcher.settings import ServerSettings, free_port
+from tritonforge.runtime.serving import EmbeddedServer
+from tritonforge.runtime.supervisor.supervisor import Supervisor
 
 pytestmark = pytest.mark.integration
 

@@ -36,9 +36,10 @@ from tests.integration.reliability import (
     text_inputs,
 )
 from tritonforge.runtime.errors import ModelLoadError
-from tritonforge.runtime.front import FrontLimits
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.supervisor import HealthEndpoint
+from tritonforge.runtime.front.settings import FrontLimits
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
+from tritonforge.runtime.supervisor.health import HealthEndpoint
 
 pytestmark = pytest.mark.integration
 
@@ -463,7 +464,7 @@ def test_standalone_front_guards_a_triton_started_elsewhere(
     stubs_unchanged: EmbeddedServer,
 ) -> None:
     """``python -m tritonforge.runtime front`` (the sidecar form) before the running server's sockets."""
-    from tritonforge.runtime.server import free_port
+    from tritonforge.runtime.launcher.settings import free_port
 
     server = stubs_unchanged
     http_port, grpc_port = free_port(), free_port()

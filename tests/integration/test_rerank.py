@@ -20,8 +20,9 @@ import tritonclient.http as httpclient
 from tritonforge.client import EmbeddingClient
 from tritonforge.client import cli as client_cli
 from tritonforge.client.errors import InvalidRequestError
-from tritonforge.runtime.lint import lint_repository
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.lint import lint_repository
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 from tritonforge.tasks.rerank.export import OrtReranker, package_dir
 from tritonforge.tasks.rerank.export.run import export_reranker
 from tritonforge.tasks.rerank.spec import MS_MARCO_MINILM as SPEC
@@ -212,7 +213,7 @@ def test_client_cli_rerank(
 
 
 def test_demo_shows_reranking(server: EmbeddedServer, capsys: pytest.CaptureFixture[str]) -> None:
-    from tritonforge.runtime.demo import run_demo
+    from tritonforge.runtime.cli.demo import run_demo
 
     run_demo(server, only={"rerank"})
     out = capsys.readouterr().out
@@ -257,7 +258,7 @@ def test_bench_cell_measures_documents_per_second(
 
 def test_generic_canaries_pass_every_rerank_model(server: EmbeddedServer, repository: Path) -> None:
     from tritonforge.repository import load_model_config, model_names
-    from tritonforge.runtime.canaries import canary_inputs
+    from tritonforge.runtime.supervisor.canaries import canary_inputs
 
     with httpclient.InferenceServerClient(server.http_url) as client:
         for name in model_names(repository):

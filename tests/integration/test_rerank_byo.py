@@ -12,8 +12,9 @@ import tritonclient.http as httpclient
 
 from tests.tiny_checkpoints import bert_cross_encoder
 from tritonforge.cli import main as tritonforge_main
-from tritonforge.runtime.lint import lint_repository
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.lint import lint_repository
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 from tritonforge.tasks.rerank.export import OrtReranker, export_pretrained
 from tritonforge.tasks.rerank.export.run import user_spec
 

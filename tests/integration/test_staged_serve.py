@@ -31,7 +31,7 @@ import tritonclient.http as httpclient
 
 from tests.conftest import PROJECT_ROOT
 from tritonforge.pipelines import from_repository
-from tritonforge.runtime.settings import free_port
+from tritonforge.runtime.launcher.settings import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -32,8 +32,10 @@ from tritonforge.loadtest.reliability.chaos.outcomes import OK
 from tritonforge.loadtest.reliability.chaos.probes import stream_once
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.supervisor import Backoff, Supervisor, public_models
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
+from tritonforge.runtime.supervisor.model_graph import public_models
+from tritonforge.runtime.supervisor.supervisor import Backoff, Supervisor
 
 pytestmark = pytest.mark.integration
 

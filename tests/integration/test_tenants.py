@@ -20,8 +20,8 @@ from tritonclient.utils import InferenceServerException
 
 from tests.integration.reliability import MINIMAL, linked_repository, text_inputs
 from tritonforge.pipelines import repository_configs
-from tritonforge.runtime import openai_api
-from tritonforge.runtime.server import serving
+from tritonforge.runtime.front.openai import api as openai_api
+from tritonforge.runtime.serving import serving
 from tritonforge.runtime.tenants.grpc import TENANT_METADATA
 from tritonforge.runtime.tenants.http import TENANT_HEADER, USAGE_PATH
 from tritonforge.runtime.tenants.keys import hash_key

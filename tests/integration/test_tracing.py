@@ -16,8 +16,9 @@ from tritonforge.bls import build_plan
 from tritonforge.client import EmbeddingClient
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.tracing import TraceSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.launcher.tracing import TraceSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 DEFAULT = from_repository(PIPELINE_REPOSITORY)["embed"]  # the default embedding pipeline

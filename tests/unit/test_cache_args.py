@@ -1,11 +1,11 @@
-"""runtime.cache: the response cache's tritonserver arguments and its environment variable."""
+"""runtime.launcher.cache: the response cache's tritonserver arguments and its environment variable."""
 
 from __future__ import annotations
 
 import pytest
 
 from tritonforge.env import EnvironmentValueError
-from tritonforge.runtime.cache import CACHE_ENV, cache_args
+from tritonforge.runtime.launcher.cache import CACHE_ENV, cache_args
 
 
 def test_size_and_the_wheels_cache_directory(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tritonforge.runtime import canaries
+from tritonforge.runtime.supervisor import canaries
 
 
 class FakeStream:

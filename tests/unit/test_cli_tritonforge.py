@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import PROJECT_ROOT
 from tritonforge import cli
-from tritonforge.runtime.staged import ExportJob
+from tritonforge.runtime.cli.staged import ExportJob
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -51,7 +51,7 @@ def test_log_level_applies_to_the_project_loggers_only(
     setup_logging("debug")
     assert logging.getLogger("tritonforge.client.retry").isEnabledFor(logging.DEBUG)
     setup_logging("warning")
-    assert not logging.getLogger("tritonforge.runtime.tracing").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("tritonforge.runtime.launcher.tracing").isEnabledFor(logging.INFO)
     setup_logging("info")
     assert logging.getLogger("tritonforge.export.encoder").isEnabledFor(logging.INFO)
     assert not logging.getLogger("onnxruntime").isEnabledFor(logging.INFO)
@@ -86,7 +86,7 @@ def test_serve_and_demo_export_every_default_in_the_background(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Nothing is exported before the server starts: serve/demo get one --background-export
-    per default export (runtime.staged), unless --no-export or the user's own."""
+    per default export (runtime.cli.staged), unless --no-export or the user's own."""
     calls: list[tuple[str, list[str]]] = []
 
     class Fake(cli.Command):

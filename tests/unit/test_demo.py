@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import pytest
 
 from tritonforge.client import generate
-from tritonforge.runtime import demo
+from tritonforge.runtime.cli import demo
 
 
 class Recorder:

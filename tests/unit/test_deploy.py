@@ -459,8 +459,9 @@ def test_image_python_packages_equal_the_lock_file(
 
 def test_triton_image_has_what_the_front_imports() -> None:
     code = dv.loadtest_code(dv.FRONT_ENTRY, first_party=dv.FRONT_FIRST_PARTY)
-    names = {p.name for p in code.package_files}
-    assert {"front.py", "cli.py", "errors.py"} <= names
+    names = {p.relative_to(dv.PROJECT_ROOT).as_posix() for p in code.package_files}
+    runtime = {"front/app.py", "cli/main.py", "errors.py"}
+    assert {f"tritonforge/runtime/{name}" for name in runtime} <= names
     allowed = dv.FRONT_FIRST_PARTY | dv.IMPORT_NAMES
     assert dv.container_code_findings(code, dv.TRITON_REQUIREMENTS, allowed) == []
     missing = copy.deepcopy(allowed) - {"grpc"}
@@ -731,7 +732,7 @@ def test_check_model_cpu_against_cpu(tmp_path: Path) -> None:
 def test_the_standalone_front_takes_the_deployments_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     """The flags compose and k8s give the sidecar front parse (``--traced=true`` turns the
     tracing mitigation on; ``--model-repository`` the /v1 routes)."""
-    from tritonforge.runtime import front as front_module
+    from tritonforge.runtime.front import app as front_module
 
     compose = dv.load_yaml(dv.COMPOSE_FILE)
     args = dv.front_args([str(a) for a in compose["services"]["front"]["command"]]) or []

@@ -98,19 +98,19 @@ def _client() -> object:
 
 
 def _runtime_cli() -> object:
-    from tritonforge.runtime.cli import main
+    from tritonforge.runtime.cli.main import main
 
     return main(["lint", "--model-repository", "no-such-repository"])
 
 
 def _server_settings() -> object:
-    from tritonforge.runtime.server import ServerSettings
+    from tritonforge.runtime.launcher.settings import ServerSettings
 
     return ServerSettings(model_repository=Path("model_repository"))
 
 
 def _front() -> object:
-    from tritonforge.runtime.front import main
+    from tritonforge.runtime.front.app import main
 
     return main(["--help"])
 
@@ -140,7 +140,7 @@ def _fastapi() -> object:
 
 
 def _trace() -> object:
-    from tritonforge.runtime.tracing import trace_args
+    from tritonforge.runtime.launcher.tracing import trace_args
 
     return trace_args("localhost:4318" if os.environ.get("TRITONFORGE_TRACE_RATE") else None)
 
@@ -153,14 +153,14 @@ def _log_level() -> object:
 
 def _cache() -> object:
     # the response cache (#12) is on main; on a branch without it the row skips
-    cache = pytest.importorskip("tritonforge.runtime.cache")
+    cache = pytest.importorskip("tritonforge.runtime.launcher.cache")
     return cache.cache_args()
 
 
 def _demo() -> object:
     import importlib
 
-    import tritonforge.runtime.demo as demo
+    import tritonforge.runtime.cli.demo as demo
 
     return importlib.reload(demo)
 

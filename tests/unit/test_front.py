@@ -12,17 +12,17 @@ import pytest
 
 from tests.integration.reliability import gzip_bomb
 from tritonforge.errors import InvalidInputError
-from tritonforge.runtime.cli import main as cli_main
+from tritonforge.runtime.cli.main import main as cli_main
 from tritonforge.runtime.errors import FrontError
-from tritonforge.runtime.front import (
-    GRPC_RESTRICTED,
-    HTTP_RESTRICTED,
+from tritonforge.runtime.front.body import (
     MAX_ELEMENTS,
     check_json_shapes,
     check_shape,
     inflate,
     json_depth,
 )
+from tritonforge.runtime.front.grpc import GRPC_RESTRICTED
+from tritonforge.runtime.front.http import HTTP_RESTRICTED
 from tritonforge.text import TextLimits, decode_texts
 
 

@@ -1,4 +1,4 @@
-"""runtime.degrade_headers: X-Fallback / X-Priority -> request parameters, and the variant that
+"""runtime.front.degrade_headers: X-Fallback / X-Priority -> request parameters, and the variant that
 answered -> X-Tritonforge-Variant."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import struct
 
 import pytest
 
-from tritonforge.runtime.degrade_headers import answered_variant, header_parameters
 from tritonforge.runtime.errors import FrontError
-from tritonforge.runtime.front_body import add_parameters
+from tritonforge.runtime.front.body import add_parameters
+from tritonforge.runtime.front.degrade_headers import answered_variant, header_parameters
 
 
 def test_headers_become_parameters_and_the_body_wins() -> None:

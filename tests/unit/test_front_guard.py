@@ -1,4 +1,4 @@
-"""runtime.front_guard: defensive header parsing, bounded echoes, the throttled error log,
+"""runtime.front.guard: defensive header parsing, bounded echoes, the throttled error log,
 stream admission and the version-pin policy (issue #19 findings 2b, 6, 7)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from tritonforge.errors import shown
 from tritonforge.runtime.errors import FrontError
-from tritonforge.runtime.front_guard import (
+from tritonforge.runtime.front.guard import (
     Admission,
     PinPolicy,
     ThrottledLog,
@@ -125,8 +125,8 @@ def test_pins_are_honoured_where_declared_and_refused_elsewhere_naming_where() -
 
 
 def test_front_helpers_find_the_model_the_pin_and_write_sse_like_triton() -> None:
-    from tritonforge.runtime.front_body import json_has_version
-    from tritonforge.runtime.front_http import _model_of, sse_event
+    from tritonforge.runtime.front.body import json_has_version
+    from tritonforge.runtime.front.http import _model_of, sse_event
 
     assert _model_of("/v2/models/classify/versions/1/infer") == "classify"
     assert _model_of("/v2/health/ready") is None
@@ -139,7 +139,7 @@ def test_front_helpers_find_the_model_the_pin_and_write_sse_like_triton() -> Non
 
 
 def test_each_model_has_its_own_stream_bound_from_its_config() -> None:
-    from tritonforge.runtime.front_guard import stream_capacities
+    from tritonforge.runtime.front.guard import stream_capacities
 
     def decoupled(name: str, **params: str) -> dict[str, object]:
         return {
@@ -182,7 +182,7 @@ def test_each_model_has_its_own_stream_bound_from_its_config() -> None:
 def test_sse_events_are_written_as_triton_writes_them() -> None:
     from tritonclient.grpc import service_pb2
 
-    from tritonforge.runtime.front_sse import dumps, response_event
+    from tritonforge.runtime.front.sse import dumps, response_event
 
     assert dumps({"error": 'a"\\\n\x01é'}) == b'{"error":"a\\"\\\\\\n\\u0001\xc3\xa9"}'
     response = service_pb2.ModelInferResponse(model_name="generate", model_version="1")

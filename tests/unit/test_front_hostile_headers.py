@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.runtime.front import Front
-from tritonforge.runtime.settings import free_port
+from tritonforge.runtime.front.app import Front
+from tritonforge.runtime.launcher.settings import free_port
 
 
 @pytest.fixture
@@ -74,10 +74,10 @@ def test_hostile_header_is_a_400_naming_it(front: Front, header: str, value: str
 def test_refusals_are_logged_once_per_kind_not_once_per_request(
     front: Front, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="tritonforge.runtime.front"):
+    with caplog.at_level(logging.WARNING, logger="tritonforge.runtime.front.app"):
         for _ in range(50):
             assert post(front, {"Inference-Header-Content-Length": "²"})[0] == 400
-    lines = [r for r in caplog.records if r.name == "tritonforge.runtime.front"]
+    lines = [r for r in caplog.records if r.name == "tritonforge.runtime.front.app"]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert not any(r.exc_info for r in lines)
     assert front.errors.pending("http 400") == 49
@@ -129,7 +129,7 @@ def test_malformed_requests_are_logged_once_per_kind_without_tracebacks(
         front.stop()  # flushes the pending counts
     traced = [r for r in caplog.records if r.exc_info and r.levelno >= logging.INFO]
     assert not traced, [f"{r.name}: {r.getMessage()}" for r in traced[:3]]
-    lines = [r.getMessage() for r in caplog.records if r.name == "tritonforge.runtime.front"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tritonforge.runtime.front.app"]
     kinds = {line.split(":", 1)[0] for line in lines}
     assert kinds and all(k.startswith("http 400 ") for k in kinds), lines
     assert len(lines) <= 2 * len(kinds) <= 2 * len(MALFORMED), lines  # first + one count

@@ -11,7 +11,7 @@ import pytest
 
 from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.specs import get_pipeline, pipeline_names
-from tritonforge.runtime.front import FrontLimits
+from tritonforge.runtime.front.settings import FrontLimits
 
 
 def held_requests(spec: PipelineSpec) -> dict[str, int]:

@@ -24,8 +24,10 @@ import pytest
 from aiohttp import web
 from tritonclient.grpc import service_pb2
 
-from tritonforge.runtime.front import GRPC_INFER, GRPC_SERVICE, Front, FrontLimits
-from tritonforge.runtime.settings import free_port
+from tritonforge.runtime.front.app import Front
+from tritonforge.runtime.front.grpc import GRPC_INFER, GRPC_SERVICE
+from tritonforge.runtime.front.settings import FrontLimits
+from tritonforge.runtime.launcher.settings import free_port
 
 STREAM = f"{GRPC_SERVICE}ModelStreamInfer"
 ANSWERED = "answered"  # the stand-in answers this model once, finally, and waits for the end
@@ -533,7 +535,7 @@ def test_port_0_binds_free_ports_and_reports_them(tmp_path: Path) -> None:
     """The port race (#19): helpers picked free ports and released them before the launcher
     bound them ("address already in use" once). Port 0: the front binds any free port itself,
     holds it, and reports the bound one; ``ServerSettings.ephemeral`` asks for it."""
-    from tritonforge.runtime.settings import ServerSettings
+    from tritonforge.runtime.launcher.settings import ServerSettings
 
     assert ServerSettings.ephemeral(tmp_path).http_port == 0
     assert ServerSettings.ephemeral(tmp_path, front=False).http_port != 0  # Triton binds them

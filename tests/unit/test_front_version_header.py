@@ -1,4 +1,4 @@
-"""runtime.front.apply_version_header: X-Model-Version -> the request parameter `version`."""
+"""runtime.front.body.apply_version_header: X-Model-Version -> the request parameter `version`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from tritonforge.runtime.front import FrontError, apply_version_header
+from tritonforge.runtime.errors import FrontError
+from tritonforge.runtime.front.body import apply_version_header
 
 
 def test_json_body_gets_the_parameter() -> None:

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tritonforge.runtime import cli
+from tritonforge.runtime.cli import main as cli
 
 
 class Supervisor:

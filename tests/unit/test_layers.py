@@ -112,7 +112,7 @@ def test_every_folder_imports_only_the_layers_below_it() -> None:
     [
         ("tritonforge.errors", "core"),
         ("tritonforge.stages.bls_model", "stages"),
-        ("tritonforge.runtime.front", "runtime"),
+        ("tritonforge.runtime.front.app", "runtime"),
         ("tritonforge.tasks", "core"),
         ("tritonforge.tasks.rerank", "core"),
         ("tritonforge.tasks.rerank.protocol", "core"),
@@ -136,6 +136,6 @@ def test_task_folder_files_map_to_their_layer() -> None:
 
 
 def test_a_wrong_way_tie_is_found() -> None:
-    tree = ast.parse("def f():\n    from tritonforge.runtime.front import Front\n")
+    tree = ast.parse("def f():\n    from tritonforge.runtime.front.app import Front\n")
     ((_line, module),) = imported_modules(tree)
     assert layer_of_module(module) not in ALLOWED["client"]

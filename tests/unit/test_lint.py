@@ -1,4 +1,4 @@
-"""runtime.lint on generated pipelines (stand-in encoders), each broken by one rule."""
+"""runtime.launcher.lint on generated pipelines (stand-in encoders), each broken by one rule."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from tritonforge.export.tritonconfig import render_pbtxt
 from tritonforge.modelconfig import pbtxt_to_dict
-from tritonforge.runtime.lint import lint_repository
+from tritonforge.runtime.launcher.lint import lint_repository
 
 
 @pytest.fixture

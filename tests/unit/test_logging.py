@@ -18,7 +18,7 @@ from tritonforge.logs import LOG_LEVEL_ENV
 
 PACKAGES = ("client", "deploy", "export", "loadtest", "runtime", "tritonforge")
 # What these print is the command's result (the demo's answers), not progress.
-RESULT_MODULES = {"runtime/demo.py"}
+RESULT_MODULES = {"runtime/cli/demo.py"}
 
 
 def tritonforge(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -80,7 +80,7 @@ def test_a_bad_log_level_in_the_environment_is_one_line_naming_it() -> None:
 def test_setup_logging_levels_and_format(console_logging: Callable[[str], None]) -> None:
     console_logging("warning")
     assert not logging.getLogger("tritonforge.loadtest.bench").isEnabledFor(logging.INFO)
-    assert logging.getLogger("tritonforge.runtime.cli").isEnabledFor(logging.ERROR)
+    assert logging.getLogger("tritonforge.runtime.cli.main").isEnabledFor(logging.ERROR)
     console_logging("info")
     formatter = logging.getLogger().handlers[0].formatter
     assert formatter is not None

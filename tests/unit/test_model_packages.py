@@ -21,7 +21,7 @@ from tritonforge.model_packages import (
     ModelPackage,
     ModelPackagesMissingError,
 )
-from tritonforge.runtime import serve_setup
+from tritonforge.runtime.cli import serve_setup
 
 ABSENT = ModelPackage("tritonforge-test-no-such-package", "0.0.1", "nothing")
 

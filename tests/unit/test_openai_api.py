@@ -18,8 +18,8 @@ from tritonforge.generation import (
     render_chat,
     render_prompt,
 )
-from tritonforge.runtime import openai_api as api
-from tritonforge.runtime.openai_api import OpenAIError
+from tritonforge.runtime.front.openai import api
+from tritonforge.runtime.front.openai.api import OpenAIError
 
 TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

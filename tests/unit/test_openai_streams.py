@@ -25,10 +25,11 @@ from tritonclient.grpc import service_pb2
 
 from tests.unit.test_openai_api import GENERATE
 from tritonforge.generation import TEXT_OUTPUT
-from tritonforge.runtime import openai_api as api
-from tritonforge.runtime.front import GRPC_SERVICE, Front, FrontLimits
-from tritonforge.runtime.openai_front import OpenAISettings
-from tritonforge.runtime.settings import free_port
+from tritonforge.runtime.front.app import Front
+from tritonforge.runtime.front.grpc import GRPC_SERVICE
+from tritonforge.runtime.front.openai import api
+from tritonforge.runtime.front.settings import FrontLimits, OpenAISettings
+from tritonforge.runtime.launcher.settings import free_port
 
 STREAM = f"{GRPC_SERVICE}ModelStreamInfer"
 CRASHED = "generate is unavailable: its stub crashed and is reloading; retry"

@@ -13,7 +13,7 @@ from tritonforge.export.specs.from_pretrained import pipeline_from_pretrained
 from tritonforge.export.tritonconfig import render_pbtxt
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import from_repository
-from tritonforge.runtime.lint import lint_repository
+from tritonforge.runtime.launcher.lint import lint_repository
 
 
 def stand_in_encoder(repo: Path, name: str, versions: list[int]) -> None:

@@ -10,7 +10,7 @@ import pytest
 from tritonforge import tasks
 from tritonforge.export import cli as export_cli
 from tritonforge.export.specs import default_exports, get_entry
-from tritonforge.runtime.openai_catalog import catalog, task_handlers
+from tritonforge.runtime.front.openai.catalog import catalog, task_handlers
 from tritonforge.tasks.rerank.spec import MS_MARCO_MINILM
 
 

@@ -16,13 +16,13 @@ import psutil
 import pytest
 
 from tritonforge.headers import ADMIN_HEADER
-from tritonforge.runtime import procinfo
-from tritonforge.runtime.command import RESTRICTED_APIS, triton_command, triton_environment
 from tritonforge.runtime.errors import ServerStartError
-from tritonforge.runtime.locate import PYTHONPATH_ENV, find_triton
-from tritonforge.runtime.logparse import NO_CUDA_NOTE, ServerLog, load_failures, port_hint
-from tritonforge.runtime.metrics import check_port_free
-from tritonforge.runtime.settings import ADMIN_KEY_ENV, ServerSettings
+from tritonforge.runtime.launcher import procinfo
+from tritonforge.runtime.launcher.command import RESTRICTED_APIS, triton_command, triton_environment
+from tritonforge.runtime.launcher.locate import PYTHONPATH_ENV, find_triton
+from tritonforge.runtime.launcher.logparse import NO_CUDA_NOTE, ServerLog, load_failures, port_hint
+from tritonforge.runtime.launcher.metrics import check_port_free
+from tritonforge.runtime.launcher.settings import ADMIN_KEY_ENV, ServerSettings
 
 # Lines as tritonserver 2.51 writes them (one per shape load_failures knows).
 FAILED_LOG = """\

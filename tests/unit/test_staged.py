@@ -1,4 +1,4 @@
-"""runtime.staged without a server: what is servable, load order, labels, a failing export."""
+"""runtime.cli.staged without a server: what is servable, load order, labels, a failing export."""
 
 from __future__ import annotations
 
@@ -10,11 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.runtime.command import triton_command
-from tritonforge.runtime.errors import EmbeddedServerError
-from tritonforge.runtime.lint import lint_by_model, lint_repository
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.staged import (
+from tritonforge.runtime.cli.staged import (
     BackgroundExports,
     ExportJob,
     dependency_order,
@@ -22,7 +18,13 @@ from tritonforge.runtime.staged import (
     public_units,
     servable_models,
 )
-from tritonforge.runtime.supervisor import Health, HealthEndpoint, Supervisor
+from tritonforge.runtime.errors import EmbeddedServerError
+from tritonforge.runtime.launcher.command import triton_command
+from tritonforge.runtime.launcher.lint import lint_by_model, lint_repository
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
+from tritonforge.runtime.supervisor.health import Health, HealthEndpoint
+from tritonforge.runtime.supervisor.supervisor import Supervisor
 
 EMBED_PUBLIC = ["embed", "embed_int8", "embed_torchscript", "embed_bls"]
 
@@ -210,7 +212,7 @@ def test_files_stamp_changes_when_an_export_replaces_a_version(embed_repo: Path)
 def test_background_exports_need_explicit_model_control(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tritonforge.runtime.cli import main
+    from tritonforge.runtime.cli.main import main
 
     argv = ["serve", "--model-repository", str(tmp_path), "--background-export", "minilm"]
     assert main([*argv, "--model-control-mode", "none"]) == 1  # nothing started
@@ -221,7 +223,7 @@ def test_the_default_exports_run_fastest_first_the_classifier_training_one_last(
     """`make run` serves each pipeline as its export is done: embed (~1 min) first, rerank
     (seconds), then generate (~2.5 min); classify last, as it trains the classifier first
     (docs/operations.md)."""
-    from tritonforge.runtime.serve_setup import background_exports
+    from tritonforge.runtime.cli.serve_setup import background_exports
 
     args = background_exports(["--model-repository", "r"])
     jobs = [ExportJob.parse(a).label for a in args[1::2]]

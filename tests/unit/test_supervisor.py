@@ -18,23 +18,19 @@ import pytest
 
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.runtime.errors import ServerStartError
-from tritonforge.runtime.logparse import ServerLog
-from tritonforge.runtime.metrics import MetricsProxy
-from tritonforge.runtime.planned_loads import PlannedLoads
-from tritonforge.runtime.process import TritonProcess
-from tritonforge.runtime.supervisor import (
+from tritonforge.runtime.launcher.logparse import ServerLog
+from tritonforge.runtime.launcher.metrics import MetricsProxy
+from tritonforge.runtime.launcher.planned_loads import PlannedLoads
+from tritonforge.runtime.launcher.process import TritonProcess
+from tritonforge.runtime.supervisor.canaries import (
     FAILED,
     OVERLOADED,
-    Backoff,
-    Supervisor,
-    callees,
     classify_failure,
-    dependents,
-    model_calls,
-    pipeline_states,
-    reload_plan,
     unhealthy_stubs,
 )
+from tritonforge.runtime.supervisor.health import pipeline_states
+from tritonforge.runtime.supervisor.model_graph import callees, dependents, model_calls, reload_plan
+from tritonforge.runtime.supervisor.supervisor import Backoff, Supervisor
 
 
 def _python(name: str, **params: str) -> ModelConfig:
@@ -454,7 +450,7 @@ def test_stop_stream_ends_the_request_iterator_after_a_cancel() -> None:
     import queue
     from types import SimpleNamespace
 
-    from tritonforge.runtime.supervisor import stop_stream
+    from tritonforge.runtime.supervisor.canaries import stop_stream
 
     requests: queue.Queue[object] = queue.Queue()
     calls: list[bool] = []
@@ -475,7 +471,7 @@ def test_a_concurrent_canary_round_asks_every_model_at_once(
 ) -> None:
     """A recovery's check of the models it affects waits for the slowest canary, not their sum:
     every canary is in flight together (a barrier they all must reach)."""
-    from tritonforge.runtime import canaries
+    from tritonforge.runtime.supervisor import canaries
 
     barrier = threading.Barrier(3, timeout=10)
 

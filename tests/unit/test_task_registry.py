@@ -23,7 +23,7 @@ from tritonforge.errors import ModelConfigError
 TASK_FOLDERS = ("tritonforge/tasks/", "export/classifier/", "export/decoder/")
 # OpenAI's wire format names a field "embedding" (an object type and a key), not our task.
 WIRE_FORMAT = {
-    "runtime/openai_responses.py": 2,
+    "runtime/front/openai/responses.py": 2,
     "loadtest/locust/embed.py": 1,
     "loadtest/anchors/infinity.py": 1,
 }
@@ -36,7 +36,7 @@ NAMED_TASK_IMPORTS = {
     "client/core.py": "the typed client's embed/classify methods (to move to the tasks' client)",
     "client/cli.py": "`client classify` (to move to the classification task's client)",
     "client/__init__.py": "re-exports the Classification result type",
-    "runtime/openai_catalog.py": "/v1 model kinds (to move to the tasks' routes)",
+    "runtime/front/openai/catalog.py": "/v1 model kinds (to move to the tasks' routes)",
     "loadtest/locust/base.py": "the Locust users' default task (to move to the tasks' loadtest)",
     "loadtest/locust/embed.py": "the embedding locustfile (to move to its task's loadtest)",
     "loadtest/locust/classify.py": "the classification locustfile (to move likewise)",

@@ -11,8 +11,8 @@ from opentelemetry import trace
 
 from tritonforge.client.errors import InvalidRequestError
 from tritonforge.client.wire import TRACEPARENT, trace_headers
-from tritonforge.runtime import cli
-from tritonforge.runtime.tracing import (
+from tritonforge.runtime.cli import main as cli
+from tritonforge.runtime.launcher.tracing import (
     TRACE_ENV,
     TraceConfigError,
     TraceSettings,

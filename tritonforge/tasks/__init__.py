@@ -65,7 +65,7 @@ class Task:
     client_call: str = ""
     """The client method that answers a pipeline of this task (``embed``, ``classify``)."""
     openai_embeddings: bool = False
-    """Its ensembles are ``/v1/embeddings`` models (runtime.openai_catalog)."""
+    """Its ensembles are ``/v1/embeddings`` models (runtime.front.openai.catalog)."""
 
     def module(self, layer: str) -> ModuleType:
         """The folder's module ``layer`` (``export``, ``client``, ``loadtest``, ...)."""

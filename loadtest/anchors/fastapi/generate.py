@@ -25,8 +25,9 @@ from fastapi.responses import StreamingResponse
 from tritonforge.env import env_int
 from tritonforge.export.decoder.load import load_gguf, package_file
 from tritonforge.export.specs.smollm2 import smollm2_spec
-from tritonforge.generation import FINISH_LENGTH, FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
+from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 from tritonforge.logs import run_main
+from tritonforge.scheduler import FINISH_LENGTH
 
 
 def create_app() -> FastAPI:

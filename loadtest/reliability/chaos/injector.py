@@ -34,13 +34,11 @@ from tritonforge.loadtest.reliability.chaos.probes import (
     text_tensor,
 )
 from tritonforge.pipelines import from_repository
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
-from tritonforge.runtime.supervisor import (
-    OVERLOADED,
-    Supervisor,
-    callees,
-    classify_failure,
-)
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
+from tritonforge.runtime.supervisor.canaries import OVERLOADED, classify_failure
+from tritonforge.runtime.supervisor.model_graph import callees
+from tritonforge.runtime.supervisor.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tritonforge.runtime.supervisor import (
-    OVERLOADED,
-    classify_failure,
-)
+from tritonforge.runtime.supervisor.canaries import OVERLOADED, classify_failure
 
 log = logging.getLogger(__name__)
 

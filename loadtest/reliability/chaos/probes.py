@@ -22,10 +22,7 @@ from tritonforge.loadtest.reliability.chaos.outcomes import CLEAN, HUNG, LOST, O
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import from_repository
 from tritonforge.repository import load_model_config
-from tritonforge.runtime.canaries import STREAM_END_S, end_stream
-from tritonforge.runtime.supervisor import (
-    stop_stream,
-)
+from tritonforge.runtime.supervisor.canaries import STREAM_END_S, end_stream, stop_stream
 
 log = logging.getLogger(__name__)
 

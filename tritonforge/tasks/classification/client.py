@@ -205,10 +205,10 @@ def decode(
     return out
 
 
-# ``make run``'s demo of a classification pipeline (runtime.demo.show calls it)
+# ``make run``'s demo of a classification pipeline (runtime.cli.demo.show calls it)
 # (protocol, route) -> a typed client of the demo's server
 OpenClient = Callable[..., "EmbeddingClient"]
-Emit = Callable[[str], None]  # where the demo writes its lines (runtime.demo: stdout)
+Emit = Callable[[str], None]  # where the demo writes its lines (runtime.cli.demo: stdout)
 SENTENCES = (
     "I love how fast and friendly the support team was.",
     "The package arrived on Tuesday.",

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 # (protocol, route) -> a typed client of the demo's server
 OpenClient = Callable[..., "EmbeddingClient"]
-Emit = Callable[[str], None]  # where the demo writes its lines (runtime.demo: stdout)
+Emit = Callable[[str], None]  # where the demo writes its lines (runtime.cli.demo: stdout)
 
 SENTENCES = (
     "A man is playing a guitar.",

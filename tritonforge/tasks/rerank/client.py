@@ -159,9 +159,7 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> N
 
 
 def cmd_rerank(args: argparse.Namespace) -> dict[str, Any]:
-    from tritonforge.client.cli import _client
-
-    with _client(args) as c:
+    with args.open_client(args) as c:
         route = "bls" if c.settings.route == "bls" else "ensemble"
         results = c.rerank(args.query, args.documents, args.top_n, args.model, route)
         return {

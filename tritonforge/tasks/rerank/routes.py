@@ -17,8 +17,8 @@ from aiohttp import web
 
 from tritonforge.pipelines import ROLE_KEY, TASK_KEY, _params
 from tritonforge.runtime.errors import OpenAIError
-from tritonforge.runtime.openai_catalog import ServedModel
-from tritonforge.runtime.openai_responses import new_id
+from tritonforge.runtime.front.openai.catalog import ServedModel
+from tritonforge.runtime.front.openai.responses import new_id
 from tritonforge.tasks.rerank.pairs import PairTokenizer
 from tritonforge.tasks.rerank.protocol import (
     COHERE,
@@ -33,7 +33,7 @@ from tritonforge.tasks.rerank.scores import ranked
 from tritonforge.tasks.rerank.spec import TASK
 
 if TYPE_CHECKING:
-    from tritonforge.runtime.openai_front import OpenAIFront
+    from tritonforge.runtime.front.openai.app import OpenAIFront
 
 LIMIT_KEYS = ("max_documents", "max_document_bytes", "max_query_bytes")
 

@@ -5,7 +5,7 @@ call). The spec's bounds are the stages' ``parameters``; the tensor names are th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from tritonforge.configschema import EnsembleStep, InstanceGroup, TritonConfig, params, render_pbtxt
 from tritonforge.export.onnx_import import MODEL_FILE, TOKENIZER_FILE, ImportedGraph
@@ -60,21 +60,18 @@ def _public_io(spec: RerankSpec) -> tuple[tuple[TensorSpec, ...], tuple[TensorSp
     return inputs, outputs
 
 
-def rerank_configs(
-    spec: RerankSpec, graph: ImportedGraph, pad_id: int
-) -> tuple[tuple[TritonConfig, str | None], ...]:
-    """Every config of the pipeline with the stage kind whose source is its ``model.py``
-    (None: the encoder and the ensemble)."""
-    tokens, logits = _encoder_tensors(graph)
+def _encoder_config(
+    spec: RerankSpec, tokens: Sequence[TensorSpec], logits: TensorSpec, pad_id: int
+) -> TritonConfig:
+    """The cross-encoder's config: the tokens in, the pair logits out."""
     names = [t.name for t in tokens]
-    public_in, public_out = _public_io(spec)
     pads = ",".join(f"{n}={pad_id if n == 'input_ids' else 0}" for n in names)
-    encoder = TritonConfig(
+    return TritonConfig(
         name=spec.encoder_model,
         backend="onnxruntime",
         max_batch_size=MAX_BATCH,
         default_model_filename=MODEL_FILE,
-        inputs=tokens,
+        inputs=tuple(tokens),
         outputs=(logits,),
         instance_groups=(InstanceGroup(1),),
         parameters=params(
@@ -88,6 +85,46 @@ def rerank_configs(
             }
         ),
     )
+
+
+def _bls_config(
+    spec: RerankSpec,
+    names: Sequence[str],
+    logits: str,
+    public_in: tuple[TensorSpec, ...],
+    public_out: tuple[TensorSpec, ...],
+) -> TritonConfig:
+    """The BLS's config: tokenizes itself, one encoder call per batch of pairs."""
+    return TritonConfig(
+        name=spec.bls,
+        backend="python",
+        max_batch_size=0,
+        inputs=public_in,
+        outputs=public_out,
+        instance_groups=(InstanceGroup(1),),
+        parameters=params(
+            {
+                **_pair_settings(spec),
+                "score_model": spec.encoder_model,  # (the lint reads encoder_model as a tokenizer's)
+                "encoder_inputs": ",".join(names),
+                "encoder_output": logits,
+                "stage_timeout_ms": STAGE_TIMEOUT_MS,
+                "top_n_parameter": spec.top_n_parameter,
+                **_marks("bls"),
+            }
+        ),
+    )
+
+
+def rerank_configs(
+    spec: RerankSpec, graph: ImportedGraph, pad_id: int
+) -> tuple[tuple[TritonConfig, str | None], ...]:
+    """Every config of the pipeline with the stage kind whose source is its ``model.py``
+    (None: the encoder and the ensemble)."""
+    tokens, logits = _encoder_tensors(graph)
+    names = [t.name for t in tokens]
+    public_in, public_out = _public_io(spec)
+    encoder = _encoder_config(spec, tokens, logits, pad_id)
     tokenizer = TritonConfig(
         name=spec.tokenizer_model,
         backend="python",
@@ -120,25 +157,7 @@ def rerank_configs(
         ensemble_steps=steps,
         parameters=params({"top_n_parameter": spec.top_n_parameter, **_marks("ensemble")}),
     )
-    bls = TritonConfig(
-        name=spec.bls,
-        backend="python",
-        max_batch_size=0,
-        inputs=public_in,
-        outputs=public_out,
-        instance_groups=(InstanceGroup(1),),
-        parameters=params(
-            {
-                **_pair_settings(spec),
-                "score_model": spec.encoder_model,  # (the lint reads encoder_model as a tokenizer's)
-                "encoder_inputs": ",".join(names),
-                "encoder_output": logits.name,
-                "stage_timeout_ms": STAGE_TIMEOUT_MS,
-                "top_n_parameter": spec.top_n_parameter,
-                **_marks("bls"),
-            }
-        ),
-    )
+    bls = _bls_config(spec, names, logits.name, public_in, public_out)
     return (
         (encoder, None),
         (tokenizer, PAIR_TOKENIZER),

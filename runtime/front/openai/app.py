@@ -1,0 +1,480 @@
+"""The ``/v1`` routes of the front (aiohttp): OpenAI's API mapped onto the served models.
+
+Every request goes through Triton, never a second copy of a model: embeddings are one
+``/v2/models/<ensemble>/infer`` over the front's HTTP upstream (the same connection pool,
+``queue_timeout_s`` and ``request_timeout_s`` as v2 requests), completions one decoupled
+``ModelStreamInfer`` call over the front's gRPC upstream channel (so open streams hold no Triton
+HTTP thread). Bodies get the v2 limits (``max_body_bytes`` as sent and inflated,
+``max_json_depth``). A client that goes away cancels its generation (the gRPC call is
+cancelled, which frees the decoding slot). Parsing and response shapes live in
+:mod:`~runtime.front.openai.api`; this module only moves bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hmac
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import grpc
+import numpy as np
+from aiohttp import web
+
+from tritonforge.queue_forecast import retry_after_s
+from tritonforge.runtime.errors import FrontError
+from tritonforge.runtime.front import stream as front_stream
+from tritonforge.runtime.front import stream_end
+from tritonforge.runtime.front.body import INFLATE_WBITS, inflate, json_depth
+from tritonforge.runtime.front.openai import api
+from tritonforge.runtime.front.openai.api import OpenAIError, ServedModel
+from tritonforge.runtime.front.settings import OpenAISettings
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from tritonforge.runtime.front.http import HttpFront
+    from tritonforge.text import TextTokenizer
+
+log = logging.getLogger(__name__)
+PREFIX = "/v1"
+# The upstream session does not inflate (it forwards v2 bytes as they are): ask for none.
+IDENTITY = {"Accept-Encoding": "identity"}
+
+
+@dataclass
+class _Generator:
+    """What a completion needs besides Triton: the model's tokenizer and chat template."""
+
+    tokenizer: Tokenizer
+    template: str | None
+
+
+@dataclass
+class _Slot:
+    """A streamed completion's place among the front's open streams (the same
+    :class:`~runtime.front.guard.Admission` as the v2 SSE and gRPC streams): :meth:`end`, called
+    on drain or when the supervisor ends a crashed model's streams, records why and cancels the
+    upstream call; the stream then ends with an error event saying so. A non-streamed
+    completion holds no slot: its ``token`` only tracks it (:meth:`Admission.track`), and it
+    ends with a 503 saying why."""
+
+    token: int | None = None
+    call: Any = None
+    reason: str | None = None
+    what: str = "stream"  # what the last message says ended
+    answered: bool = False  # the final response came: the call is left to close (stream_end)
+
+    def end(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        if self.call is not None:
+            self.call.cancel()
+
+
+class OpenAIFront:
+    """Handles ``/v1`` for :class:`~runtime.front.http.HttpFront` (which owns the port and limits)."""
+
+    def __init__(
+        self,
+        http: HttpFront,
+        channel: Callable[[], grpc.aio.Channel],
+        settings: OpenAISettings,
+    ) -> None:
+        self.http, self.channel, self.settings = http, channel, settings
+        self._models: dict[str, ServedModel] = {}
+        self._versions: dict[str, str] = {}
+        self._fetched_s = -1e9
+        self._lock: asyncio.Lock | None = None
+        self._tokenizers: dict[Path, tuple[float, Any]] = {}
+
+    @staticmethod
+    def owns(path: str) -> bool:
+        """``/v1`` and the tasks' own routes (e.g. ``/rerank``)."""
+        return path == PREFIX or path.startswith(PREFIX + "/") or path in api.task_handlers()
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            self._authorize(request)
+            path = request.path.rstrip("/")
+            if path == f"{PREFIX}/models" or path.startswith(f"{PREFIX}/models/"):
+                if request.method != "GET":
+                    raise OpenAIError(f"{request.method} {path}: use GET", 405)
+                return await self._models_route(path.removeprefix(f"{PREFIX}/models").strip("/"))
+            routes: dict[str, Any] = {
+                f"{PREFIX}/embeddings": self._embeddings,
+                f"{PREFIX}/chat/completions": self._chat,
+                f"{PREFIX}/completions": self._completions,
+                **{p: functools.partial(h, self) for p, h in api.task_handlers().items()},
+            }
+            route = routes.get(path)
+            if route is None:
+                raise OpenAIError(
+                    f"no route {path[:64]!r}; this server has {[*routes, PREFIX + '/models']}",
+                    404,
+                    None,
+                    "unknown_url",
+                )
+            if request.method != "POST":
+                raise OpenAIError(f"{request.method} {path}: use POST", 405)
+            return await route(request, await self._body(request))
+        except OpenAIError as e:
+            return _error(e)
+        except FrontError as e:
+            return _error(OpenAIError(str(e), e.status))
+        except Exception as e:  # a bug here: answer in OpenAI's shape, log it once
+            log.exception("/v1 %s failed", request.path[:64])
+            return _error(OpenAIError(f"internal error ({type(e).__name__}); see the log", 500))
+
+    def _authorize(self, request: web.BaseRequest) -> None:
+        key = self.settings.api_key
+        if key is None:
+            return
+        given = api.bearer_token(request.headers.get("Authorization"))
+        if given is None or not hmac.compare_digest(given.encode(), key.encode()):
+            raise OpenAIError(
+                "a valid API key is required: send 'Authorization: Bearer <key>' (the key "
+                "the server got in $TRITONFORGE_OPENAI_API_KEY)",
+                401,
+                None,
+                "invalid_api_key",
+            )
+
+    async def _body(self, request: web.BaseRequest) -> dict[str, Any]:
+        body = await self.http._read_body(request)
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding and encoding != "identity":
+            if encoding not in INFLATE_WBITS:
+                raise FrontError(f"Content-Encoding {encoding[:20]!r} not supported", 415)
+            body = inflate(body, encoding, self.http.limits.max_body_bytes)
+        depth = json_depth(body)
+        if depth > self.http.limits.max_json_depth:
+            raise OpenAIError(
+                f"JSON nested {depth} levels deep; at most max_json_depth="
+                f"{self.http.limits.max_json_depth} allowed",
+                400,
+            )
+        return api.parse_json(body)
+
+    # -- the catalog ---------------------------------------------------------------------
+    async def models(self) -> dict[str, ServedModel]:
+        """The ``/v1`` models of what Triton serves now (re-read after ``catalog_ttl_s``)."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if time.monotonic() - self._fetched_s > self.settings.catalog_ttl_s:
+                index = await self._triton_json("POST", "/v2/repository/index", {"ready": True})
+                ready = {str(m["name"]): str(m.get("version", "1")) for m in index}
+                configs = [
+                    await self._triton_json("GET", f"/v2/models/{name}/config") for name in ready
+                ]
+                self._models, self._versions = api.catalog(configs), ready
+                self._fetched_s = time.monotonic()
+        return self._models
+
+    async def _triton_json(self, method: str, path: str, payload: Any = None) -> Any:
+        limits = self.http.limits
+        timeout = aiohttp.ClientTimeout(
+            total=limits.request_timeout_s, connect=limits.queue_timeout_s
+        )
+        silent = (
+            f"no answer from tritonserver within request_timeout_s={limits.request_timeout_s:g}"
+        )
+        with _upstream_errors(silent):
+            async with self.http.session().request(
+                method, f"http://triton{path}", json=payload, timeout=timeout, headers=IDENTITY
+            ) as r:
+                data = await r.read()
+                if r.status != 200:
+                    raise _triton_error(r.status, data, path)
+                return json.loads(data)
+
+    async def _models_route(self, model_id: str) -> web.Response:
+        models = await self.models()
+        created = api.now()
+        if not model_id:
+            return web.json_response(api.models_list(models, created))
+        if model_id not in models:
+            raise OpenAIError(
+                f"model {model_id[:64]!r} is not served; models: {sorted(models)}",
+                404,
+                "model",
+                "model_not_found",
+            )
+        return web.json_response(api.model_card(models[model_id], created))
+
+    def _version_dir(self, model: str) -> Path:
+        return self.settings.model_repository / model / self._versions.get(model, "1")
+
+    def _cached(self, path: Path, load: Callable[[], Any]) -> Any:
+        try:
+            mtime = path.stat().st_mtime
+        except OSError as e:
+            raise OpenAIError(
+                f"{path.name} not found under the model repository ({e.strerror}); the front "
+                "reads tokenizers and chat templates from the served repository",
+                500,
+            ) from e
+        hit = self._tokenizers.get(path)
+        if hit is None or hit[0] != mtime:
+            hit = (mtime, load())
+            self._tokenizers[path] = hit
+        return hit[1]
+
+    def _embedding_tokenizer(self, model: ServedModel) -> TextTokenizer:
+        from tritonforge.text import served_tokenizer
+
+        root = self.settings.model_repository / model.tokenizer_model
+        version = self._versions.get(model.tokenizer_model, "1")
+        return self._cached(root / "config.pbtxt", lambda: served_tokenizer(root, version))
+
+    def _generator(self, model: ServedModel) -> _Generator:
+        from tokenizers import Tokenizer
+
+        base = self._version_dir(model.triton_model)
+        tokenizer_path = base / model.params.get("tokenizer_file", "")
+        meta_path = base / model.params.get("generation_file", "")
+        tokenizer = self._cached(tokenizer_path, lambda: Tokenizer.from_file(str(tokenizer_path)))
+        meta = self._cached(meta_path, lambda: json.loads(meta_path.read_text()))
+        return _Generator(tokenizer, meta.get("chat_template"))
+
+    # -- embeddings ----------------------------------------------------------------------
+    async def _embeddings(self, request: web.BaseRequest, body: dict[str, Any]) -> web.Response:
+        req = api.parse_embeddings(body, await self.models())
+        m = req.model
+        tokens = 0
+        if m.tokenizer_model:  # off the loop: tokenizing up to max_body_bytes of text takes a while
+            tokenizer = self._embedding_tokenizer(m)
+            encoded = await asyncio.to_thread(tokenizer.encode, req.texts)
+            tokens = api.token_counts(encoded["attention_mask"])
+        vectors = await self._infer_embeddings(m, req.texts)
+        return web.json_response(
+            api.embeddings_response(m.id, vectors, req.encoding_format, tokens),
+            headers={"X-Triton-Model": m.triton_model},
+        )
+
+    async def _infer_embeddings(self, m: ServedModel, texts: list[str]) -> np.ndarray:
+        data, length = await self.infer(m.triton_model, api.embedding_infer_body(m, texts))
+        return api.embedding_outputs(data, length, m.output)
+
+    async def infer(self, model: str, payload: Any) -> tuple[bytes, str | None]:
+        """One v2 ``infer`` of ``model`` (JSON ``payload``) over the upstream: the body and its
+        ``Inference-Header-Content-Length``; Triton's refusal as an :class:`OpenAIError`."""
+        limits = self.http.limits
+        timeout = aiohttp.ClientTimeout(
+            total=limits.request_timeout_s, connect=limits.queue_timeout_s
+        )
+        path = f"/v2/models/{model}/infer"
+        with _upstream_errors(self.http.timeout_message()):
+            async with self.http.session().post(
+                f"http://triton{path}",
+                data=json.dumps(payload).encode(),
+                headers={"Content-Type": "application/json", **IDENTITY},
+                timeout=timeout,
+            ) as r:
+                data = await r.read()
+                if r.status != 200:
+                    raise _triton_error(r.status, data, model)
+                return data, r.headers.get("Inference-Header-Content-Length")
+
+    # -- completions ---------------------------------------------------------------------
+    async def _chat(self, request: web.BaseRequest, body: dict[str, Any]) -> web.StreamResponse:
+        model = api.resolve(await self.models(), body, api.GENERATION)
+        gen = self._generator(model)
+        req = await asyncio.to_thread(api.parse_chat, body, {model.id: model}, gen.template)
+        return await self._generate(request, req, gen, chat=True)
+
+    async def _completions(
+        self, request: web.BaseRequest, body: dict[str, Any]
+    ) -> web.StreamResponse:
+        req = api.parse_completion(body, await self.models())
+        return await self._generate(request, req, self._generator(req.model), chat=False)
+
+    async def _generate(
+        self, request: web.BaseRequest, req: api.GenerationRequest, gen: _Generator, chat: bool
+    ) -> web.StreamResponse:
+        # The same ids as the generate model's own (GenerateEngine.prompt_ids), off the loop.
+        prompt_tokens = await asyncio.to_thread(self._count, gen, req.prompt)
+        api.check_prompt_tokens(prompt_tokens, req.model, "messages" if chat else "prompt")
+        rid = api.new_id("chatcmpl" if chat else "cmpl")
+        created, mid = api.now(), req.model.id
+        slot = await self._open_slot(req.model, req.stream)
+        try:
+            call = slot.call = self._start(req, rid)
+            if slot.reason is not None:  # ended while the prompt was counted
+                call.cancel()
+            first = await self._next(call, mid, slot)  # errors before any text: a real status
+            if not req.stream:
+                parts = [first.text]
+                finish = first.finish_reason
+                while finish is None:
+                    if request.transport is None or request.transport.is_closing():
+                        return web.Response(status=499)  # gone: the finally cancels the call
+                    chunk = await self._next(call, mid, slot)
+                    parts.append(chunk.text)
+                    finish = chunk.finish_reason
+                text = "".join(parts)
+                use = api.usage(prompt_tokens, self._count(gen, text))
+                out = (
+                    api.chat_completion(rid, created, mid, text, finish, use)
+                    if chat
+                    else api.text_completion(rid, created, mid, text, finish, use)
+                )
+                return web.json_response(out, headers={"X-Triton-Model": req.model.triton_model})
+            return await self._stream(request, req, slot, first, gen, prompt_tokens, chat, rid)
+        finally:
+            if slot.call is not None:
+                stream_end.end_call(slot.call, slot.answered and slot.reason is None)
+            self.http.admission.close_stream(slot.token)
+
+    async def _open_slot(self, model: ServedModel, stream: bool) -> _Slot:
+        """A streamed completion: a slot among ``model``'s open streams (its bound, shared with
+        the v2 SSE and gRPC streams to it: :class:`~runtime.front.guard.Admission`); 503 in
+        OpenAI's shape past it. A non-streamed one holds no slot but is tracked, so that the
+        supervisor (a crashed stub) and the drain end it with a 503 saying why."""
+        admission = self.http.admission
+        slot = _Slot()
+        if not stream:
+            slot.what = "request"
+            slot.token = admission.track(slot.end, model.triton_model)
+            return slot
+        await self.http.stream_capacity(model.triton_model)
+        slot.token = admission.open_stream(slot.end, model.triton_model)
+        if slot.token is None:
+            raise OpenAIError(admission.full_message(model.triton_model), 503, None, "overloaded")
+        return slot
+
+    async def _stream(
+        self,
+        request: web.BaseRequest,
+        req: api.GenerationRequest,
+        slot: _Slot,
+        first: api.StreamChunk,
+        gen: _Generator,
+        prompt_tokens: int,
+        chat: bool,
+        rid: str,
+    ) -> web.StreamResponse:
+        created, mid, usage_on = api.now(), req.model.id, req.include_usage
+        response = web.StreamResponse(
+            status=200,
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Triton-Model": req.model.triton_model,
+            },
+        )
+        await response.prepare(request)
+
+        def event(text: str | None, finish: str | None = None, role: bool = False) -> bytes:
+            if chat:
+                delta = {} if text is None else {"content": text}
+                if role:
+                    delta = {"role": "assistant", "content": ""}
+                return api.sse(api.chat_chunk(rid, created, mid, delta, finish, None, usage_on))
+            out = api.text_completion(rid, created, mid, text or "", finish, None)
+            if usage_on:
+                out["usage"] = None
+            return api.sse(out)
+
+        parts: list[str] = []
+        try:
+            if chat:
+                await response.write(event(None, role=True))
+            chunk: api.StreamChunk | None = first
+            while chunk is not None:
+                if chunk.text:
+                    parts.append(chunk.text)
+                    await response.write(event(chunk.text))
+                if chunk.finish_reason is not None:
+                    await response.write(event(None, chunk.finish_reason))
+                    break
+                try:
+                    chunk = await self._next(slot.call, mid, slot)
+                except OpenAIError as e:  # mid-stream: the status is already sent
+                    await response.write(api.sse(e.body()))
+                    chunk = None
+            if usage_on:
+                use = api.usage(prompt_tokens, self._count(gen, "".join(parts)))
+                if chat:
+                    final = api.chat_chunk(rid, created, mid, None, None, use, True)
+                else:
+                    final = {**api.text_completion(rid, created, mid, "", None, use), "choices": []}
+                await response.write(api.sse(final))
+            await response.write(api.SSE_DONE)
+            await response.write_eof()
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            stream_end.end_call(slot.call, slot.answered)  # the client went away: free its slot
+        return response
+
+    @staticmethod
+    def _count(gen: _Generator, text: str) -> int:
+        """Tokens of ``text`` by the served tokenizer (no special tokens added)."""
+        return len(gen.tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
+
+    def _start(self, req: api.GenerationRequest, rid: str) -> Any:
+        message = api.generate_request(
+            req.model.triton_model, req.prompt, req.parameters, req.stop, rid
+        )
+        return front_stream.start_stream(self.channel(), message)
+
+    async def _next(self, call: Any, model: str, slot: _Slot | None = None) -> api.StreamChunk:
+        """The next chunk of ``call``; a call the front ended (``slot.end``: drain, a crashed
+        stub) is a 503 saying why, like the v2 streams' last event."""
+        timeout_s = self.http.limits.request_timeout_s
+        try:
+            message = await front_stream.next_response(call, timeout_s)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if slot is None or slot.reason is None or (task is not None and task.cancelling()):
+                raise
+            raise OpenAIError(f"{slot.reason}: {slot.what} ended", 503) from None
+        except TimeoutError as e:
+            raise OpenAIError(
+                f"{model}: no output from tritonserver within request_timeout_s={timeout_s:g}",
+                503,
+            ) from e
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+            status = 503 if code == grpc.StatusCode.UNAVAILABLE else 500
+            raise OpenAIError(f"{model}: {code.name}: {e.details() or ''}"[:300], status) from e
+        if message is None:
+            raise OpenAIError(f"{model}: the stream ended without a final response", 500)
+        chunk = api.stream_chunk(message, model)
+        if slot is not None and chunk.finish_reason is not None:
+            slot.answered = True
+        return chunk
+
+
+@contextlib.contextmanager
+def _upstream_errors(timeout_message: str) -> Iterator[None]:
+    """A silent or unreachable tritonserver, within the block, as a 503 :class:`OpenAIError`."""
+    try:
+        yield
+    except TimeoutError as e:
+        raise OpenAIError(timeout_message, 503) from e
+    except (aiohttp.ClientError, OSError) as e:
+        raise OpenAIError(
+            f"tritonserver not reachable (restarting?): {type(e).__name__}", 503
+        ) from e
+
+
+def _error(e: OpenAIError) -> web.Response:
+    headers = {"Retry-After": str(retry_after_s(str(e)))} if e.status == 503 else None
+    return web.json_response(e.body(), status=e.status, headers=headers)
+
+
+def _triton_error(status: int, data: bytes, where: str) -> OpenAIError:
+    try:
+        message = str(json.loads(data).get("error", ""))
+    except (ValueError, AttributeError):
+        message = data[:200].decode("utf-8", "replace")
+    mapped = status if status in (400, 404, 413, 429, 503) else 500
+    return OpenAIError(f"{where}: {message[:300]}", mapped)
