@@ -1,0 +1,195 @@
+"""The generation task's ``/v1`` pieces (the front reaches them through the registry:
+``openai_catalog.generation_routes()``): the structured-output fields (``response_format``,
+``logit_bias``, presence/frequency penalties, ``logprobs``/``top_logprobs``) and ``n``, checked
+(the checks and OpenAI's shapes are :mod:`.structured`'s) and sent to the generate model as
+request parameters; the choices' ``logprobs`` from the entries it streams back; a non-streamed
+completion's ``n`` choices, each its own generate call (a scheduler row, ``seed + i`` when a
+seed is given), run concurrently."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Coroutine, Iterable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from tritonforge.runtime import openai_api as api
+from tritonforge.runtime import stream_end
+from tritonforge.runtime.errors import OpenAIError
+from tritonforge.tasks.generation.structured import (
+    LOGPROBS_OUTPUT,
+    STRUCTURED_FIELDS,
+    StructuredInputError,
+    TokenLogprob,
+    chat_logprobs,
+    completion_logprobs,
+    entries_from_json,
+    parse_structured,
+)
+
+if TYPE_CHECKING:
+    from tritonforge.runtime.openai_catalog import ServedModel
+    from tritonforge.runtime.openai_front import OpenAIFront, _Generator
+
+MAX_N = 8  # choices per request (each its own row; docs/openai.md)
+# Without the served tokenizer (a unit test), token ids are bounded by the model only.
+UNBOUNDED_VOCAB = 2**31
+
+
+def structured_parameters(
+    body: Mapping[str, Any], chat: bool, vocab_size: int | None
+) -> tuple[dict[str, Any], bool]:
+    """The generate model's request parameters for the body's structured fields (JSON strings
+    for objects, as Triton request parameters carry them) and whether logprobs are asked.
+    A bad value is a 400 naming the field (dotted inside objects, e.g.
+    ``response_format.json_schema.schema``)."""
+    values = {k: body[k] for k in STRUCTURED_FIELDS if body.get(k) is not None}
+    logprobs = values.get("logprobs")
+    if chat and logprobs is not None and not isinstance(logprobs, bool):
+        raise OpenAIError("'logprobs' must be a boolean (chat)", 400, "logprobs")
+    if not chat:
+        if "top_logprobs" in values:
+            raise OpenAIError(
+                "'top_logprobs' is a chat field; /v1/completions takes 'logprobs': N",
+                400,
+                "top_logprobs",
+            )
+        if isinstance(logprobs, bool):
+            raise OpenAIError("'logprobs' must be an integer in [0, 20]", 400, "logprobs")
+    try:
+        parsed = parse_structured(values, vocab_size or UNBOUNDED_VOCAB)
+    except StructuredInputError as e:
+        raise OpenAIError(str(e), 400, e.field) from e
+    params = {
+        k: v if isinstance(v, bool | int | float | str) else json.dumps(v)
+        for k, v in values.items()
+    }
+    return params, parsed.logprobs
+
+
+def parse_n(body: Mapping[str, Any], stream: bool) -> int:
+    """``n`` in [1, :data:`MAX_N`] (each choice is its own row: the prompt is prefilled per row)."""
+    n = body.get("n")
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise OpenAIError(f"'n' must be an integer in [1, {MAX_N}], got {str(n)[:20]}", 400, "n")
+    if n > 1 and stream:
+        raise OpenAIError("'n' > 1 is not supported with 'stream': true (yet)", 400, "n")
+    return n
+
+
+def row_parameters(parameters: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """Choice ``index``'s parameters: with a ``seed``, row i samples with ``seed + i`` (so the n
+    choices differ, and the same request gives the same n choices)."""
+    out = dict(parameters)
+    if "seed" in out and index:
+        out["seed"] = (int(out["seed"]) + index) % 2**63
+    return out
+
+
+def choice_logprobs(
+    tokenizer: Any, entries: list[TokenLogprob], chat: bool, text_offset: int = 0
+) -> dict[str, Any]:
+    """A choice's (or a streamed chunk's) ``logprobs`` object in OpenAI's shape."""
+    if chat:
+        return chat_logprobs(tokenizer, entries)
+    return completion_logprobs(tokenizer, entries, text_offset)
+
+
+Choice = tuple[str, str, list[TokenLogprob]]  # text, finish reason, token logprobs
+
+
+async def respond(
+    front: OpenAIFront,
+    request: web.BaseRequest,
+    req: api.GenerationRequest,
+    gen: _Generator,
+    prompt_tokens: int,
+    chat: bool,
+    rid: str,
+) -> web.Response:
+    """The whole completion (``req.n`` choices); 499 when the client went away."""
+    rows = await gather_all([collect(front, request, req, i, rid) for i in range(req.n)])
+    done = [r for r in rows if r is not None]
+    if len(done) < len(rows):
+        return web.Response(status=499)  # gone: each call was cancelled
+    created, mid = api.now(), req.model.id
+    use = api.usage(prompt_tokens, sum(front._count(gen, text) for text, _, _ in done))
+    build = api.chat_completion if chat else api.text_completion
+    out = build(rid, created, mid, done[0][0], done[0][1], use)
+    out["choices"] = [
+        {
+            **build(rid, created, mid, text, finish, use)["choices"][0],
+            "index": i,
+            "logprobs": choice_logprobs(gen.tokenizer, entries, chat) if req.logprobs else None,
+        }
+        for i, (text, finish, entries) in enumerate(done)
+    ]
+    return web.json_response(out, headers={"X-Triton-Model": req.model.triton_model})
+
+
+async def collect(
+    front: OpenAIFront, request: web.BaseRequest, req: api.GenerationRequest, index: int, rid: str
+) -> Choice | None:
+    """Choice ``index``: its text, finish reason and token logprobs (None: the client went
+    away). Each call holds its own tracked slot (drain and a crashed stub end it with a 503)."""
+    slot = await front._open_slot(req.model, False)
+    mid = req.model.id
+    try:
+        call = slot.call = front._start(
+            replace(req, parameters=row_parameters(req.parameters, index)), rid
+        )
+        if slot.reason is not None:  # ended while the prompt was counted
+            call.cancel()
+        chunk = await front._next(call, mid, slot)  # errors before any text: a real status
+        parts, entries = [chunk.text], chunk_entries(chunk)
+        while chunk.finish_reason is None:
+            if request.transport is None or request.transport.is_closing():
+                return None  # gone: the finally cancels the call
+            chunk = await front._next(call, mid, slot)
+            parts.append(chunk.text)
+            entries += chunk_entries(chunk)
+        return "".join(parts), chunk.finish_reason, entries
+    finally:
+        if slot.call is not None:
+            stream_end.end_call(slot.call, slot.answered and slot.reason is None)
+        front.http.admission.close_stream(slot.token)
+
+
+async def gather_all(coros: list[Coroutine[Any, Any, Any]]) -> list[Any]:
+    """Every coroutine's result, run concurrently; the first failure cancels the others."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def chunk_entries(chunk: api.StreamChunk) -> list[TokenLogprob]:
+    """The token logprobs a generate response carried (none when not asked)."""
+    try:
+        return [e for raw in chunk.outputs.get(LOGPROBS_OUTPUT, []) for e in entries_from_json(raw)]
+    except ValueError as e:
+        raise OpenAIError(f"unreadable {LOGPROBS_OUTPUT} output from the model ({e})", 500) from e
+
+
+def stream_logprobs(
+    gen: _Generator, chunk: api.StreamChunk, chat: bool, text_offset: int
+) -> dict[str, Any]:
+    """A streamed chunk's ``logprobs`` object (``text_offset``: the text streamed before it)."""
+    return choice_logprobs(gen.tokenizer, chunk_entries(chunk), chat, text_offset)
+
+
+def served_models(configs: Iterable[Mapping[str, Any]]) -> dict[str, ServedModel]:
+    """None of its own: the generate models are in the catalog by the generate convention."""
+    return {}
+
+
+ROUTES: dict[str, Any] = {}
