@@ -342,3 +342,41 @@ def test_v2_request_parameters_reach_the_generate_model(pipeline_server: Embedde
     jsonschema.validate(json.loads(text), schema)
     with pytest.raises(Exception, match="presence_penalty"):
         list(c.stream("x", presence_penalty=9.0))
+
+
+def test_tokenize_and_detokenize_in_vllms_shape(pipeline_server: EmbeddedServer) -> None:
+    import requests
+    from tokenizers import Tokenizer
+
+    from tritonforge.generation import with_bos
+    from tritonforge.modelconfig import ModelConfig
+
+    url = f"http://{pipeline_server.http_url}"
+    model = _model("int8")
+    prompt = "Hello there, how are you?"
+    r = requests.post(f"{url}/tokenize", json={"model": model, "prompt": prompt}, timeout=60)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    config = ModelConfig.from_pbtxt((PIPELINE_REPOSITORY / model / "config.pbtxt").read_text())
+    assert out["max_model_len"] == config.param("max_prompt_tokens", kind=int)
+    version = PIPELINE_REPOSITORY / model / "1"
+    tok = Tokenizer.from_file(str(version / "tokenizer.json"))
+    bos = json.loads((version / "generation.json").read_text()).get("prompt_bos_token_id")
+    # the ids the generate model decodes from (GenerateEngine.prompt_ids)
+    assert out["tokens"] == with_bos(tok.encode(prompt, add_special_tokens=False).ids, bos)
+    assert out["count"] == len(out["tokens"])
+    back = requests.post(
+        f"{url}/detokenize", json={"model": model, "tokens": out["tokens"]}, timeout=60
+    ).json()
+    assert back["prompt"].endswith(prompt)
+    chat = requests.post(
+        f"{url}/tokenize",
+        json={"model": model, "messages": [{"role": "user", "content": prompt}]},
+        timeout=60,
+    ).json()
+    assert chat["count"] > out["count"]  # the chat template's own tokens
+    embedder = next(m for m, s in CATALOG.items() if s.kind == openai_api.EMBEDDING)
+    enc = requests.post(f"{url}/tokenize", json={"model": embedder, "prompt": "hi"}, timeout=60)
+    assert enc.status_code == 200 and enc.json()["count"] == 3  # [CLS] hi [SEP]
+    bad = requests.post(f"{url}/detokenize", json={"model": model, "tokens": [-1]}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"

@@ -187,9 +187,85 @@ def stream_logprobs(
     return choice_logprobs(gen.tokenizer, chunk_entries(chunk), chat, text_offset)
 
 
+def _text_model(models: Mapping[str, ServedModel], body: Mapping[str, Any]) -> ServedModel:
+    """The generation or embedding model ``body["model"]`` names (the only text model when it
+    names none)."""
+    text = {k: m for k, m in models.items() if m.kind in (api.GENERATION, api.EMBEDDING)}
+    name = body.get("model")
+    if name is None and len(text) == 1:
+        return next(iter(text.values()))
+    if not isinstance(name, str) or name not in text:
+        raise OpenAIError(f"'model' must name a served text model: {sorted(text)}", 400, "model")
+    return text[name]
+
+
+async def _tokenizer(front: OpenAIFront, model: ServedModel) -> tuple[Any, Any, int]:
+    """``(tokenizers.Tokenizer, generation metadata or None, the prompt limit)``."""
+    if model.kind == api.EMBEDDING:
+        tok = await asyncio.to_thread(front._embedding_tokenizer, model)
+        return tok.tokenizer, None, tok.max_length
+    gen = front._generator(model)
+    meta_path = front._version_dir(model.triton_model) / model.params.get("generation_file", "")
+    meta = front._cached(meta_path, lambda: json.loads(meta_path.read_text()))
+    return (
+        gen.tokenizer,
+        {**meta, "chat_template": gen.template},
+        model.param_int("max_prompt_tokens"),
+    )
+
+
+async def tokenize(front: OpenAIFront, request: web.BaseRequest, body: Any) -> web.Response:
+    """vLLM's ``POST /tokenize``: ``{"model", "prompt"}`` or ``{"model", "messages"}`` (chat
+    template applied, ``add_generation_prompt`` true) -> ``{"count", "max_model_len",
+    "tokens"}``; ``add_special_tokens`` (default true) adds what the served model adds (a
+    decoder's bos, an encoder's [CLS]/[SEP]); ``return_token_strs`` adds ``token_strs``."""
+    from tritonforge.generation import render_chat, with_bos
+
+    if not isinstance(body, Mapping):
+        raise OpenAIError("the body must be a JSON object", 400)
+    model = _text_model(await front.models(), body)
+    tok, meta, limit = await _tokenizer(front, model)
+    special = body.get("add_special_tokens", True)
+    if not isinstance(special, bool):
+        raise OpenAIError("'add_special_tokens' must be a boolean", 400, "add_special_tokens")
+    if "messages" in body:
+        template = (meta or {}).get("chat_template")
+        if not template:
+            raise OpenAIError(f"model {model.id!r} has no chat template", 400, "messages")
+        prompt = render_chat(api.parse_messages(body["messages"]), template)
+    elif isinstance(body.get("prompt"), str):
+        prompt = str(body["prompt"])
+    else:
+        raise OpenAIError("'prompt' (a string) or 'messages' is required", 400, "prompt")
+    if meta is not None:  # a decoder: the ids GenerateEngine.prompt_ids makes
+        ids = tok.encode(prompt, add_special_tokens=False).ids
+        ids = with_bos(ids, meta.get("prompt_bos_token_id")) if special else ids
+    else:
+        ids = tok.encode(prompt, add_special_tokens=special).ids
+    out: dict[str, Any] = {"count": len(ids), "max_model_len": limit, "tokens": ids}
+    if body.get("return_token_strs"):
+        out["token_strs"] = [tok.id_to_token(i) for i in ids]
+    return web.json_response(out)
+
+
+async def detokenize(front: OpenAIFront, request: web.BaseRequest, body: Any) -> web.Response:
+    """vLLM's ``POST /detokenize``: ``{"model", "tokens": [ids]}`` -> ``{"prompt": text}``."""
+    if not isinstance(body, Mapping):
+        raise OpenAIError("the body must be a JSON object", 400)
+    model = _text_model(await front.models(), body)
+    tok, _, _ = await _tokenizer(front, model)
+    ids = body.get("tokens")
+    size = tok.get_vocab_size()
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < size for i in ids
+    ):
+        raise OpenAIError(f"'tokens' must be a list of token ids in [0, {size})", 400, "tokens")
+    return web.json_response({"prompt": tok.decode(ids, skip_special_tokens=False)})
+
+
 def served_models(configs: Iterable[Mapping[str, Any]]) -> dict[str, ServedModel]:
     """None of its own: the generate models are in the catalog by the generate convention."""
     return {}
 
 
-ROUTES: dict[str, Any] = {}
+ROUTES: dict[str, Any] = {"/tokenize": tokenize, "/detokenize": detokenize}
