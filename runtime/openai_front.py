@@ -319,8 +319,8 @@ class OpenAIFront:
         api.check_prompt_tokens(prompt_tokens, req.model, "messages" if chat else "prompt")
         rid = api.new_id("chatcmpl" if chat else "cmpl")
         mid = req.model.id
-        if not req.stream:
-            routes = api.generation_routes()  # n choices, logprobs
+        if not req.stream or req.tools:
+            routes = api.generation_routes()  # n choices, logprobs, tool calls
             return await routes.respond(self, request, req, gen, prompt_tokens, chat, rid)
         slot = await self._open_slot(req.model, req.stream)
         try:

@@ -12,15 +12,13 @@ from tritonforge.runtime.errors import OpenAIError
 from tritonforge.runtime.openai_catalog import EMBEDDING, GENERATION, ServedModel, resolve
 
 ENCODING_FORMATS = ("float", "base64")
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 4  # OpenAI's own bound on `stop`
 TEMPERATURE_MAX = 2.0  # OpenAI's range is [0, 2]
 # Request fields this server cannot honour: refused (400 naming the field) unless they carry
 # the value that means "off", so that a client never silently gets something else.
 _UNSUPPORTED_UNLESS: dict[str, tuple[Any, ...]] = {
-    "tools": (None, []),
     "functions": (None, []),
-    "tool_choice": (None, "none", "auto"),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
@@ -107,6 +105,7 @@ class GenerationRequest:
     include_usage: bool
     n: int = 1  # choices (tasks/generation/routes.py)
     logprobs: bool = False  # the generate model streams each token's logprobs back
+    tools: tuple[str, ...] = ()  # tool calling on: the output may be a call of these
 
 
 def _number(body: Mapping[str, Any], name: str, low: float, high: float, low_open: bool) -> Any:
@@ -265,7 +264,10 @@ def parse_chat(
 
     model = resolve(models, body, GENERATION)
     _refuse_unsupported(body)
-    messages = parse_messages(body.get("messages"))
+    from tritonforge.runtime.openai_catalog import generation_routes
+
+    tools = generation_routes().chat_tools(body)  # rendered into the messages when asked
+    messages = parse_messages(generation_routes().tool_messages(body.get("messages"), tools))
     if not template:
         raise OpenAIError(
             f"model {model.id!r} has no chat template; use /v1/completions", 400, "model"
@@ -273,7 +275,8 @@ def parse_chat(
     params, stop = _sampling(body, model)
     stream, usage = _stream_flags(body)
     prompt = render_chat(messages, template)
-    return _request(body, model, prompt, params, stop, stream, usage, True, vocab_size)
+    req = _request(body, model, prompt, params, stop, stream, usage, True, vocab_size)
+    return generation_routes().with_tools(req, body, tools)
 
 
 def parse_completion(

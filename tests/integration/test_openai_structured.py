@@ -380,3 +380,117 @@ def test_tokenize_and_detokenize_in_vllms_shape(pipeline_server: EmbeddedServer)
     assert enc.status_code == 200 and enc.json()["count"] == 3  # [CLS] hi [SEP]
     bad = requests.post(f"{url}/detokenize", json={"model": model, "tokens": [-1]}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 20}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The current time in a timezone.",
+        "parameters": {
+            "type": "object",
+            "properties": {"timezone": {"enum": ["UTC", "CET", "PST"]}},
+            "required": ["timezone"],
+            "additionalProperties": False,
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather like in Paris?"}]
+
+
+def test_tool_calls_round_trip_with_the_openai_client(client: Any) -> None:
+    model = _model("int8")
+    out = client.chat.completions.create(
+        model=model,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=48,
+        temperature=0,
+    )
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name in ("get_weather", "get_time")
+    spec = next(t for t in (WEATHER, TIME) if t["function"]["name"] == call.function.name)
+    jsonschema.validate(json.loads(call.function.arguments), spec["function"]["parameters"])
+    named = client.chat.completions.create(
+        model=model,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=48,
+        temperature=0,
+    )
+    assert named.choices[0].message.tool_calls[0].function.name == "get_time"
+    answer = client.chat.completions.create(  # the result comes back as a tool message
+        model=model,
+        messages=[
+            *ASK,
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'},
+        ],
+        tools=[WEATHER, TIME],
+        max_tokens=24,
+        temperature=0,
+    )
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    streamed = list(
+        client.chat.completions.create(
+            model=model,
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice="required",
+            max_tokens=48,
+            temperature=0,
+            stream=True,
+        )
+    )
+    deltas = [d for c in streamed for ch in c.choices for d in (ch.delta.tool_calls or [])]
+    assert deltas and deltas[0].function.name == "get_weather"
+    assert json.loads(deltas[0].function.arguments)["city"]
+    assert streamed[-1].choices[0].finish_reason == "tool_calls"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=model,
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        )
+    assert info.value.body["param"] == "tool_choice"
+
+
+def test_langchain_bind_tools_gets_the_call(pipeline_server: EmbeddedServer) -> None:
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from langchain_core.tools import tool
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        return "sunny"
+
+    llm = langchain_openai.ChatOpenAI(
+        model=_model("int8"),
+        base_url=f"http://{pipeline_server.http_url}/v1",
+        api_key=KEY,
+        temperature=0,
+        max_tokens=48,
+        max_retries=0,
+    )
+    message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke(ASK[0]["content"])
+    assert message.tool_calls and message.tool_calls[0]["name"] == "get_weather"
+    assert isinstance(message.tool_calls[0]["args"].get("city"), str)

@@ -19,6 +19,7 @@ from aiohttp import web
 from tritonforge.runtime import openai_api as api
 from tritonforge.runtime import stream_end
 from tritonforge.runtime.errors import OpenAIError
+from tritonforge.tasks.generation import tools as tool_calls
 from tritonforge.tasks.generation.structured import (
     LOGPROBS_OUTPUT,
     STRUCTURED_FIELDS,
@@ -46,6 +47,10 @@ def structured_parameters(
     for objects, as Triton request parameters carry them) and whether logprobs are asked.
     A bad value is a 400 naming the field (dotted inside objects, e.g.
     ``response_format.json_schema.schema``)."""
+    if not chat:
+        for name in ("tools", "tool_choice"):
+            if body.get(name) not in (None, [], "none"):
+                raise OpenAIError(f"'{name}' is a chat field (/v1/chat/completions)", 400, name)
     values = {k: body[k] for k in STRUCTURED_FIELDS if body.get(k) is not None}
     logprobs = values.get("logprobs")
     if chat and logprobs is not None and not isinstance(logprobs, bool):
@@ -111,8 +116,9 @@ async def respond(
     prompt_tokens: int,
     chat: bool,
     rid: str,
-) -> web.Response:
-    """The whole completion (``req.n`` choices); 499 when the client went away."""
+) -> web.StreamResponse:
+    """The whole completion (``req.n`` choices; streamed at the end when tools are on); 499
+    when the client went away."""
     rows = await gather_all([collect(front, request, req, i, rid) for i in range(req.n)])
     done = [r for r in rows if r is not None]
     if len(done) < len(rows):
@@ -122,13 +128,20 @@ async def respond(
     build = api.chat_completion if chat else api.text_completion
     out = build(rid, created, mid, done[0][0], done[0][1], use)
     out["choices"] = [
-        {
-            **build(rid, created, mid, text, finish, use)["choices"][0],
-            "index": i,
-            "logprobs": choice_logprobs(gen.tokenizer, entries, chat) if req.logprobs else None,
-        }
+        _choice_body(
+            {
+                **build(rid, created, mid, text, finish, use)["choices"][0],
+                "index": i,
+                "logprobs": choice_logprobs(gen.tokenizer, entries, chat) if req.logprobs else None,
+            },
+            text,
+            finish,
+            req.tools,
+        )
         for i, (text, finish, entries) in enumerate(done)
     ]
+    if req.stream:  # tools on: streamed once whole
+        return await _stream_whole(request, req, out, rid)
     return web.json_response(out, headers={"X-Triton-Model": req.model.triton_model})
 
 
@@ -185,6 +198,91 @@ def stream_logprobs(
 ) -> dict[str, Any]:
     """A streamed chunk's ``logprobs`` object (``text_offset``: the text streamed before it)."""
     return choice_logprobs(gen.tokenizer, chunk_entries(chunk), chat, text_offset)
+
+
+def chat_tools(body: Mapping[str, Any]) -> tool_calls.Tools | None:
+    """The chat request's tools (None: none, or ``tool_choice: "none"``); 400 naming the field."""
+    try:
+        return tool_calls.parse_tools(body)
+    except StructuredInputError as e:
+        raise OpenAIError(str(e), 400, e.field) from e
+
+
+def tool_messages(raw: Any, tools: tool_calls.Tools | None) -> Any:
+    """``messages`` with earlier tool calls as text and the tools in the system message."""
+    try:
+        return tool_calls.render_messages(raw, tools)
+    except StructuredInputError as e:
+        raise OpenAIError(str(e), 400, e.field) from e
+
+
+def with_tools(
+    req: api.GenerationRequest, body: Mapping[str, Any], tools: tool_calls.Tools | None
+) -> api.GenerationRequest:
+    """``req`` with tool calling on: a forced call (``required`` or a named function) is the
+    grammar the output follows; ``auto`` leaves the output free (a call when it parses as one)."""
+    if tools is None:
+        return req
+    schema = tools.forced_schema()
+    parameters = dict(req.parameters)
+    if schema is not None:
+        if "response_format" in parameters:
+            raise OpenAIError(
+                "'response_format' cannot be combined with a forced 'tool_choice'",
+                400,
+                "tool_choice",
+            )
+        spec = {"name": "tool_calls", "schema": schema, "strict": True}
+        parameters["response_format"] = json.dumps({"type": "json_schema", "json_schema": spec})
+    return replace(req, parameters=parameters, tools=tools.names)
+
+
+def _choice_body(
+    base: dict[str, Any], text: str, finish: str, names: tuple[str, ...]
+) -> dict[str, Any]:
+    """A chat choice as a tool call when tools are on and ``text`` is one."""
+    calls = tool_calls.parse_calls(text, names) if names and finish == "stop" else None
+    if calls is None:
+        return base
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    return {**base, "message": message, "finish_reason": "tool_calls"}
+
+
+async def _stream_whole(
+    request: web.BaseRequest,
+    req: api.GenerationRequest,
+    out: dict[str, Any],
+    rid: str,
+) -> web.StreamResponse:
+    """A streamed chat completion with tools, sent once the output is whole (a call is known
+    only then): the role, then the content or one tool-call delta per call, the finish."""
+    response = web.StreamResponse(
+        status=200,
+        headers={"Content-Type": "text/event-stream", "X-Triton-Model": req.model.triton_model},
+    )
+    await response.prepare(request)
+    created, mid, usage_on = out["created"], out["model"], req.include_usage
+    choice = out["choices"][0]
+    message = choice["message"]
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    if message.get("tool_calls"):
+        deltas += [{"tool_calls": [{"index": i, **c}]} for i, c in enumerate(message["tool_calls"])]
+    elif message["content"]:
+        deltas.append({"content": message["content"]})
+    for delta in deltas:
+        await response.write(
+            api.sse(api.chat_chunk(rid, created, mid, delta, None, None, usage_on))
+        )
+    end = api.chat_chunk(rid, created, mid, {}, choice["finish_reason"], None, usage_on)
+    end["choices"][0]["logprobs"] = choice["logprobs"]
+    await response.write(api.sse(end))
+    if usage_on:
+        await response.write(
+            api.sse(api.chat_chunk(rid, created, mid, None, None, out["usage"], True))
+        )
+    await response.write(api.SSE_DONE)
+    await response.write_eof()
+    return response
 
 
 def _text_model(models: Mapping[str, ServedModel], body: Mapping[str, Any]) -> ServedModel:
