@@ -140,6 +140,11 @@ class TextTokenizer:
             pad_to_multiple_of=pad_to_multiple_of if pad_to_multiple_of > 1 else None,
         )
 
+    @property
+    def tokenizer(self) -> Any:
+        """The underlying ``tokenizers.Tokenizer`` (``/tokenize`` spells texts with it)."""
+        return self._tokenizer
+
     def encode(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         """Tokenize ``texts`` as one batch: int64 ``[len(texts), longest]`` per output name."""
         if not texts:

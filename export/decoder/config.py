@@ -22,6 +22,7 @@ from tritonforge.pipelines import (
     discover_generators,
     repository_configs,
 )
+from tritonforge.tasks.generation.structured.logprobs import LOGPROBS_OUTPUT
 
 DECODER_FILE = "decoder.onnx"
 TOKENIZER_FILE = "tokenizer.json"
@@ -122,6 +123,8 @@ def generate_config(spec: DecoderSpec, variant: str, int8: bool) -> TritonConfig
         outputs=(
             TensorSpec(TEXT_OUTPUT, "TYPE_STRING", (1,)),
             TensorSpec(FINISH_REASON, "TYPE_STRING", (1,)),
+            # a chunk's token logprobs (JSON), sent only when the request asks for logprobs
+            TensorSpec(LOGPROBS_OUTPUT, "TYPE_STRING", (1,)),
         ),
         instance_groups=(InstanceGroup(1),),
         parameters=params(settings),

@@ -255,7 +255,7 @@ def test_seeded_sampling_is_reproducible(client: Any) -> None:
     [
         (
             lambda c: c.chat.completions.create(
-                model=GENERATOR, messages=[{"role": "user", "content": "x"}], n=2
+                model=GENERATOR, messages=[{"role": "user", "content": "x"}], n=9
             ),
             "BadRequestError",
             "n",

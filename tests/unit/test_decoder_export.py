@@ -40,7 +40,7 @@ def test_config_is_rendered_from_the_spec_and_decoupled() -> None:
     assert config.param("max_running", kind=int) == spec.serving.max_running
     assert config.param("max_prompt_tokens", kind=int) == spec.serving.max_prompt_tokens
     assert config.param("queue_timeout_s", kind=float) == spec.serving.queue_timeout_s
-    assert [t.name for t in config.outputs] == ["text_output", "finish_reason"]
+    assert [t.name for t in config.outputs] == ["text_output", "finish_reason", "logprobs"]
     assert [t.name for t in config.inputs if not t.optional] == ["text_input"]
 
 

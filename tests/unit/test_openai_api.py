@@ -212,7 +212,8 @@ def test_chat_maps_sampling_onto_the_generate_parameters(
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 9}, "n"),
+        ({"n": 2, "stream": True}, "n"),
         ({"max_tokens": 65}, "max_tokens"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 4, "max_completion_tokens": 5}, "max_tokens"),
@@ -222,9 +223,17 @@ def test_chat_maps_sampling_onto_the_generate_parameters(
         ({"seed": -1}, "seed"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": [""]}, "stop"),
-        ({"logprobs": True}, "logprobs"),
-        ({"tools": [{"type": "function"}]}, "tools"),
-        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"logprobs": 3}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias.5"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
+        ({"tools": [], "tool_choice": "required"}, "tool_choice"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": "a"}, "frequency_penalty"),
         ({"stream": "yes"}, "stream"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"messages": []}, "messages"),
@@ -239,6 +248,36 @@ def test_bad_chat_requests_name_the_field(
     with pytest.raises(OpenAIError) as e:
         api.parse_chat(body, models, TEMPLATE)
     _refused(e, 400, param)
+
+
+def test_structured_fields_and_n_become_request_parameters(
+    models: dict[str, api.ServedModel],
+) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    body = {
+        "model": "generate",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "response_format": fmt,
+        "logit_bias": {"7": -100},
+        "presence_penalty": 0.5,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "n": 3,
+    }
+    req = api.parse_chat(body, models, TEMPLATE, vocab_size=100)
+    assert req.n == 3 and req.logprobs
+    assert json.loads(req.parameters["response_format"]) == fmt
+    assert json.loads(req.parameters["logit_bias"]) == {"7": -100}
+    assert req.parameters["presence_penalty"] == 0.5 and req.parameters["top_logprobs"] == 2
+    with pytest.raises(OpenAIError) as e:
+        api.parse_chat({**body, "logit_bias": {"100": 1}}, models, TEMPLATE, vocab_size=100)
+    _refused(e, 400, "logit_bias.100")
+    plain = api.parse_completion({"model": "generate", "prompt": "a", "logprobs": 2}, models)
+    assert plain.logprobs and plain.parameters["logprobs"] == 2
+    for bad, param in (({"logprobs": True}, "logprobs"), ({"top_logprobs": 1}, "top_logprobs")):
+        with pytest.raises(OpenAIError) as e:
+            api.parse_completion({"model": "generate", "prompt": "a", **bad}, models)
+        _refused(e, 400, param)
 
 
 def test_completion_takes_the_prompt_as_is(models: dict[str, api.ServedModel]) -> None:

@@ -288,14 +288,18 @@ class OpenAIFront:
     async def _chat(self, request: web.BaseRequest, body: dict[str, Any]) -> web.StreamResponse:
         model = api.resolve(await self.models(), body, api.GENERATION)
         gen = self._generator(model)
-        req = await asyncio.to_thread(api.parse_chat, body, {model.id: model}, gen.template)
+        vocab = gen.tokenizer.get_vocab_size()
+        req = await asyncio.to_thread(api.parse_chat, body, {model.id: model}, gen.template, vocab)
         return await self._generate(request, req, gen, chat=True)
 
     async def _completions(
         self, request: web.BaseRequest, body: dict[str, Any]
     ) -> web.StreamResponse:
-        req = api.parse_completion(body, await self.models())
-        return await self._generate(request, req, self._generator(req.model), chat=False)
+        model = api.resolve(await self.models(), body, api.GENERATION)
+        gen = self._generator(model)
+        vocab = gen.tokenizer.get_vocab_size()
+        req = await asyncio.to_thread(api.parse_completion, body, {model.id: model}, vocab)
+        return await self._generate(request, req, gen, chat=False)
 
     async def _generate(
         self, request: web.BaseRequest, req: api.GenerationRequest, gen: _Generator, chat: bool
@@ -304,30 +308,16 @@ class OpenAIFront:
         prompt_tokens = await asyncio.to_thread(self._count, gen, req.prompt)
         api.check_prompt_tokens(prompt_tokens, req.model, "messages" if chat else "prompt")
         rid = api.new_id("chatcmpl" if chat else "cmpl")
-        created, mid = api.now(), req.model.id
+        mid = req.model.id
+        if not req.stream or req.tools:
+            routes = api.generation_routes()  # n choices, logprobs, tool calls
+            return await routes.respond(self, request, req, gen, prompt_tokens, chat, rid)
         slot = await self._open_slot(req.model, req.stream)
         try:
             call = slot.call = self._start(req, rid)
             if slot.reason is not None:  # ended while the prompt was counted
                 call.cancel()
             first = await self._next(call, mid, slot)  # errors before any text: a real status
-            if not req.stream:
-                parts = [first.text]
-                finish = first.finish_reason
-                while finish is None:
-                    if request.transport is None or request.transport.is_closing():
-                        return web.Response(status=499)  # gone: the finally cancels the call
-                    chunk = await self._next(call, mid, slot)
-                    parts.append(chunk.text)
-                    finish = chunk.finish_reason
-                text = "".join(parts)
-                use = api.usage(prompt_tokens, self._count(gen, text))
-                out = (
-                    api.chat_completion(rid, created, mid, text, finish, use)
-                    if chat
-                    else api.text_completion(rid, created, mid, text, finish, use)
-                )
-                return web.json_response(out, headers={"X-Triton-Model": req.model.triton_model})
             return await self._stream(request, req, slot, first, gen, prompt_tokens, chat, rid)
         finally:
             if slot.call is not None:
@@ -373,15 +363,20 @@ class OpenAIFront:
         )
         await response.prepare(request)
 
-        def event(text: str | None, finish: str | None = None, role: bool = False) -> bytes:
+        def event(
+            text: str | None, finish: str | None = None, role: bool = False, lp: Any = None
+        ) -> bytes:
             if chat:
                 delta = {} if text is None else {"content": text}
                 if role:
                     delta = {"role": "assistant", "content": ""}
-                return api.sse(api.chat_chunk(rid, created, mid, delta, finish, None, usage_on))
-            out = api.text_completion(rid, created, mid, text or "", finish, None)
-            if usage_on:
-                out["usage"] = None
+                out = api.chat_chunk(rid, created, mid, delta, finish, None, usage_on)
+            else:
+                out = api.text_completion(rid, created, mid, text or "", finish, None)
+                if usage_on:
+                    out["usage"] = None
+            if lp is not None:
+                out["choices"][0]["logprobs"] = lp
             return api.sse(out)
 
         parts: list[str] = []
@@ -390,9 +385,13 @@ class OpenAIFront:
                 await response.write(event(None, role=True))
             chunk: api.StreamChunk | None = first
             while chunk is not None:
-                if chunk.text:
+                if chunk.text or chunk.outputs:
+                    lp = None
+                    if req.logprobs:  # completions' offsets count from the text so far
+                        at = len("".join(parts))
+                        lp = api.generation_routes().stream_logprobs(gen, chunk, chat, at)
                     parts.append(chunk.text)
-                    await response.write(event(chunk.text))
+                    await response.write(event(chunk.text, lp=lp))
                 if chunk.finish_reason is not None:
                     await response.write(event(None, chunk.finish_reason))
                     break

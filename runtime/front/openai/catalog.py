@@ -108,6 +108,12 @@ def catalog(configs: Iterable[Mapping[str, Any]]) -> dict[str, ServedModel]:
 
 
 @cache
+def generation_routes() -> ModuleType:
+    """The generation task's ``/v1`` pieces (structured output, ``n``, logprobs)."""
+    return tasks.get(GENERATION).module("routes")
+
+
+@cache
 def task_routes() -> tuple[ModuleType, ...]:
     """The registered tasks' ``routes`` modules: each has ``served_models(configs)`` (its
     catalog entries) and ``ROUTES`` (path -> ``async handler(front, request, body)``)."""

@@ -12,24 +12,16 @@ from tritonforge.runtime.errors import OpenAIError
 from tritonforge.runtime.front.openai.catalog import EMBEDDING, GENERATION, ServedModel, resolve
 
 ENCODING_FORMATS = ("float", "base64")
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 4  # OpenAI's own bound on `stop`
 TEMPERATURE_MAX = 2.0  # OpenAI's range is [0, 2]
 # Request fields this server cannot honour: refused (400 naming the field) unless they carry
 # the value that means "off", so that a client never silently gets something else.
 _UNSUPPORTED_UNLESS: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "tools": (None, []),
     "functions": (None, []),
-    "tool_choice": (None, "none", "auto"),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
-    "response_format": (None, {"type": "text"}),
 }
 
 
@@ -111,6 +103,9 @@ class GenerationRequest:
     stop: list[str]
     stream: bool
     include_usage: bool
+    n: int = 1  # choices (tasks/generation/routes.py)
+    logprobs: bool = False  # the generate model streams each token's logprobs back
+    tools: tuple[str, ...] = ()  # tool calling on: the output may be a call of these
 
 
 def _number(body: Mapping[str, Any], name: str, low: float, high: float, low_open: bool) -> Any:
@@ -160,9 +155,6 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
     for name, allowed in _UNSUPPORTED_UNLESS.items():
         if name in body and body[name] not in allowed:
             raise OpenAIError(f"'{name}' is not supported by this server", 400, name)
-    n = body.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise OpenAIError(f"'n' must be 1 (one choice per request), got {str(n)[:20]}", 400, "n")
 
 
 def _sampling(body: Mapping[str, Any], model: ServedModel) -> tuple[dict[str, Any], list[str]]:
@@ -260,15 +252,22 @@ def parse_messages(raw: Any) -> list[dict[str, str]]:
 
 
 def parse_chat(
-    body: Mapping[str, Any], models: Mapping[str, ServedModel], template: str | None
+    body: Mapping[str, Any],
+    models: Mapping[str, ServedModel],
+    template: str | None,
+    vocab_size: int | None = None,
 ) -> GenerationRequest:
     """``POST /v1/chat/completions``: ``messages`` rendered through the model's chat template
-    (the model is then told not to apply it again)."""
+    (the model is then told not to apply it again). ``vocab_size``: the served tokenizer's
+    (bounds ``logit_bias``'s token ids; None: the generate model checks them)."""
     from tritonforge.generation import render_chat
 
     model = resolve(models, body, GENERATION)
     _refuse_unsupported(body)
-    messages = parse_messages(body.get("messages"))
+    from tritonforge.runtime.openai_catalog import generation_routes
+
+    tools = generation_routes().chat_tools(body)  # rendered into the messages when asked
+    messages = parse_messages(generation_routes().tool_messages(body.get("messages"), tools))
     if not template:
         raise OpenAIError(
             f"model {model.id!r} has no chat template; use /v1/completions", 400, "model"
@@ -276,11 +275,12 @@ def parse_chat(
     params, stop = _sampling(body, model)
     stream, usage = _stream_flags(body)
     prompt = render_chat(messages, template)
-    return GenerationRequest(model, prompt, {**params, "chat_template": False}, stop, stream, usage)
+    req = _request(body, model, prompt, params, stop, stream, usage, True, vocab_size)
+    return generation_routes().with_tools(req, body, tools)
 
 
 def parse_completion(
-    body: Mapping[str, Any], models: Mapping[str, ServedModel]
+    body: Mapping[str, Any], models: Mapping[str, ServedModel], vocab_size: int | None = None
 ) -> GenerationRequest:
     """``POST /v1/completions``: ``prompt`` (a string, or a list of one) as is, no template."""
     model = resolve(models, body, GENERATION)
@@ -294,7 +294,28 @@ def parse_completion(
         )
     params, stop = _sampling(body, model)
     stream, usage = _stream_flags(body)
-    return GenerationRequest(model, prompt, {**params, "chat_template": False}, stop, stream, usage)
+    return _request(body, model, prompt, params, stop, stream, usage, False, vocab_size)
+
+
+def _request(
+    body: Mapping[str, Any],
+    model: ServedModel,
+    prompt: str,
+    params: dict[str, Any],
+    stop: list[str],
+    stream: bool,
+    usage: bool,
+    chat: bool,
+    vocab_size: int | None,
+) -> GenerationRequest:
+    """The request with its structured-output fields and ``n`` checked and added."""
+    from tritonforge.runtime.openai_catalog import generation_routes
+
+    routes = generation_routes()
+    n = routes.parse_n(body, stream)
+    structured, logprobs = routes.structured_parameters(body, chat, vocab_size)
+    parameters = {**params, **structured, "chat_template": False}
+    return GenerationRequest(model, prompt, parameters, stop, stream, usage, n, logprobs)
 
 
 def check_prompt_tokens(count: int, model: ServedModel, param: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -105,6 +105,7 @@ def generate_request(
 class StreamChunk:
     text: str
     finish_reason: str | None = None  # set on the final response only
+    outputs: Mapping[str, list[str]] = field(default_factory=dict)  # the model's other outputs
 
 
 def stream_chunk(message: Any, model: str) -> StreamChunk:
@@ -120,8 +121,9 @@ def stream_chunk(message: Any, model: str) -> StreamChunk:
     reason = values.get(FINISH_REASON)
     final = response.parameters.get("triton_final_response")
     text = "".join(values.get(TEXT_OUTPUT, []))
+    others = {k: v for k, v in values.items() if k not in (TEXT_OUTPUT, FINISH_REASON)}
     if reason:
-        return StreamChunk(text, reason[0])
+        return StreamChunk(text, reason[0], others)
     if final is not None and final.bool_param:
         raise OpenAIError(f"{model}: the final response carried no {FINISH_REASON}", 500)
-    return StreamChunk(text)
+    return StreamChunk(text, None, others)

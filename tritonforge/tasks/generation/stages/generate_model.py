@@ -17,6 +17,8 @@ from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import VARIANT_KEY, VARIANT_PARAMETER
 from tritonforge.sampling import SAMPLING_FIELDS
+from tritonforge.tasks.generation.structured import LOGPROBS_OUTPUT, STRUCTURED_FIELDS
+from tritonforge.tasks.generation.structured.rows import StructuredRows, logprobs_since_last
 from tritonforge.triton import error_response
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -46,7 +48,7 @@ def _sampling_values(request):
         {
             k: v
             for k, v in params.items()
-            if k in (*SAMPLING_FIELDS, "max_new_tokens", VARIANT_PARAMETER)
+            if k in (*SAMPLING_FIELDS, *STRUCTURED_FIELDS, "max_new_tokens", VARIANT_PARAMETER)
         }
     )
     return values
@@ -80,6 +82,8 @@ class TritonPythonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self.metric_families, self.gauges = _gauges(config.name, config.param(VARIANT_KEY, "fp32"))
         self.engine = GenerateEngine(config, version_dir, on_step=self._observe)
+        e = self.engine
+        self.structured = StructuredRows(e.tokenizer, e.eos_ids[0], e.decoder.vocab_size)
         self.name = config.name
         self.engine.warmup(config.param("warmup_prompt", "Hello"))
         self.engine.start()
@@ -88,15 +92,17 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
+                values = _sampling_values(request)
                 seq = self.engine.build(
                     _text(request),
-                    _sampling_values(request),
-                    on_output=lambda _, text, reason, s=sender: self._send(s, text, reason),
+                    values,
+                    on_output=lambda seq, text, reason, s=sender: self._send(s, seq, text, reason),
                     on_error=lambda _, e, s=sender: s.send(
                         error_response(pb_utils, e, self.name), flags=FINAL
                     ),
                     is_cancelled=sender.is_cancelled,
                 )
+                self.structured.attach(seq, values)
                 self.engine.scheduler.submit(seq)
             except (ServingError, ValueError) as e:
                 sender.send(error_response(pb_utils, e, self.name), flags=FINAL)
@@ -107,10 +113,13 @@ class TritonPythonModel:
         self.gauges[1].set(waiting)
 
     @staticmethod
-    def _send(sender, text, reason):
+    def _send(sender, seq, text, reason):
         tensors = [pb_utils.Tensor(TEXT_OUTPUT, _bytes(text))]
         if reason is not None:
             tensors.append(pb_utils.Tensor(FINISH_REASON, _bytes(reason)))
+        logprobs = logprobs_since_last(seq)
+        if logprobs is not None:  # asked for: the tokens' logprobs since the last chunk
+            tensors.append(pb_utils.Tensor(LOGPROBS_OUTPUT, _bytes(logprobs)))
         sender.send(
             pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if reason else 0
         )

@@ -9,9 +9,14 @@ from tritonforge.tasks.generation.structured.grammar import (
     json_schema_of,
 )
 from tritonforge.tasks.generation.structured.logprobs import (
+    LOGPROBS_OUTPUT,
+    MAX_TOP_LOGPROBS,
     LogprobRecorder,
+    TokenLogprob,
     chat_logprobs,
     completion_logprobs,
+    entries_from_json,
+    entries_json,
     token_logprob,
 )
 from tritonforge.tasks.generation.structured.params import (
@@ -22,6 +27,8 @@ from tritonforge.tasks.generation.structured.params import (
 from tritonforge.tasks.generation.structured.processors import LogitBias, Penalties, RowChain
 
 __all__ = [
+    "LOGPROBS_OUTPUT",
+    "MAX_TOP_LOGPROBS",
     "STRUCTURED_FIELDS",
     "GrammarProcessor",
     "GrammarTokenizer",
@@ -31,8 +38,11 @@ __all__ = [
     "RowChain",
     "StructuredInputError",
     "StructuredParams",
+    "TokenLogprob",
     "chat_logprobs",
     "completion_logprobs",
+    "entries_from_json",
+    "entries_json",
     "json_schema_of",
     "parse_structured",
     "token_logprob",

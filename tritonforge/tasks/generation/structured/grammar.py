@@ -31,7 +31,7 @@ def json_schema_of(response_format: Any) -> dict[str, Any] | None:
         try:
             response_format = json.loads(response_format)
         except ValueError as e:
-            raise StructuredInputError("response_format", f"not JSON ({e})") from e
+            raise StructuredInputError("response_format", f"invalid JSON ({e})") from e
     if not isinstance(response_format, Mapping):
         raise StructuredInputError("response_format", "must be an object with a 'type'")
     kind = response_format.get("type")
@@ -68,14 +68,14 @@ def check_schema(schema: dict[str, Any], field: str) -> dict[str, Any]:
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
-        raise StructuredInputError(field, f"not a valid JSON schema ({e.message})") from e
+        raise StructuredInputError(field, f"an invalid JSON schema ({e.message})") from e
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_DEFAULTS)
     except (ValueError, TypeError) as e:
-        raise StructuredInputError(field, f"unsupported ({e})") from e
+        raise StructuredInputError(field, f"invalid: unsupported ({e})") from e
     ok, error = _validate(grammar)
     if not ok:
-        raise StructuredInputError(field, f"unsupported ({error})")
+        raise StructuredInputError(field, f"invalid: unsupported ({error})")
     return schema
 
 

@@ -4,6 +4,7 @@ chat ``logprobs.content[].{token, logprob, bytes, top_logprobs}`` and the comple
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 import numpy as np
 
 MAX_TOP_LOGPROBS = 20
+# The generate model's optional output: a chunk's token logprobs as JSON (:func:`entries_json`).
+LOGPROBS_OUTPUT = "logprobs"
 
 
 @dataclass(frozen=True)
@@ -39,9 +42,35 @@ class LogprobRecorder:
 
     top_n: int = 0
     entries: list[TokenLogprob] = field(default_factory=list)
+    sent: int = 0  # entries already handed out by :meth:`take`
 
     def record(self, token: int, logits: np.ndarray) -> None:
         self.entries.append(token_logprob(logits, token, self.top_n))
+
+    def take(self, upto: int) -> list[TokenLogprob]:
+        """The entries not taken yet, up to ``upto`` (the row's emitted token count: the stop
+        token's entry, recorded before the scheduler knew, is left out as OpenAI does)."""
+        out = self.entries[self.sent : upto]
+        self.sent = max(self.sent, min(upto, len(self.entries)))
+        return out
+
+
+def entries_json(entries: list[TokenLogprob]) -> str:
+    """``entries`` as compact JSON, ``[[token, logprob, [[id, logprob], ...]], ...]``."""
+    return json.dumps(
+        [[e.token, e.logprob, [list(t) for t in e.top]] for e in entries], separators=(",", ":")
+    )
+
+
+def entries_from_json(text: str) -> list[TokenLogprob]:
+    """:func:`entries_json`'s inverse; ValueError when ``text`` is not its shape."""
+    try:
+        return [
+            TokenLogprob(int(t), float(lp), tuple((int(i), float(x)) for i, x in top))
+            for t, lp, top in json.loads(text)
+        ]
+    except (TypeError, KeyError) as e:
+        raise ValueError(f"not a logprobs list ({e})") from e
 
 
 @cache

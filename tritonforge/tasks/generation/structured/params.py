@@ -78,7 +78,7 @@ def _logit_bias(value: Any, vocab_size: int) -> dict[int, float]:
     try:
         bias = _json(value)
     except ValueError as e:
-        raise StructuredInputError("logit_bias", f"not JSON ({e})") from e
+        raise StructuredInputError("logit_bias", f"invalid JSON ({e})") from e
     if not isinstance(bias, Mapping):
         raise StructuredInputError("logit_bias", "must map token ids to numbers")
     out: dict[int, float] = {}
@@ -86,10 +86,10 @@ def _logit_bias(value: Any, vocab_size: int) -> dict[int, float]:
         try:
             token = int(key)
         except (TypeError, ValueError) as e:
-            raise StructuredInputError("logit_bias", f"key {key!r} is not a token id") from e
+            raise StructuredInputError("logit_bias", f"invalid key {key!r} (not a token id)") from e
         if not 0 <= token < vocab_size:
             raise StructuredInputError(
-                f"logit_bias.{key}", f"token id out of range [0, {vocab_size})"
+                f"logit_bias.{key}", f"invalid token id: out of range [0, {vocab_size})"
             )
         if isinstance(v, bool) or not isinstance(v, int | float) or not -100 <= v <= 100:
             raise StructuredInputError(f"logit_bias.{key}", f"must be in [-100, 100], got {v!r}")
@@ -119,7 +119,7 @@ def _logprobs(values: Mapping[str, Any]) -> tuple[bool, int]:
                 "top_logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}"
             )
         if not wanted:
-            raise StructuredInputError("top_logprobs", "needs logprobs: true")
+            raise StructuredInputError("top_logprobs", "invalid without logprobs: true")
         n = top
     return wanted, n
 
