@@ -264,7 +264,7 @@ def parse_chat(
 
     model = resolve(models, body, GENERATION)
     _refuse_unsupported(body)
-    from tritonforge.runtime.openai_catalog import generation_routes
+    from tritonforge.runtime.front.openai.catalog import generation_routes
 
     tools = generation_routes().chat_tools(body)  # rendered into the messages when asked
     messages = parse_messages(generation_routes().tool_messages(body.get("messages"), tools))
@@ -309,7 +309,7 @@ def _request(
     vocab_size: int | None,
 ) -> GenerationRequest:
     """The request with its structured-output fields and ``n`` checked and added."""
-    from tritonforge.runtime.openai_catalog import generation_routes
+    from tritonforge.runtime.front.openai.catalog import generation_routes
 
     routes = generation_routes()
     n = routes.parse_n(body, stream)

@@ -1,5 +1,5 @@
 """The generation task's ``/v1`` pieces (the front reaches them through the registry:
-``openai_catalog.generation_routes()``): the structured-output fields (``response_format``,
+``front.openai.catalog.generation_routes()``): the structured-output fields (``response_format``,
 ``logit_bias``, presence/frequency penalties, ``logprobs``/``top_logprobs``) and ``n``, checked
 (the checks and OpenAI's shapes are :mod:`.structured`'s) and sent to the generate model as
 request parameters; the choices' ``logprobs`` from the entries it streams back; a non-streamed
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from tritonforge.runtime import openai_api as api
-from tritonforge.runtime import stream_end
+from tritonforge.runtime.front.openai import api
+from tritonforge.runtime.front import stream_end
 from tritonforge.runtime.errors import OpenAIError
 from tritonforge.tasks.generation import tools as tool_calls
 from tritonforge.tasks.generation.structured import (
@@ -32,8 +32,8 @@ from tritonforge.tasks.generation.structured import (
 )
 
 if TYPE_CHECKING:
-    from tritonforge.runtime.openai_catalog import ServedModel
-    from tritonforge.runtime.openai_front import OpenAIFront, _Generator
+    from tritonforge.runtime.front.openai.catalog import ServedModel
+    from tritonforge.runtime.front.openai.app import OpenAIFront, _Generator
 
 MAX_N = 8  # choices per request (each its own row; docs/openai.md)
 # Without the served tokenizer (a unit test), token ids are bounded by the model only.
