@@ -99,6 +99,7 @@ def image_configs(
     public_in, public_out = _public_io(spec)
     served_pixels = TensorSpec(PIXELS, "TYPE_FP32", spec.preprocessing.output_shape())
     image_settings = {**spec.preprocessing.to_parameters(), "max_items": spec.max_items}
+    top_k = min(spec.top_k, spec.classes)  # a 4-class model answers its top 4 by default
     preprocess = TritonConfig(
         name=spec.preprocess_model,
         backend="python",
@@ -115,7 +116,7 @@ def image_configs(
         inputs=(TensorSpec(LOGITS, logits.data_type, logits.dims),),
         outputs=public_out,
         instance_groups=(InstanceGroup(1),),
-        parameters=params({TOP_K_PARAMETER: spec.top_k, **_marks("postprocess")}),
+        parameters=params({TOP_K_PARAMETER: top_k, **_marks("postprocess")}),
     )
     steps = (
         EnsembleStep(spec.preprocess_model, _same([IMAGE_INPUT]), _same([PIXELS])),
@@ -129,7 +130,7 @@ def image_configs(
         inputs=public_in,
         outputs=public_out,
         ensemble_steps=steps,
-        parameters=params({TOP_K_PARAMETER: spec.top_k, **_marks("ensemble")}),
+        parameters=params({TOP_K_PARAMETER: top_k, **_marks("ensemble")}),
     )
     bls = TritonConfig(
         name=spec.bls,
@@ -145,7 +146,7 @@ def image_configs(
                 "model_input": PIXELS,
                 "model_output": LOGITS,
                 "stage_timeout_ms": STAGE_TIMEOUT_MS,
-                TOP_K_PARAMETER: spec.top_k,
+                TOP_K_PARAMETER: top_k,
                 **_marks("bls"),
             }
         ),
