@@ -283,3 +283,87 @@ def test_demo_shows_image_classification(
     run_demo(server, only={"image"})
     out = capsys.readouterr().out
     assert "==> classify-image (HTTP, ensemble)" in out and "same labels: True" in out, out
+
+
+def test_generic_canaries_pass_every_public_image_model(
+    server: EmbeddedServer, repository: Path
+) -> None:
+    """The supervisor's canaries (one inference through each public model) pass: the ensemble
+    and the BLS declare a valid image for their BYTES input (a text would be a 400)."""
+    from tritonforge.repository import load_model_config
+    from tritonforge.runtime.canaries import canary_inputs
+    from tritonforge.runtime.model_graph import public_models
+
+    models = public_models(repository)
+    assert {SPEC.ensemble, SPEC.bls} <= set(models)
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        for name in models:
+            inputs = []
+            for tensor, value in canary_inputs(load_model_config(repository, name)).items():
+                kind = "BYTES" if value.dtype == np.object_ else "FP32"
+                t = httpclient.InferInput(tensor, list(value.shape), kind)
+                t.set_data_from_numpy(value)
+                inputs.append(t)
+            client.infer(name, inputs)  # raises on an error answer
+
+
+def test_locust_users_classify_images_without_failures(
+    server: EmbeddedServer, tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tritonforge.tasks.image import loadtest
+
+    command = [
+        *(sys.executable, "-m", "locust", "-f", str(loadtest.LOCUSTFILE), "--headless"),
+        *("-u", "2", "-r", "2", "-t", "3s", "--host", f"http://{server.http_url}"),
+        *("--grpc-url", server.grpc_url, "--csv", str(tmp_path / "run")),
+        *loadtest.USERS["both"],
+    ]
+    env = {**os.environ, "TRITONFORGE_ADMIN_KEY": server.settings.admin_key or ""}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stats = (tmp_path / "run_stats.csv").read_text()
+    assert "http classify_image ensemble" in stats and "grpc classify_image" in stats, stats
+
+
+def test_bench_cell_measures_images_per_second(
+    server: EmbeddedServer, repository: Path, torch_model: torch.nn.Module
+) -> None:
+    import threading
+
+    import requests
+    import uvicorn
+
+    from tritonforge.tasks.image.loadtest.bench import OrtImageClassifier, bench_cell
+    from tritonforge.tasks.image.loadtest.fastapi_anchor import create_app
+
+    app = create_app(lambda: torch_model, SPEC.preprocessing, imagenet_labels())
+    anchor = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=anchor.run, daemon=True)
+    thread.start()
+    try:
+        while not anchor.started:
+            thread.join(0.05)
+        port = anchor.servers[0].sockets[0].getsockname()[1]
+
+        def fastapi(image: bytes) -> Any:
+            r = requests.post(f"http://127.0.0.1:{port}/predict", data=image, timeout=60)
+            r.raise_for_status()
+            return r.json()
+
+        assert fastapi(PHOTOS["coffee"].read_bytes())["label"] == "espresso"
+        reference = OrtImageClassifier(
+            repository / SPEC.model / "1" / "model.onnx", SPEC.preprocessing
+        )
+        images = [PHOTOS[n].read_bytes() for n in ("coffee", "chelsea", "rocket", "china")]
+        admin = server.settings.admin_key
+        with EmbeddingClient(url=server.grpc_url, protocol="grpc", admin_key=admin) as c:
+            cell = bench_cell(c, reference, images, fastapi=fastapi, runs=1)
+    finally:
+        anchor.should_exit = True
+        thread.join(30)
+    print("\nimage bench cell:", json.dumps(cell))
+    assert cell["served_images_per_s"] > 0 and cell["fastapi_pytorch_images_per_s"] > 0

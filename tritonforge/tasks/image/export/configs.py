@@ -5,7 +5,12 @@ classification extension), the ensemble and the BLS. Tensor dims come from the g
 
 from __future__ import annotations
 
+import base64
+import io
 from collections.abc import Iterable
+
+import numpy as np
+from PIL import Image
 
 from tritonforge.classify import OUTPUTS, TOP_K_PARAMETER
 from tritonforge.configschema import (
@@ -18,6 +23,7 @@ from tritonforge.configschema import (
 )
 from tritonforge.modelconfig import TensorSpec
 from tritonforge.pipelines import ROLE_KEY, TASK_KEY
+from tritonforge.repository import CANARY_KEY
 from tritonforge.tasks.image.spec import IMAGE_INPUT, LOGITS, PIXELS, TASK, ImageSpec
 
 # the stage kinds the task declares (tritonforge.tasks.image.TASK.stages)
@@ -25,6 +31,17 @@ PREPROCESS, POSTPROCESS, BLS = "image_preprocess", "image_postprocess", "image_b
 LABELS_FILE = "labels.txt"
 STAGE_TIMEOUT_MS = 30000
 TORCHSCRIPT_IO = ("INPUT__0", "OUTPUT__0")  # the PyTorch backend's positional names
+
+
+def canary_image() -> str:
+    """A small valid PNG, base64: the canaries' item for the public models (runtime.canaries)."""
+    ramp = np.linspace(0, 255, 32, dtype=np.uint8)
+    pixels = np.stack(
+        [np.tile(ramp, (32, 1)), np.tile(ramp[:, None], (1, 32)), 255 - np.tile(ramp, (32, 1))], -1
+    )
+    buf = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
 
 
 def _marks(role: str) -> dict[str, object]:
@@ -100,6 +117,7 @@ def image_configs(
     served_pixels = TensorSpec(PIXELS, "TYPE_FP32", spec.preprocessing.output_shape())
     image_settings = {**spec.preprocessing.to_parameters(), "max_items": spec.max_items}
     top_k = min(spec.top_k, spec.classes)  # a 4-class model answers its top 4 by default
+    canary = canary_image()
     preprocess = TritonConfig(
         name=spec.preprocess_model,
         backend="python",
@@ -130,7 +148,7 @@ def image_configs(
         inputs=public_in,
         outputs=public_out,
         ensemble_steps=steps,
-        parameters=params({TOP_K_PARAMETER: top_k, **_marks("ensemble")}),
+        parameters=params({TOP_K_PARAMETER: top_k, CANARY_KEY: canary, **_marks("ensemble")}),
     )
     bls = TritonConfig(
         name=spec.bls,
@@ -147,6 +165,7 @@ def image_configs(
                 "model_output": LOGITS,
                 "stage_timeout_ms": STAGE_TIMEOUT_MS,
                 TOP_K_PARAMETER: top_k,
+                CANARY_KEY: canary,
                 **_marks("bls"),
             }
         ),
@@ -159,7 +178,8 @@ def image_configs(
         (bls, BLS),
     ]
     if spec.torchscript:
-        configs.insert(1, (_torchscript_model(spec, pixels, logits), None))
+        # served alone (no stage in front): the preprocessed size, which its canary sends too
+        configs.insert(1, (_torchscript_model(spec, served_pixels, logits), None))
     return tuple(configs)
 
 
