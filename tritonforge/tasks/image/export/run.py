@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -26,7 +27,7 @@ from tritonforge.export.errors import ExportError, SpecError, VerificationError
 from tritonforge.export.pipeline_configs import stage_files, write_files
 from tritonforge.export.spec import digest_json
 from tritonforge.export.staging import code_digest, library_versions
-from tritonforge.integrity import verify_sidecar
+from tritonforge.integrity import sha256_file, verify_sidecar
 from tritonforge.tasks.image.export.configs import (
     BLS,
     LABELS_FILE,
@@ -84,24 +85,28 @@ def labels_of(spec: ImageSpec) -> tuple[str, ...]:
     return labels
 
 
-def _sources_digest(spec: ImageSpec) -> dict[str, str]:
+def _sources_digest(spec: ImageSpec) -> dict[str, Any]:
+    """The task's code, the exporter's, and the model's: its packages' versions (pinned model
+    packages) or, for a ``file.py:function`` model, that file's (and a labels file's) digest."""
     h = hashlib.sha256()
     for path in sorted(TASK_ROOT.rglob("*.py")):
         h.update(path.relative_to(TASK_ROOT).as_posix().encode())
         h.update(path.read_bytes())
-    out = {"task_code": h.hexdigest(), "export_code": code_digest()}
-    module = spec.build.rpartition(":")[0]
-    found = None if module.endswith(".py") else importlib.util.find_spec(module.split(".")[0])
-    where = Path(module) if module.endswith(".py") else None
-    if found is not None and found.origin is not None:
-        where = Path(found.origin).parent
-    if where is not None:  # the model's code and weights (a package dir or the user's file)
-        files = sorted(where.rglob("*")) if where.is_dir() else [where]
-        w = hashlib.sha256()
-        for f in (f for f in files if f.is_file() and "__pycache__" not in f.parts):
-            w.update(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
-        out["model_files"] = w.hexdigest()
+    out: dict[str, Any] = {"task_code": h.hexdigest(), "export_code": code_digest()}
+    out["model_packages"] = {p: _version(p) for p in spec.packages}
+    files = [
+        Path(r.rpartition(":")[0]) for r in (spec.build,) if r.rpartition(":")[0].endswith(".py")
+    ]
+    files += [Path(spec.labels)] if spec.labels.endswith(".txt") else []
+    out["model_files"] = {str(f): sha256_file(f) for f in files if f.is_file()}
     return out
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def fingerprint(spec: ImageSpec) -> dict[str, Any]:
