@@ -66,3 +66,18 @@ def test_requests_stay_under_the_byte_budget_and_the_item_limit() -> None:
     assert [len(b) for b in batches] == [2, 1, 1, 2, 1]
     assert [x for b in batches for x in b] == items
     assert np.all([sum(map(len, b)) <= 1300 or len(b) == 1 for b in batches])
+
+
+def test_chaos_traffic_sends_the_declared_image_not_text() -> None:
+    import base64
+
+    import tritonclient.http as httpclient
+
+    from tritonforge.loadtest.reliability.chaos.probes import Target
+
+    config = _configs()[SPEC.ensemble]
+    target = Target(SPEC.ensemble, SPEC.ensemble, config, "image", ("image",))
+    (tensor,) = target.tensors(httpclient, "chaos request 1")
+    sent = tensor._get_binary_data() or b""
+    assert base64.b64decode(config.parameters[CANARY_KEY]) in sent
+    assert b"chaos request" not in sent
