@@ -66,6 +66,7 @@ from tritonforge.pipelines import Pipeline
 from tritonforge.tasks import classification, embedding
 from tritonforge.tasks.classification import client as classifier
 from tritonforge.tasks.classification.client import Classification
+from tritonforge.tasks.image.client import classify_image_flow
 from tritonforge.tasks.rerank.client import rerank_flow
 
 T = TypeVar("T")
@@ -468,6 +469,7 @@ class BaseClient:
     embed = ClientMethod(embed_flow)
     classify = ClientMethod(classify_flow)
     rerank = ClientMethod(rerank_flow)  # the rerank task's flow (tasks/rerank/client.py)
+    classify_image = ClientMethod(classify_image_flow)  # tasks/image/client.py
     is_live = ClientMethod(is_live_flow)
     is_ready = ClientMethod(is_ready_flow)
     is_model_ready = ClientMethod(is_model_ready_flow)

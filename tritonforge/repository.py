@@ -14,6 +14,9 @@ from tritonforge.errors import ModelConfigError
 from tritonforge.modelconfig import ModelConfig, TensorSpec
 
 CONFIG_FILE = "config.pbtxt"
+# A model whose BYTES input is not text declares a valid item for the canaries (an image):
+# this parameter, base64 (runtime.supervisor.canaries; absent: a short text).
+CANARY_KEY = "canary_b64"
 _INDEXED = re.compile(r"^(INPUT|OUTPUT)__(\d+)$")
 
 

@@ -20,15 +20,16 @@ from typing import TYPE_CHECKING, Union
 
 from tritonforge import tasks
 from tritonforge.export.errors import SpecError
-from tritonforge.tasks import classification, embedding, generation, rerank
+from tritonforge.tasks import classification, embedding, generation, image, rerank
 
 if TYPE_CHECKING:
     from tritonforge.export.decoder.spec import DecoderSpec
     from tritonforge.export.pipeline_spec import PipelineSpec
     from tritonforge.export.spec import ExportSpec
+    from tritonforge.tasks.image.spec import ImageSpec
     from tritonforge.tasks.rerank.spec import RerankSpec
 
-AnySpec = Union["PipelineSpec", "DecoderSpec", "RerankSpec"]
+AnySpec = Union["PipelineSpec", "DecoderSpec", "RerankSpec", "ImageSpec"]
 PipelineFactory = Callable[[], "PipelineSpec"]
 
 
@@ -69,6 +70,12 @@ def _msmarco() -> RerankSpec:
     return MS_MARCO_MINILM
 
 
+def _efficientnet_lite0() -> ImageSpec:
+    from tritonforge.tasks.image.spec import EFFICIENTNET_LITE0
+
+    return EFFICIENTNET_LITE0
+
+
 # Registry order is the default exports' order, so the fastest first (`make run` serves each one
 # as it is done, docs/operations.md): minilm ~1 min, msmarco seconds, smollm2 ~2.5 min, sentiment
 # last (it trains the classifier first when its inputs changed, export.classifier).
@@ -76,6 +83,8 @@ REGISTRY: dict[str, Entry] = {
     "minilm": Entry(embedding.NAME, _minilm, ("--format", "all", "--quantize", "int8")),
     # served as `rerank` / `rerank_bls`; a task of its own kind exports itself (its export.run)
     "msmarco": Entry(rerank.NAME, _msmarco, ()),
+    # served as `efficientnet_lite0` (ensemble) / `_bls`; exports itself (tasks/image/export/run)
+    "efficientnet_lite0": Entry(image.NAME, _efficientnet_lite0, ()),
     "smollm2": Entry(generation.NAME, _smollm2, ("--quantize", "int8")),
     "sentiment": Entry(classification.NAME, _sentiment, ()),
 }

@@ -3,6 +3,7 @@ broken). The supervisor's readiness checks (:mod:`runtime.supervisor.supervisor`
 
 from __future__ import annotations
 
+import base64
 import queue
 import re
 import threading
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.repository import CANARY_KEY
 
 CANARY_TEXT = b"tritonforge canary"
 OK = "ok"
@@ -39,14 +41,17 @@ _UNHEALTHY_STUB = re.compile(r"Stub process '([^']+)' is not healthy")
 
 
 def canary_inputs(config: ModelConfig) -> dict[str, np.ndarray]:
-    """One-row sample for every required input: a short text for BYTES, ones otherwise."""
+    """One-row sample for every required input: a short text for BYTES (or the config's
+    declared item, :data:`CANARY_KEY`), ones otherwise."""
     inputs: dict[str, np.ndarray] = {}
+    declared = config.parameters.get(CANARY_KEY)
+    item = base64.b64decode(declared) if declared else CANARY_TEXT
     for spec in config.inputs:
         if spec.optional:
             continue
         shape = tuple(1 if d < 0 else d for d in spec.full_shape(config.batched))
         if np.dtype(spec.numpy_dtype).kind == "O":
-            inputs[spec.name] = np.full(shape, CANARY_TEXT, dtype=np.object_)
+            inputs[spec.name] = np.full(shape, item, dtype=np.object_)
         else:
             inputs[spec.name] = np.ones(shape, dtype=spec.numpy_dtype)
     return inputs

@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import PIPELINE_REPOSITORY
 from tritonforge.pipelines import generator_from_repository, repository_configs
 from tritonforge.runtime.front.openai import api as openai_api
-from tritonforge.runtime.server import EmbeddedServer
+from tritonforge.runtime.serving import EmbeddedServer
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.integration

@@ -221,11 +221,11 @@ def test_background_exports_need_explicit_model_control(
 
 def test_the_default_exports_run_fastest_first_the_classifier_training_one_last() -> None:
     """`make run` serves each pipeline as its export is done: embed (~1 min) first, rerank
-    (seconds), then generate (~2.5 min); classify last, as it trains the classifier first
+    (seconds), the image classifier (~30 s), then generate (~2.5 min); classify last, as it trains the classifier first
     (docs/operations.md)."""
     from tritonforge.runtime.cli.serve_setup import background_exports
 
     args = background_exports(["--model-repository", "r"])
     jobs = [ExportJob.parse(a).label for a in args[1::2]]
     assert args[::2] == ["--background-export"] * len(jobs)
-    assert jobs == ["minilm", "msmarco", "smollm2", "sentiment"]
+    assert jobs == ["minilm", "msmarco", "efficientnet_lite0", "smollm2", "sentiment"]

@@ -26,6 +26,9 @@ WIRE_FORMAT = {
     "runtime/front/openai/responses.py": 2,
     "loadtest/locust/embed.py": 1,
     "loadtest/anchors/infinity.py": 1,
+    # Docker Compose's and Kubernetes' container "image" key, not the image task
+    "deploy/validate/compose.py": 2,
+    "deploy/validate/k8s.py": 2,
 }
 # Shared modules that still import a task package by name, and why (the rest reach tasks through
 # the registry). Shrink this list; never grow it.

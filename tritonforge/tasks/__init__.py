@@ -30,6 +30,7 @@ REGISTERED: tuple[str, ...] = (
     "tritonforge.tasks.classification",
     "tritonforge.tasks.generation",
     "tritonforge.tasks.rerank",
+    "tritonforge.tasks.image",
 )
 
 # How a task is served: a ``pipeline`` is text -> tokenizer -> encoder (-> its postprocess) behind

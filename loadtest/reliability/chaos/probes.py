@@ -3,6 +3,7 @@ the public models to send them to."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
@@ -21,14 +22,15 @@ import numpy as np
 from tritonforge.loadtest.reliability.chaos.outcomes import CLEAN, HUNG, LOST, OK, outcome_kind
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import from_repository
-from tritonforge.repository import load_model_config
+from tritonforge.repository import CANARY_KEY, load_model_config
 from tritonforge.runtime.supervisor.canaries import STREAM_END_S, end_stream, stop_stream
 
 log = logging.getLogger(__name__)
 
 
-def text_tensor(module: Any, name: str, text: str, batched: bool) -> Any:
-    value = np.array([[text.encode()]] if batched else [text.encode()], dtype=np.object_)
+def text_tensor(module: Any, name: str, text: str | bytes, batched: bool) -> Any:
+    data = text.encode() if isinstance(text, str) else text
+    value = np.array([[data]] if batched else [data], dtype=np.object_)
     tensor = module.InferInput(name, list(value.shape), "BYTES")
     tensor.set_data_from_numpy(value)
     return tensor
@@ -156,9 +158,12 @@ class Target:
     """Every required text input (a pair task has two); ``input`` is the first."""
 
     def tensors(self, module: Any, text: str) -> list[Any]:
-        """One tensor per required text input, each holding ``text``."""
+        """One tensor per required text input, each holding ``text`` (or the item the config
+        declares for its canaries, ``CANARY_KEY``: an image model's input is not text)."""
         batched = self.config.batched
-        return [text_tensor(module, name, text, batched) for name in self.inputs or (self.input,)]
+        declared = self.config.parameters.get(CANARY_KEY)
+        data = base64.b64decode(declared) if declared else text
+        return [text_tensor(module, name, data, batched) for name in self.inputs or (self.input,)]
 
     @property
     def decoupled(self) -> bool:

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from tritonforge.runtime.front.openai import api
-from tritonforge.runtime.front import stream_end
 from tritonforge.runtime.errors import OpenAIError
+from tritonforge.runtime.front import stream_end
+from tritonforge.runtime.front.openai import api
 from tritonforge.tasks.generation import tools as tool_calls
 from tritonforge.tasks.generation.structured import (
     LOGPROBS_OUTPUT,
@@ -32,8 +32,8 @@ from tritonforge.tasks.generation.structured import (
 )
 
 if TYPE_CHECKING:
-    from tritonforge.runtime.front.openai.catalog import ServedModel
     from tritonforge.runtime.front.openai.app import OpenAIFront, _Generator
+    from tritonforge.runtime.front.openai.catalog import ServedModel
 
 MAX_N = 8  # choices per request (each its own row; docs/openai.md)
 # Without the served tokenizer (a unit test), token ids are bounded by the model only.

@@ -16,6 +16,7 @@ It is written apart from :mod:`.transforms` on purpose: the parity test compares
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -69,10 +70,11 @@ def to_tensor_normalize(
     return ((chw - m) / s).astype(np.float32)
 
 
-def reference_pixels(path: Path, spec: ImagePreprocessing) -> np.ndarray:
-    """What a training script feeds the model for the file at ``path``: ``Image.open(path)
-    .convert(mode)`` then the declared Resize, CenterCrop, ToTensor, Normalize (``CHW``)."""
-    with Image.open(path) as opened:
+def reference_pixels(source: Path | bytes, spec: ImagePreprocessing) -> np.ndarray:
+    """What a training script feeds the model for the file at ``source`` (a path, or its bytes):
+    ``Image.open(...).convert(mode)`` then the declared Resize, CenterCrop, ToTensor, Normalize
+    (``CHW``)."""
+    with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as opened:
         img = opened.convert(spec.color_mode)
     img = torchvision_resize(img, spec.resize, spec.interpolation)
     if spec.crop is not None:

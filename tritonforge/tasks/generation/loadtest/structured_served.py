@@ -19,7 +19,8 @@ from typing import Any
 
 import requests
 
-from tritonforge.runtime.server import EmbeddedServer, ServerSettings
+from tritonforge.runtime.launcher.settings import ServerSettings
+from tritonforge.runtime.serving import EmbeddedServer
 
 PROMPT = "Describe a person as JSON with a name, an age and some hobbies."
 SCHEMA = {

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -135,11 +135,13 @@ def export_image_model(
     version: int = 1,
     labels: Sequence[str] = (),
     torchscript_model: str | None = None,
+    fingerprint: Mapping[str, Any] | None = None,
 ) -> ImageExport:
     """Export ``spec``'s module to ``repo/model/version/model.onnx``, verified (see the module
     docstring); ``labels`` (one per class, index order) go to ``repo/model/labels.txt``; with
     ``torchscript_model``, a traced ``repo/torchscript_model/version/model.pt`` too, reloaded
-    from disk and verified on the same grid."""
+    from disk and verified on the same grid; ``fingerprint`` (what the export depends on) is
+    recorded in the report (an unchanged one skips the next export, ``export.run``)."""
     module = spec.build_module()
     module.eval()  # BatchNorm with running statistics, folded by the exporter; dropout off
     staging = Staging(repo)
@@ -174,7 +176,8 @@ def export_image_model(
             grid=grid.summary(),
         )
         report = staging.path(f"{model}/{version}/{REPORT_FILE}")
-        report.write_text(json.dumps(result.as_dict(), indent=2, default=str), "utf-8")
+        recorded = {**result.as_dict(), "fingerprint": dict(fingerprint or {})}
+        report.write_text(json.dumps(recorded, indent=2, default=str), "utf-8")
         staging.seal()
         staging.commit()
         return result

@@ -8,6 +8,9 @@ mirrored and cropped to 80% and 60%, for more rows) and reports how often the to
 agrees, the top-5 overlap, and how far probabilities and pixels move.
 
     python -m tritonforge.tasks.image.loadtest          # the report as JSON (EfficientNet-Lite0)
+
+The task's load tests live beside it: its Locust users (:data:`LOCUSTFILE`, :data:`USERS` by
+protocol) and its bench cell (:mod:`.bench`: images/s served vs in-process).
 """
 
 from __future__ import annotations
@@ -26,6 +29,13 @@ from tritonforge.classify import softmax
 from tritonforge.tasks.image.export.int8 import views
 from tritonforge.tasks.image.preprocessing import EFFICIENTNET_LITE, ImagePreprocessing
 from tritonforge.tasks.image.transforms import crop, normalise, preprocess, resized_size
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+USERS = {
+    "http": ["ImageHttpUser"],
+    "grpc": ["ImageGrpcUser"],
+    "both": ["ImageHttpUser", "ImageGrpcUser"],
+}
 
 Classifier = Callable[[np.ndarray], np.ndarray]
 """``[batch, C, H, W]`` float32 pixels -> ``[batch, classes]`` logits."""
@@ -112,7 +122,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     json.dump(report, sys.stdout, indent=2)
     print()
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
