@@ -219,11 +219,6 @@ def test_demo_shows_reranking(server: EmbeddedServer, capsys: pytest.CaptureFixt
     assert "==> rerank (HTTP, ensemble)" in out and "same order: True" in out, out
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="fresh-clone rehearsal 2026-12-04: the 4 s Locust run did not end within 300 s; "
-    "passes in a warm checkout: to fix first (closing note)",
-)
 def test_locust_users_rerank_without_failures(server: EmbeddedServer, tmp_path: Path) -> None:
     import os
     import subprocess
