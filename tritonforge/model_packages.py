@@ -88,6 +88,8 @@ class ModelPackagesMissingError(TritonforgeError):
 
 
 def installed_version(name: str) -> str | None:
+    """The installed version of distribution ``name``, None when absent (the model packages'
+    checks and the bench extras' share it)."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

@@ -5,11 +5,16 @@ The builder (0.18) expects transformers 4's config attributes. transformers 5 ne
 rotary settings per attention type (``rope_parameters = {"full_attention": {...},
 "sliding_attention": {...}}``) where the builder reads a flat ``rope_parameters`` with
 ``rope_type`` plus ``rope_local_base_freq``; :func:`adapt_config` gives it that view of the same
-numbers. Everything else is the builder unchanged (run as ``__main__``).
+numbers. The builder stamps ``producer_version`` with the git HEAD of the directory its venv
+sits in (``0.18.0+<commit>``: one decoder sha256 per checkout and commit, so every commit's
+export missed the optimised-graph cache, :mod:`tritonforge.ort_graphs`);
+:func:`deterministic_stamp` leaves the package version alone. Everything else is the builder
+unchanged (run as ``__main__``).
 """
 
 from __future__ import annotations
 
+import importlib
 import runpy
 import sys
 from typing import Any
@@ -33,8 +38,18 @@ def adapt_config(config: Any) -> Any:
     return config
 
 
+def deterministic_stamp() -> None:
+    """The builder's ``producer_version`` is its package version, without the git HEAD of
+    wherever the venv lives (the same inputs give the same bytes in every checkout)."""
+    importlib.import_module("onnxruntime_genai.models")  # puts the builder's folder on sys.path
+    model: Any = importlib.import_module("builders.base").Model
+    model.get_genai_commit = classmethod(lambda cls: None)
+
+
 def main() -> None:
     import transformers
+
+    deterministic_stamp()
 
     load = transformers.AutoConfig.from_pretrained
 

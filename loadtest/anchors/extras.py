@@ -19,6 +19,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 
 from tritonforge.loadtest.errors import LoadtestError
+from tritonforge.model_packages import installed_version
 
 log = logging.getLogger("tritonforge.loadtest.anchors.extras")
 
@@ -43,14 +44,6 @@ def extra_requirements(requires: Sequence[str], extra: str) -> list[Requirement]
         and r.marker.evaluate({"extra": extra})
         and not r.marker.evaluate({"extra": ""})
     ]
-
-
-def installed_version(name: str) -> str | None:
-    """The installed version of distribution ``name``, None when absent."""
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def missing(

@@ -22,7 +22,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tritonforge.loadtest.anchors.llamacpp import free_port
+from tritonforge.loadtest.anchors.local_server import LocalServer, free_port
 from tritonforge.loadtest.errors import LoadtestError
 from tritonforge.logs import run_main
 
@@ -154,7 +153,7 @@ class InfinityServer:
         self.batch_size = batch_size
         self.threads = threads
         self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process = LocalServer("infinity_emb", InfinityError)
 
     @property
     def url(self) -> str:
@@ -165,35 +164,16 @@ class InfinityServer:
             raise InfinityError(f"{self.layout.venv} is not installed: run the anchor's build")
         self.port = free_port()
         cmd = server_command(self.layout, self.model, self.port, self.batch_size)
-        self.log_path = self.layout.home / f"server-{self.port}.log"
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=server_env(self.threads)
+        self.process.start(
+            cmd,
+            self.layout.home / f"server-{self.port}.log",
+            f"{self.url}/health",
+            ready_timeout_s,
+            env=server_env(self.threads),
         )
-        deadline = time.monotonic() + ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise InfinityError(
-                    f"infinity_emb exited {self.proc.returncode}: "
-                    + self.log_path.read_text(errors="replace")[-2000:]
-                )
-            if _healthy(self.url):
-                return
-            time.sleep(0.5)
-        self.stop()
-        raise InfinityError(f"infinity_emb not healthy after {ready_timeout_s} s")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc:
-            self._log.close()
-        self.proc = None
+        self.process.stop()
 
     def embed(self, texts: Sequence[str], timeout_s: float = 60) -> list[list[float]]:
         """The embeddings of ``texts``, in order (OpenAI-style ``/embeddings``)."""
@@ -204,15 +184,6 @@ class InfinityServer:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
             data: list[dict[str, Any]] = json.loads(r.read())["data"]
         return [d["embedding"] for d in sorted(data, key=lambda d: int(d["index"]))]
-
-
-def _healthy(url: str) -> bool:
-    with (
-        contextlib.suppress(OSError, urllib.error.URLError),
-        urllib.request.urlopen(f"{url}/health", timeout=2) as r,
-    ):
-        return bool(r.status == 200)
-    return False
 
 
 @contextlib.contextmanager

@@ -31,7 +31,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -41,6 +40,7 @@ from typing import Any
 
 from tritonforge.host import cpu_flags
 from tritonforge.loadtest.anchors.extras import ensure_extra
+from tritonforge.loadtest.anchors.local_server import LocalServer, free_port
 from tritonforge.loadtest.errors import LoadtestError
 from tritonforge.logs import run_main
 
@@ -289,14 +289,6 @@ def build(layout: Layout, jobs: int = 2, constraints: Path | None = None) -> Non
     make_ggufs(layout)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class LlamaServer:
     """``llama-server`` on a free loopback port: continuous batching, ``parallel`` slots of
     ``ctx_per_slot`` tokens each, ``threads`` threads, polling level ``poll`` (0-100)."""
@@ -321,7 +313,7 @@ class LlamaServer:
         # without it unless asked.
         self.poll = poll
         self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process = LocalServer("llama-server", LlamaCppError)
 
     @property
     def url(self) -> str:
@@ -352,33 +344,16 @@ class LlamaServer:
             str(self.poll),
             "--no-webui",
         ]
-        self.log_path = self.model.with_suffix(f".server-{self.port}.log")
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise LlamaCppError(
-                    f"llama-server exited {self.proc.returncode}: "
-                    + self.log_path.read_text(errors="replace")[-2000:]
-                )
-            if _healthy(self.url):
-                return
-            time.sleep(0.3)
-        self.stop()
-        raise LlamaCppError(f"llama-server not healthy after {ready_timeout_s} s")
+        self.process.start(
+            cmd,
+            self.model.with_suffix(f".server-{self.port}.log"),
+            f"http://{self.url}/health",
+            ready_timeout_s,
+            poll_interval_s=0.3,
+        )
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc:
-            self._log.close()
-        self.proc = None
+        self.process.stop()
 
     def __enter__(self) -> LlamaServer:
         self.start()
@@ -386,15 +361,6 @@ class LlamaServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _healthy(url: str) -> bool:
-    with (
-        contextlib.suppress(OSError, urllib.error.URLError),
-        urllib.request.urlopen(f"http://{url}/health", timeout=2) as r,
-    ):
-        return bool(r.status == 200)
-    return False
 
 
 def complete(url: str, prompt: str, max_tokens: int, timeout_s: float = 60) -> dict[str, Any]:

@@ -6,23 +6,20 @@ Importing this module registers the listeners; a locustfile imports it and defin
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
-import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import grpc.experimental.gevent as grpc_gevent
 from locust import events
 from locust.env import Environment
 
 from tritonforge.client.discovery import choose, route
 from tritonforge.loadtest import corpus
+from tritonforge.loadtest.locust import gevent_glue  # noqa: F401  (registers: gevent, gRPC, run time)
 from tritonforge.loadtest.locust.options import add_options
 from tritonforge.loadtest.slo import (
     SloThresholds,
@@ -32,10 +29,6 @@ from tritonforge.loadtest.slo import (
     summarize,
 )
 from tritonforge.pipelines import Pipeline
-
-# gRPC's C core must cooperate with gevent (Locust's concurrency), or a blocking call stalls
-# every user. Must run before any channel exists.
-grpc_gevent.init_gevent()
 
 log = logging.getLogger("tritonforge.loadtest")
 _TEXTS = corpus.generate()
@@ -183,18 +176,3 @@ def _quitting(environment: Environment, **kwargs: Any) -> None:
             thresholds.max_fail_ratio,
         )
         environment.process_exit_code = 0
-
-
-@events.quit.add_listener
-def _skip_teardown(exit_code: int, **kwargs: Any) -> None:
-    """Exit with Locust's code once it has written everything (atexit runs after its last write),
-    skipping the interpreter's teardown: there a tritonclient gRPC client left to garbage
-    collection closes its channel, and under gevent ``Channel.close`` to a server that never
-    answered blocks forever (the never-answering-server test hung past its 60 s)."""
-
-    def exit_now() -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exit_code)
-
-    atexit.register(exit_now)

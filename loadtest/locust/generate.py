@@ -26,6 +26,7 @@ from locust.env import Environment
 
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 from tritonforge.loadtest.errors import StreamError
+from tritonforge.loadtest.locust import gevent_glue  # noqa: F401  (registers: gevent, gRPC, run time)
 from tritonforge.loadtest.slo_generate import GenerationSlos, StreamSample, check, summarize
 
 log = logging.getLogger("tritonforge.loadtest.locust.generate")

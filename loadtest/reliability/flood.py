@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import http.client
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tritonforge.generation import FINISH_REASON, TEXT_INPUT
+from tritonforge.generation import TEXT_INPUT
+from tritonforge.loadtest.reliability.chaos.probes import read_sse
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.repository import load_model_config, model_names
 
@@ -130,39 +130,17 @@ def flood_size(config: ModelConfig) -> int:
 
 
 def one_stream(
-    http_url: str, model: str, body: Mapping[str, Any], timeout_s: float, t0: float
+    http_url: str, model: str, body: dict[str, Any], timeout_s: float, t0: float
 ) -> Stream:
-    """Open one SSE ``generate_stream`` at ``http_url`` (``host:port``) and read it to its end."""
-    host, port = http_url.rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
-    try:
-        conn.request(
-            "POST", f"/v2/models/{model}/generate_stream", json.dumps(body),
-            {"Content-Type": "application/json"},
-        )  # fmt: skip
-        resp = conn.getresponse()
-        first_s = time.monotonic() - t0
-        stream = Stream(resp.status, 0.0, first_s, resp.getheader("Retry-After"))
-        if resp.status != 200 and not resp.getheader("Content-Type", "").startswith(
-            "text/event-stream"
-        ):
-            stream.error = resp.read()[:200].decode("utf-8", "replace")
-        for line in resp if not stream.error else ():
-            if not line.startswith(b"data: "):
-                continue
-            stream.events += 1
-            event = json.loads(line[6:])
-            if "error" in event:
-                stream.error = str(event["error"])[:200]
-            elif event.get(FINISH_REASON):
-                stream.finished = True
-        stream.latency_s = time.monotonic() - t0
-        return stream
-    except (OSError, http.client.HTTPException) as e:
-        elapsed = time.monotonic() - t0
-        return Stream(0, elapsed, elapsed, error=f"{type(e).__name__}: {e}"[:200])
-    finally:
-        conn.close()
+    """Open one SSE ``generate_stream`` at ``http_url`` (``host:port``) and read it to its end
+    (the chaos probe's reader, :func:`~tritonforge.loadtest.reliability.chaos.probes.read_sse`)."""
+    read = read_sse(http_url, model, body, timeout_s, t0)
+    if read.exception is not None:
+        return Stream(0, read.end_s, read.end_s, error=read.error)
+    return Stream(
+        read.status, read.end_s, read.headers_s, read.retry_after, read.events, read.finished,
+        read.error,
+    )  # fmt: skip
 
 
 def flood(

@@ -57,6 +57,9 @@ from tritonforge.runtime.supervisor.model_graph import (
 )
 
 log = logging.getLogger(__name__)
+# A model's reload (a fresh instance: generate's ONNX session and warm-up) may take this long;
+# 10-18 s measured for generate on a shared 2-core host at load 12 (the fresh-clone run, 2026-12-04).
+RELOAD_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -416,7 +419,7 @@ class Supervisor:
         """Reload ``model`` (a fresh instance); a load that Triton superseded with its own (it
         reloads an ensemble when a step model is loaded) is done."""
         try:
-            self.server.load_model(model, force=True)
+            self.server.load_model(model, timeout_s=RELOAD_TIMEOUT_S, force=True)
         except ModelLoadError as e:
             if "Newer operation has been applied" not in str(e.failures):
                 raise

@@ -17,7 +17,7 @@ from tritonforge.client.errors import ClientError
 from tritonforge.client.generate import GenerateClient
 from tritonforge.runtime.launcher.settings import ServerSettings
 from tritonforge.runtime.serving import EmbeddedServer
-from tritonforge.runtime.supervisor.supervisor import Supervisor
+from tritonforge.runtime.supervisor.supervisor import RELOAD_TIMEOUT_S, Supervisor
 
 pytestmark = pytest.mark.integration
 LONG = "Write a long story about a dragon and a knight."
@@ -63,11 +63,6 @@ def _server(repo: Path, **kwargs: object) -> EmbeddedServer:
     return server
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="fresh-clone rehearsal 2026-12-04: the supervisor's reload of generate timed out "
-    "(120 s) after the kill; passes in a warm checkout: to fix first (closing note)",
-)
 def test_killed_stub_ends_every_open_stream_and_the_supervisor_restores_it(
     tmp_path: Path,
 ) -> None:
@@ -90,12 +85,19 @@ def test_killed_stub_ends_every_open_stream_and_the_supervisor_restores_it(
         # ended by the supervisor with the reason (A6), not by the client's timeout: Triton
         # never sends the final response of a dead decoupled stub's requests
         assert all("its stub crashed" in str(e) for e in streams.ended), streams.ended
+        # the supervisor's own bound on the reload, then a canary round: a shorter wait (90 s
+        # was) fails a reload that is slow on a busy host but within the supervisor's bound
+        budget_s = RELOAD_TIMEOUT_S + 30
         recovered = False
-        while time.monotonic() - killed_at < 90 and not recovered:
+        while time.monotonic() - killed_at < budget_s and not recovered:
             health = supervisor.health()
             recovered = health.healthy and health.restarts >= 1
             time.sleep(0.2)
-        assert recovered, f"not restored within 90 s: {supervisor.health()}"
+        print("recovery:", supervisor.health().last_restart_reason)
+        assert recovered, (
+            f"not restored within {budget_s:g} s: {supervisor.health()}\n"
+            f"tritonserver's log:\n{server.log_text(40)}"
+        )
         assert server.stub_pids()["generate_0_0"] != victim
         c = GenerateClient(server.grpc_url, protocol="grpc", timeout_s=60)
         assert c.generate("Hi", stream=False, max_tokens=2)

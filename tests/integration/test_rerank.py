@@ -220,11 +220,6 @@ def test_demo_shows_reranking(server: EmbeddedServer, capsys: pytest.CaptureFixt
     assert "==> rerank (HTTP, ensemble)" in out and "same order: True" in out, out
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="fresh-clone rehearsal 2026-12-04: the 4 s Locust run did not end within 300 s; "
-    "passes in a warm checkout: to fix first (closing note)",
-)
 def test_locust_users_rerank_without_failures(server: EmbeddedServer, tmp_path: Path) -> None:
     import os
     import subprocess
@@ -234,7 +229,11 @@ def test_locust_users_rerank_without_failures(server: EmbeddedServer, tmp_path: 
 
     command = [
         *(sys.executable, "-m", "locust", "-f", str(loadtest.LOCUSTFILE), "--headless"),
-        *("-u", "2", "-r", "2", "-t", "4s", "--host", f"http://{server.http_url}"),
+        # 10 s, then each user's request in flight finishes (--stop-timeout) before the last CSV
+        # write: a 4 s run at load 12 let the gRPC user's first request (after its discovery
+        # call) land after the report was written
+        *("-u", "2", "-r", "2", "-t", "10s", "--stop-timeout", "60"),
+        *("--host", f"http://{server.http_url}"),
         *("--grpc-url", server.grpc_url, "--csv", str(tmp_path / "run")),
         *loadtest.USERS["both"],
     ]

@@ -139,3 +139,19 @@ def test_a_family_tolerance_comes_from_the_families_table(tmp_path: Path) -> Non
     got = decoder_from_pretrained(gemma, "g")
     assert (got.logits_atol, got.logits_rtol) == LOGITS_TOLERANCE["gemma3_text"]
     assert decoder_from_pretrained(llama, "l").logits_atol == 1e-2  # the spec's default
+
+
+def test_the_genai_builder_stamps_its_version_without_the_checkouts_git_head() -> None:
+    """Unpatched, a venv inside a git checkout gave ``0.18.0+<HEAD>``: one decoder sha256 per
+    checkout and commit."""
+    import importlib
+    from importlib import metadata
+
+    import onnx_ir as ir
+
+    from tritonforge.export.decoder.genai_builder import deterministic_stamp
+
+    deterministic_stamp()
+    model = ir.Model(ir.Graph([], [], nodes=[]), ir_version=10)
+    importlib.import_module("builders.base").Model.stamp_build_metadata(model)
+    assert model.producer_version == metadata.version("onnxruntime-genai")

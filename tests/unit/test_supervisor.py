@@ -252,7 +252,7 @@ class FakeServer:
     def stub_pids(self) -> dict[str, int]:
         return {k: v[0] for k, v in self.stub_table.items()}
 
-    def load_model(self, model: str, force: bool = False) -> None:
+    def load_model(self, model: str, timeout_s: float = 120.0, force: bool = False) -> None:
         with self.planned.loading([model]):
             self.loaded.append(model)
             self.events.append(f"load {model}")

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tritonforge.generation import FINISH_REASON
 from tritonforge.loadtest.reliability.chaos.outcomes import CLEAN, HUNG, LOST, OK, outcome_kind
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import from_repository
@@ -86,11 +87,44 @@ def stream_once(
         client.close()
 
 
-def sse_once(
-    http_url: str, model: str, body: dict[str, Any], timeout_s: float, cancel_after_first: bool
-) -> tuple[str, str]:
-    """One SSE ``generate_stream`` request read to its end (or dropped after the first event);
-    (kind, error)."""
+@dataclass
+class SseRead:
+    """One SSE ``generate_stream`` read: the answer's ``status`` and ``Retry-After``, seconds from
+    the caller's start to the response headers (``headers_s``) and to the end (``end_s``), the
+    ``data:`` events counted, whether one carried a finish reason, the first error (an error
+    event, a refusal's body that is no event stream, or ``exception``'s text)."""
+
+    status: int = 0
+    retry_after: str | None = None
+    headers_s: float = 0.0
+    end_s: float = 0.0
+    events: int = 0
+    finished: bool = False
+    error: str = ""
+    exception: OSError | http.client.HTTPException | None = None
+
+
+def _event(line: bytes) -> dict[str, Any]:
+    try:
+        event = json.loads(line[6:])
+    except ValueError:
+        return {"error": f"malformed event: {line[6:200].decode('utf-8', 'replace')}"}
+    return event if isinstance(event, dict) else {"error": f"not an object: {event!r}"[:200]}
+
+
+def read_sse(
+    http_url: str,
+    model: str,
+    body: dict[str, Any],
+    timeout_s: float,
+    t0: float | None = None,
+    stop_after_first: bool = False,
+) -> SseRead:
+    """POST ``body`` to ``model``'s ``generate_stream`` at ``http_url`` (``host:port``) and read the
+    stream to its end (or drop it after the first event); times from ``t0`` (monotonic; default
+    now). Never raises on a network failure: it is the read's ``exception``."""
+    start = time.monotonic() if t0 is None else t0
+    read = SseRead()
     host, port = http_url.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     try:
@@ -99,27 +133,47 @@ def sse_once(
             {"Content-Type": "application/json"},
         )  # fmt: skip
         resp = conn.getresponse()
-        if resp.status != 200:
-            resp.read()
-            return CLEAN, f"HTTP {resp.status}"
-        events = 0
-        errored = ""
-        for line in resp:
-            if line.startswith(b"data: "):
-                events += 1
-                if b'"error"' in line:
-                    errored = line[6:200].decode("utf-8", "replace")
-                if cancel_after_first:
-                    return OK, ""
-        if errored:
-            return CLEAN, errored
-        return (OK, "") if events else (LOST, "stream ended without an event")
-    except TimeoutError:
-        return HUNG, f"no answer within {timeout_s:g} s"
+        read.status, read.retry_after = resp.status, resp.getheader("Retry-After")
+        read.headers_s = time.monotonic() - start
+        if resp.status != 200 and not resp.getheader("Content-Type", "").startswith(
+            "text/event-stream"
+        ):
+            read.error = resp.read()[:200].decode("utf-8", "replace") or f"HTTP {resp.status}"
+        for line in resp if not read.error else ():
+            if not line.startswith(b"data: "):
+                continue
+            read.events += 1
+            event = _event(line)
+            if "error" in event:
+                read.error = read.error or str(event["error"])[:200]
+            elif event.get(FINISH_REASON):
+                read.finished = True
+            if stop_after_first:
+                break
     except (OSError, http.client.HTTPException) as e:
-        return outcome_kind(f"{type(e).__name__} {e}"), f"{type(e).__name__}: {e}"[:300]
+        read.exception, read.error = e, f"{type(e).__name__}: {e}"[:300]
     finally:
         conn.close()
+    read.end_s = time.monotonic() - start
+    return read
+
+
+def sse_once(
+    http_url: str, model: str, body: dict[str, Any], timeout_s: float, cancel_after_first: bool
+) -> tuple[str, str]:
+    """One SSE ``generate_stream`` request read to its end (or dropped after the first event);
+    (kind, error)."""
+    read = read_sse(http_url, model, body, timeout_s, stop_after_first=cancel_after_first)
+    if isinstance(read.exception, TimeoutError):
+        return HUNG, f"no answer within {timeout_s:g} s"
+    if read.exception is not None:
+        e = read.exception
+        return outcome_kind(f"{type(e).__name__} {e}"), read.error
+    if read.status != 200:
+        return CLEAN, f"HTTP {read.status}"
+    if read.error:
+        return CLEAN, read.error
+    return (OK, "") if read.events else (LOST, "stream ended without an event")
 
 
 MALFORMED = (
