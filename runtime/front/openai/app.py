@@ -34,6 +34,7 @@ from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front import stream as front_stream
 from tritonforge.runtime.front import stream_end
 from tritonforge.runtime.front.body import INFLATE_WBITS, inflate, json_depth
+from tritonforge.runtime.front.guard import QUEUE_PRIORITY_KEY, USAGE_KEY, set_queue_priority
 from tritonforge.runtime.front.openai import api
 from tritonforge.runtime.front.openai.api import OpenAIError, ServedModel
 from tritonforge.runtime.front.settings import OpenAISettings
@@ -307,7 +308,7 @@ class OpenAIFront:
         created, mid = api.now(), req.model.id
         slot = await self._open_slot(req.model, req.stream)
         try:
-            call = slot.call = self._start(req, rid)
+            call = slot.call = self._start(req, rid, request.get(QUEUE_PRIORITY_KEY))
             if slot.reason is not None:  # ended while the prompt was counted
                 call.cancel()
             first = await self._next(call, mid, slot)  # errors before any text: a real status
@@ -321,7 +322,7 @@ class OpenAIFront:
                     parts.append(chunk.text)
                     finish = chunk.finish_reason
                 text = "".join(parts)
-                use = api.usage(prompt_tokens, self._count(gen, text))
+                use = api.usage(prompt_tokens, _charged(request, prompt_tokens, gen, text))
                 out = (
                     api.chat_completion(rid, created, mid, text, finish, use)
                     if chat
@@ -401,8 +402,10 @@ class OpenAIFront:
                 except OpenAIError as e:  # mid-stream: the status is already sent
                     await response.write(api.sse(e.body()))
                     chunk = None
+            if usage_on or USAGE_KEY in request:
+                completion = _charged(request, prompt_tokens, gen, "".join(parts))
             if usage_on:
-                use = api.usage(prompt_tokens, self._count(gen, "".join(parts)))
+                use = api.usage(prompt_tokens, completion)
                 if chat:
                     final = api.chat_chunk(rid, created, mid, None, None, use, True)
                 else:
@@ -419,10 +422,11 @@ class OpenAIFront:
         """Tokens of ``text`` by the served tokenizer (no special tokens added)."""
         return len(gen.tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
 
-    def _start(self, req: api.GenerationRequest, rid: str) -> Any:
+    def _start(self, req: api.GenerationRequest, rid: str, priority: int | None) -> Any:
         message = api.generate_request(
             req.model.triton_model, req.prompt, req.parameters, req.stop, rid
         )
+        set_queue_priority(message, priority)  # the tenant's (never the client's)
         return front_stream.start_stream(self.channel(), message)
 
     async def _next(self, call: Any, model: str, slot: _Slot | None = None) -> api.StreamChunk:
@@ -478,3 +482,13 @@ def _triton_error(status: int, data: bytes, where: str) -> OpenAIError:
         message = data[:200].decode("utf-8", "replace")
     mapped = status if status in (400, 404, 413, 429, 503) else 500
     return OpenAIError(f"{where}: {message[:300]}", mapped)
+
+
+def _charged(request: web.BaseRequest, prompt_tokens: int, gen: _Generator, text: str) -> int:
+    """The completion tokens of ``text``, noted for the tenants' gate (:data:`USAGE_KEY`, streamed
+    or not) when it is on."""
+    completion = OpenAIFront._count(gen, text)
+    used = request.get(USAGE_KEY)
+    if isinstance(used, list):
+        used.append((prompt_tokens, completion))
+    return completion
