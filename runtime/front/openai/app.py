@@ -33,7 +33,7 @@ from tritonforge.queue_forecast import retry_after_s
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front import stream as front_stream
 from tritonforge.runtime.front import stream_end
-from tritonforge.runtime.front.body import INFLATE_WBITS, inflate, json_depth
+from tritonforge.runtime.front.body import INFLATE_WBITS, inflate, json_depth, read_body
 from tritonforge.runtime.front.guard import QUEUE_PRIORITY_KEY, USAGE_KEY, set_queue_priority
 from tritonforge.runtime.front.openai import api
 from tritonforge.runtime.front.openai.api import OpenAIError, ServedModel
@@ -149,7 +149,7 @@ class OpenAIFront:
             )
 
     async def _body(self, request: web.BaseRequest) -> dict[str, Any]:
-        body = await self.http._read_body(request)
+        body = await read_body(request, self.http.limits.max_body_bytes)
         encoding = request.headers.get("Content-Encoding", "").strip().lower()
         if encoding and encoding != "identity":
             if encoding not in INFLATE_WBITS:
