@@ -14,12 +14,12 @@ import numpy as np
 
 from tritonforge.decoder import OrtDecoder
 from tritonforge.errors import InvalidInputError
-from tritonforge.generation import check_variant, render_prompt, with_bos
+from tritonforge.generation import check_variant, queue_priority, render_prompt, with_bos
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import VARIANT_KEY, VARIANT_PARAMETER
 from tritonforge.sampling import GenerationLimits, parse_sampling
-from tritonforge.scheduler import ErrorFn, Generation, OutputFn, Scheduler
+from tritonforge.scheduler import ErrorFn, Generation, OutputFn, Scheduler, queue_rank
 from tritonforge.text_stream import TextStream
 
 # the full-batch warm-up's tokens: enough decode steps that its prefill weighs little in the
@@ -112,7 +112,13 @@ class GenerateEngine:
             on_error=on_error,
             is_cancelled=is_cancelled,
             rng=np.random.default_rng(seed),
+            priority=queue_priority(values),
         )
+
+    def check_admission(self, values: Mapping[str, Any]) -> None:
+        """Refuse (:class:`StageUnavailableError`) a request the queue would refuse now, before
+        it is built: under a flood a refusal then costs no chat template and no tokenization."""
+        self.scheduler.check_admission(queue_rank(queue_priority(values)))
 
     def check_variant(self, requested: Any) -> None:
         """:class:`InvalidInputError` naming ``variant`` when a request pins another variant."""

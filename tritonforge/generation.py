@@ -22,6 +22,21 @@ from tritonforge.pipelines import VARIANT_PARAMETER
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
 FINISH_REASON = "finish_reason"
+# The request parameter carrying a request's queue priority to a generate model (1 is served
+# first; absent or 0: after every level). Triton consumes its own ``priority`` parameter and the
+# Python stub cannot read it, so the front sets this one from the tenant (never from the client).
+QUEUE_PRIORITY_PARAMETER = "queue_priority"
+
+
+def queue_priority(values: Mapping[str, Any]) -> int:
+    """The :data:`QUEUE_PRIORITY_PARAMETER` of a request's parameters (0 when absent);
+    :class:`InvalidInputError` naming it when it is not a whole number >= 0."""
+    value = values.get(QUEUE_PRIORITY_PARAMETER, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(
+            f"{QUEUE_PRIORITY_PARAMETER} must be a whole number >= 0, got {str(value)[:20]!r}"
+        )
+    return value
 
 
 def check_variant(requested: Any, served: str, model: str) -> None:

@@ -37,6 +37,7 @@ StepFn = Callable[
 ]
 
 
+RECHECK_S = 0.1  # how often the queue is re-checked between steps (its refusals: within this)
 DEFAULT_RANK = 2**31  # the queue rank of a sequence without a priority: behind every level
 
 
@@ -84,7 +85,7 @@ class Generation:
     @property
     def rank(self) -> int:
         """Queue order: by priority, then arrival."""
-        return self.priority if self.priority > 0 else DEFAULT_RANK
+        return queue_rank(self.priority)
 
     def finish(self, text: str, reason: str) -> None:
         if not self.finished:
@@ -95,6 +96,11 @@ class Generation:
         if not self.finished:
             self.finished = True
             self.on_error(self, error)
+
+
+def queue_rank(priority: int) -> int:
+    """The queue rank of a ``priority`` (1 first; 0: none, behind every level)."""
+    return priority if priority > 0 else DEFAULT_RANK
 
 
 class Scheduler:
@@ -155,28 +161,40 @@ class Scheduler:
         self.prefilling: list[Generation] = []  # admitted, in their prefill call
 
     # -- producer side -------------------------------------------------------------------
-    def submit(self, seq: Generation) -> None:
-        """Queue ``seq``; :class:`StageUnavailableError` when the queue is full or closed."""
+    def check_admission(self, rank: int = DEFAULT_RANK) -> None:
+        """:class:`StageUnavailableError` when a sequence of queue ``rank`` would be refused now
+        (closed, queue full, a slot predicted past ``queue_timeout_s``): what :meth:`submit`
+        checks, callable before the sequence is built, so that a refusal under a flood costs no
+        chat template and no tokenization."""
         with self.cond:
-            if self.closed:
-                raise StageUnavailableError(f"{self.name}: the server is shutting down")
-            if len(self.waiting) >= self.max_queue:
-                raise StageUnavailableError(
-                    f"{self.name}: overloaded ({len(self.batch)} running, {len(self.waiting)} "
-                    f"queued, max_queue {self.max_queue}); retry later"
-                )
-            wait_s = self.predicted_wait_s(seq.rank)
-            if self.queue_timeout_s is not None and wait_s > self.queue_timeout_s:
-                raise StageUnavailableError(
-                    f"{self.name}: overloaded: a slot is about {wait_s:.1f} s away, past "
-                    f"queue_timeout_s {self.queue_timeout_s:g} s ({len(self._running_left())} running, "
-                    f"{len(self.waiting)} queued); "
-                    f"{retry_hint(wait_s - self.queue_timeout_s)}"
-                )
+            self._refuse_if_full(rank)
+
+    def _refuse_if_full(self, rank: int) -> None:
+        if self.closed:
+            raise StageUnavailableError(f"{self.name}: the server is shutting down")
+        if len(self.waiting) >= self.max_queue:
+            raise StageUnavailableError(
+                f"{self.name}: overloaded ({len(self.batch)} running, {len(self.waiting)} "
+                f"queued, max_queue {self.max_queue}); retry later"
+            )
+        wait_s = self.predicted_wait_s(rank)
+        if self.queue_timeout_s is not None and wait_s > self.queue_timeout_s:
+            raise StageUnavailableError(
+                f"{self.name}: overloaded: a slot is about {wait_s:.1f} s away, past "
+                f"queue_timeout_s {self.queue_timeout_s:g} s ({len(self._running_left())} running, "
+                f"{len(self.waiting)} queued); "
+                f"{retry_hint(wait_s - self.queue_timeout_s)}"
+            )
+
+    def submit(self, seq: Generation) -> None:
+        """Queue ``seq``; :class:`StageUnavailableError` when the queue is full or closed, or
+        its slot is predicted past ``queue_timeout_s`` (:meth:`check_admission`)."""
+        with self.cond:
+            self._refuse_if_full(seq.rank)
             seq.queued_s = self.clock()
             ahead = sum(1 for s in self.waiting if s.rank <= seq.rank)
             self.waiting.insert(ahead, seq)  # the queue stays ordered by rank, then arrival
-            self.cond.notify()
+            self.cond.notify_all()  # the loop and the queue watcher
 
     def _running_left(self) -> list[int]:
         """Tokens each running (or joining) sequence may still decode."""
@@ -205,6 +223,23 @@ class Scheduler:
             target=self._loop, name=f"{self.name}-scheduler", daemon=True
         )
         self.thread.start()
+        if self.queue_timeout_s is not None:
+            threading.Thread(
+                target=self._watch_queue, name=f"{self.name}-queue-watch", daemon=True
+            ).start()
+
+    def _watch_queue(self) -> None:
+        """Re-check the queue every :data:`RECHECK_S` while the loop is inside a step (a
+        prefill of a full batch takes seconds on a busy host): a sequence the forecast now puts
+        past its deadline is refused within that, not after the step (:meth:`_expire_queued`)."""
+        while True:
+            with self.cond:
+                while not self.closed and not self.waiting:
+                    self.cond.wait()
+                if self.closed:
+                    return
+            self._expire_queued()
+            time.sleep(RECHECK_S)
 
     def _loop(self) -> None:
         while True:

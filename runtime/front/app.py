@@ -65,7 +65,7 @@ from tritonforge.runtime.front.settings import (
     openai_settings,
 )
 from tritonforge.runtime.tenants.gate import TenantGate
-from tritonforge.runtime.tenants.grpc import TENANT_METADATA, admit_call
+from tritonforge.runtime.tenants.grpc import TENANT_METADATA, admit_call, check_model
 from tritonforge.runtime.tenants.http import TenantHttp
 
 if TYPE_CHECKING:
@@ -137,6 +137,7 @@ class Front:
                 self.limits.max_body_bytes,
             ).handle  # fmt: skip
             self.grpc.admit = functools.partial(admit_call, self.tenants)
+            self.grpc.may_call = functools.partial(check_model, self.tenants)
             self.grpc.hidden = (*self.grpc.hidden, TENANT_METADATA)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="front", daemon=True)

@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from aiohttp import web
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
@@ -158,3 +159,19 @@ def json_has_version(header_length: str | None, body: bytes) -> bool:
     except (ValueError, AttributeError):
         return False
     return isinstance(params, dict) and VERSION_PARAMETER in params
+
+
+async def read_body(request: web.BaseRequest, limit_bytes: int) -> bytes:
+    """The body of ``request`` as sent; 413 (:class:`FrontError`) past ``limit_bytes``, from the
+    ``Content-Length`` alone or while reading a chunked body (every relay reads bodies here)."""
+    length = request.content_length
+    if length is not None and length > limit_bytes:
+        raise FrontError(f"body of {length} bytes exceeds max_body_bytes={limit_bytes}", 413)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit_bytes:
+            raise FrontError(f"body exceeds max_body_bytes={limit_bytes}", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -22,6 +22,7 @@ from tritonforge.runtime.front.guard import (
     ThrottledLog,
     admin_ok,
     check_model_name,
+    set_queue_priority,
 )
 from tritonforge.runtime.front.settings import FrontLimits
 
@@ -144,6 +145,8 @@ class GrpcFront(grpc.GenericRpcHandler):
         # the tenants' gate (runtime.tenants.grpc.admit_call; None: no tenants) and the metadata
         # that never goes upstream
         self.admit: Callable[[Any], Awaitable[None]] | None = None
+        # the tenants' model check per request message (runtime.tenants.grpc.check_model)
+        self.may_call: Callable[[Any, str], None] | None = None
         self.hidden = ("user-agent", *self.admin_headers)
 
     def channel(self) -> grpc.aio.Channel:
@@ -204,10 +207,14 @@ class GrpcFront(grpc.GenericRpcHandler):
                 f"{self.admission.draining}; retry on another replica",
             )
 
-    async def _checked_message(self, message: bytes) -> str:
-        """The model a request message goes to, once it passed the checks."""
+    async def _checked_message(self, message: bytes, context: Any) -> str:
+        """The model a request message goes to, once it passed the checks (a ``queue_priority``
+        parameter is the server's: refused)."""
         request = check_infer_message(message)
         check_model_name(request.model_name, "model_name")
+        set_queue_priority(request, None)
+        if self.may_call is not None:
+            self.may_call(context, request.model_name)
         if VERSION_PARAMETER in request.parameters and self.pins is not None:
             await self.pins(request.model_name, f"request parameter {VERSION_PARAMETER!r}")
         return str(request.model_name)
@@ -262,14 +269,13 @@ class GrpcFront(grpc.GenericRpcHandler):
         async def checked() -> AsyncIterator[bytes]:
             async for message in _until(requests, client_done):
                 try:
-                    model = await self._checked_message(message)
+                    model = await self._checked_message(message, context)
                     if self.served is not None:
                         await self.served(model)
                     if not self.admission.stream_model(token, model):
                         raise FrontError(self.admission.full_message(model), 503)
                 except FrontError as e:
-                    code = grpc.StatusCode.UNAVAILABLE if e.status == 503 else None
-                    bad.append((code or grpc.StatusCode.INVALID_ARGUMENT, str(e)))
+                    bad.append((_status_code(e), str(e)))
                     for call in calls:
                         call.cancel()
                     return
@@ -308,9 +314,9 @@ class GrpcFront(grpc.GenericRpcHandler):
         metadata = await self._metadata(method, context)
         if method == GRPC_INFER:
             try:
-                await self._checked_message(request)
+                await self._checked_message(request, context)
             except FrontError as e:
-                await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                await self._abort(context, _status_code(e), str(e))
         remaining = context.time_remaining()
         timeout = self.limits.request_timeout_s
         if remaining is not None:
@@ -359,3 +365,16 @@ class GrpcFront(grpc.GenericRpcHandler):
                     f"{self.admin_headers[0]} metadata",
                 )
         return metadata
+
+
+_FRONT_CODES = {
+    503: grpc.StatusCode.UNAVAILABLE,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def _status_code(e: FrontError) -> grpc.StatusCode:
+    """The gRPC status of a refusal of the front (a bad request: ``INVALID_ARGUMENT``)."""
+    return _FRONT_CODES.get(e.status, grpc.StatusCode.INVALID_ARGUMENT)

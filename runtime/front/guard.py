@@ -19,7 +19,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
+
 from tritonforge.errors import ECHO_BYTES, shown
+from tritonforge.generation import QUEUE_PRIORITY_PARAMETER
 from tritonforge.runtime.errors import FrontError
 
 __all__ = ["ECHO_BYTES", "shown"]
@@ -353,6 +356,33 @@ class Admission:
 def _label(value: str) -> str:
     """A Prometheus label value (escaped, bounded)."""
     return value[:128].replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+# aiohttp request storage the tenants' gate fills for the relays (never anything a client sends):
+QUEUE_PRIORITY_KEY = web.RequestKey("tritonforge.queue_priority", int)  # the tenant's (1 first)
+# the /v1 routes append a completion's (prompt, completion) tokens here
+USAGE_KEY = web.RequestKey("tritonforge.usage", list[tuple[int, int]])
+
+
+def note_usage(request: web.BaseRequest, prompt_tokens: int, completion_tokens: int) -> None:
+    """Note one answer's tokens for the tenants' gate (:data:`USAGE_KEY`; nothing when it is off)."""
+    used = request.get(USAGE_KEY)
+    if isinstance(used, list):
+        used.append((prompt_tokens, completion_tokens))
+
+
+def set_queue_priority(message: Any, priority: int | None) -> None:
+    """Put the tenant's ``priority`` on a gRPC ``ModelInferRequest`` as the generate model's
+    :data:`~tritonforge.generation.QUEUE_PRIORITY_PARAMETER` (None: none). The parameter is the
+    server's to set: a request that carries one is refused (400 naming it)."""
+    if QUEUE_PRIORITY_PARAMETER in message.parameters:
+        raise FrontError(
+            f"request parameter {QUEUE_PRIORITY_PARAMETER!r} is set by the server from the "
+            f"tenant's priority; leave it out",
+            400,
+        )
+    if priority is not None and priority > 0:
+        message.parameters[QUEUE_PRIORITY_PARAMETER].int64_param = priority
 
 
 VERSION_PARAMETER = "version"  # the request parameter the BLS pins a version with

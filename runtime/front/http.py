@@ -28,6 +28,7 @@ from tritonforge.runtime.front.body import (
     inflate,
     json_depth,
     json_has_version,
+    read_body,
 )
 from tritonforge.runtime.front.capacity import StreamCapacity
 from tritonforge.runtime.front.guard import (
@@ -191,20 +192,6 @@ class HttpFront:
         for session in sessions:
             await session.close()
 
-    async def _read_body(self, request: web.BaseRequest) -> bytes:
-        limit = self.limits.max_body_bytes
-        length = request.content_length
-        if length is not None and length > limit:
-            raise FrontError(f"body of {length} bytes exceeds max_body_bytes={limit}", 413)
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                raise FrontError(f"body exceeds max_body_bytes={limit}", 413)
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     def _check_json(self, request: web.BaseRequest, body: bytes) -> None:
         header = request.headers.get(LENGTH_HEADER)
         json_part = body
@@ -256,7 +243,7 @@ class HttpFront:
         model = _model_of(request.path)
         if model is not None:
             check_model_name(model)
-        body = await self._read_body(request)
+        body = await read_body(request, self.limits.max_body_bytes)
         headers = {
             k: v
             for k, v in request.headers.items()

@@ -18,7 +18,14 @@ from tritonforge.runtime.front import sse as front_sse
 from tritonforge.runtime.front import stream as front_stream
 from tritonforge.runtime.front import stream_end
 from tritonforge.runtime.front.grpc import TRACEPARENT_KEY
-from tritonforge.runtime.front.guard import VERSION_HEADER, Admission, parse_version, shown
+from tritonforge.runtime.front.guard import (
+    QUEUE_PRIORITY_KEY,
+    VERSION_HEADER,
+    Admission,
+    parse_version,
+    set_queue_priority,
+    shown,
+)
 
 if TYPE_CHECKING:
     from tritonforge.runtime.front.http import HttpFront
@@ -73,6 +80,7 @@ async def forward_stream(
             return grpc_refusal(e, front.admission)
         try:
             message = front_sse.infer_request(model, version, json_body(body), inputs)
+            set_queue_priority(message, request.get(QUEUE_PRIORITY_KEY))
         except FrontError as e:
             return triton_error(e.status, str(e))
         trace = [(k.lower(), v) for k, v in headers.items() if k.lower() == TRACEPARENT_KEY]

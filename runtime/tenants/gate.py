@@ -143,6 +143,22 @@ class TenantGate:
             state.usage["requests"] += 1
             return state
 
+    def check_model(self, key: str | None, model: str) -> None:
+        """:class:`TenantRefusedError` (403) when the tenant of ``key`` may not call ``model``
+        (a gRPC stream names its models per message, after :meth:`admit` counted the call)."""
+        with self._lock:
+            name = self._by_key.get(hash_key(key or ""))
+            if name is None:
+                raise TenantRefusedError("unknown or revoked API key", 401, "invalid_api_key")
+            state = self._states[name]
+            if not state.tenant.allows(model):
+                state.usage["refusals"] += 1
+                raise TenantRefusedError(
+                    f"tenant {state.tenant.name!r} may not call model {model!r}",
+                    403,
+                    "model_not_allowed",
+                )
+
     def _check(self, state: TenantState, model: str | None) -> None:
         t = state.tenant
         if model is not None and not t.allows(model):

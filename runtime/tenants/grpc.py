@@ -1,7 +1,8 @@
 """The tenants' gate on the front's gRPC relay: the key in the :data:`TENANT_METADATA` metadata of
 ``ModelInfer`` and ``ModelStreamInfer`` calls (once per call); a refusal aborts the call with
 ``UNAUTHENTICATED`` (no or unknown key) or ``RESOURCE_EXHAUSTED`` (past a limit; the details end
-with "retry after N s"). Allowed models are checked on HTTP and ``/v1`` only."""
+with "retry after N s"); a model the tenant may not call, per request message, ``PERMISSION_DENIED``
+(:func:`check_model`)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,9 @@ async def admit_call(gate: TenantGate, context: Any) -> None:
         if e.status == 429:
             details += f"; retry after {max(1, math.ceil(e.retry_after_s))} s"
         await context.abort(_CODES.get(e.status, grpc.StatusCode.PERMISSION_DENIED), details)
+
+
+def check_model(gate: TenantGate, context: Any, model: str) -> None:
+    """Refuse (:class:`TenantRefusedError`, 403) a request message to a model the call's tenant
+    may not call; the relay aborts the call with ``PERMISSION_DENIED``."""
+    gate.check_model(dict(context.invocation_metadata() or ()).get(TENANT_METADATA), model)

@@ -5,7 +5,9 @@ Gated: ``/v1/*`` (key: ``Authorization: Bearer <key>``; a refusal in OpenAI's er
 server metadata and the admin APIs are not gated. A refusal past a limit is 429 with
 ``Retry-After``; an unknown or revoked key 401; a model the tenant may not call 403. A tenant's
 ``priority`` becomes the request's ``X-Priority`` (Triton's request priority, where the model's
-batcher has levels) unless the request set one. ``GET`` :data:`USAGE_PATH` (with the admin key)
+batcher has levels) unless the request set one, and the ``queue_priority`` of its generate streams
+(v2 SSE, ``/v1``: the generate model's queue order; the client cannot set it). A ``/v1`` answer is
+charged its prompt and completion tokens, streamed or not. ``GET`` :data:`USAGE_PATH` (with the admin key)
 answers every tenant's usage as JSON; ``/metrics`` carries the same counters. Without a tenants
 file nothing here runs: the front behaves exactly as before.
 """
@@ -20,7 +22,7 @@ from typing import Any
 from aiohttp import streams, web
 
 from tritonforge.runtime.front.degrade_headers import PRIORITY_HEADER
-from tritonforge.runtime.front.guard import admin_ok
+from tritonforge.runtime.front.guard import QUEUE_PRIORITY_KEY, USAGE_KEY, admin_ok
 from tritonforge.runtime.tenants.gate import TenantGate, TenantRefusedError, TenantState
 
 TENANT_HEADER = "X-Api-Key"
@@ -100,9 +102,13 @@ class TenantHttp:
         except TenantRefusedError as e:
             return _refusal(e, openai)
         request = self._prioritized(request, state, openai)
+        if state.tenant.priority is not None:  # generate's queue order (QUEUE_PRIORITY_KEY)
+            request[QUEUE_PRIORITY_KEY] = state.tenant.priority
+        used: list[tuple[int, int]] = []  # the /v1 routes note a completion's tokens here
+        request[USAGE_KEY] = used
         response = await self.inner(request)
-        if openai:
-            self.gate.record(state, *_usage_tokens(response))
+        if openai:  # a streamed answer's tokens are noted; a non-streamed one's are in its body
+            self.gate.record(state, *(used[-1] if used else _usage_tokens(response)))
         return response
 
     def _usage(self, request: web.BaseRequest) -> web.Response:

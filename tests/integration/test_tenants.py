@@ -36,6 +36,10 @@ request_burst = 2
 
 [tenants.big]
 keys = ["{hash_key("big-key")}", "{hash_key("big-key-2")}"]
+
+[tenants.narrow]
+keys = ["{hash_key("narrow-key")}"]
+models = ["embed"]
 """
 INFER = {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["hi"]}]}
 
@@ -88,6 +92,12 @@ def test_two_tenants_limits_revocation_and_usage(tmp_path: Path) -> None:
                     "embed", text_inputs(["hi"]), headers={TENANT_METADATA: key} if key else None
                 )
             assert code in str(grpc_refused.value.status()), grpc_refused.value
+        narrow = {TENANT_METADATA: "narrow-key"}
+        grpc_client.infer("embed", text_inputs(["hi"]), headers=narrow)
+        with pytest.raises(InferenceServerException) as not_allowed:  # checked per message
+            grpc_client.infer("tokenizer", text_inputs(["hi"]), headers=narrow)
+        assert "PERMISSION_DENIED" in str(not_allowed.value.status()), not_allowed.value
+        assert "may not call model 'tokenizer'" in str(not_allowed.value)
         grpc_client.close()
 
         usage = requests.get(f"{base}{USAGE_PATH}", headers=server.admin_headers, timeout=10)

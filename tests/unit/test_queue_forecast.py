@@ -4,10 +4,13 @@ the queue and the measured service rate, and refuses at once one that would wait
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from tests.unit.test_generation import EOS, empty_past, make, toy_step
-from tritonforge.errors import StageUnavailableError
+from tritonforge.errors import InvalidInputError, StageUnavailableError
+from tritonforge.generation import QUEUE_PRIORITY_PARAMETER, queue_priority
 from tritonforge.queue_forecast import (
     ServiceRate,
     late_in_queue,
@@ -121,3 +124,66 @@ def test_priorities_reorder_the_queue_and_the_forecast_counts_only_those_ahead()
     sched.run_until_idle()
     finished = [i for i, _, r in out if r in (FINISH_LENGTH, "stop")]
     assert finished[1:] == [urgent.id, low.id, plain.id]
+
+
+def test_the_admission_check_refuses_before_a_sequence_is_built() -> None:
+    """Issue #36 item 5: the generate model asks :meth:`Scheduler.check_admission` before its
+    chat template and tokenizer run, so a refusal under a flood costs neither."""
+    now = [0.0]
+    sched = _ticking(now, step_s=1.0)
+    sched.submit(make([1], 20))
+    sched.step()  # 18 tokens left at 1 s a token
+    with pytest.raises(StageUnavailableError, match=r"a slot is about 18\.0 s away"):
+        sched.check_admission()
+    assert list(sched.waiting) == []
+    sched.max_queue = 0
+    with pytest.raises(StageUnavailableError, match="max_queue 0"):
+        sched.check_admission(rank=1)
+
+
+def test_the_queue_is_rechecked_while_the_loop_is_inside_a_long_step() -> None:
+    """A queued sequence the forecast puts past its deadline is refused by the queue watcher
+    while the loop is still inside a step (before: only at the next step, which on a busy host
+    came seconds later: flood refusals after up to 5.2 s)."""
+    now = [0.0]
+    inside, release = threading.Event(), threading.Event()
+
+    def step(*args):  # type: ignore[no-untyped-def]
+        now[0] += 1.0
+        if sched.steps >= 1:  # the loop's steps block until released
+            inside.set()
+            release.wait(30)
+        return toy_step(*args)
+
+    sched = Scheduler(
+        step, empty_past, [EOS], max_running=1, max_queue=8, name="generate",
+        queue_timeout_s=10.0, clock=lambda: now[0],
+    )  # fmt: skip
+    out: list = []
+    refused = threading.Event()
+    running = make([1], 6, out=out)
+    sched.submit(running)
+    sched.step()  # measured: 1 s a token; 4 tokens left
+    queued = make([2], 2, out=out)
+    queued.on_error = lambda s, e: (out.append((s.id, e, "error")), refused.set())
+    sched.submit(queued)  # a slot ~4 s away: queued
+    sched.start()
+    try:
+        assert inside.wait(30), "the loop never entered its step"
+        now[0] += 7.0  # waited 7 s, a slot still ~4 s away: past queue_timeout_s
+        assert refused.wait(30), "the late sequence was not refused during the step"
+        assert not release.is_set()
+        (error,) = [e for i, e, r in out if i == queued.id and r == "error"]
+        assert "no slot predicted within queue_timeout_s 10 s" in str(error)
+    finally:
+        release.set()
+        sched.close()
+
+
+def test_the_queue_priority_parameter_is_read_and_checked() -> None:
+    """The front passes a tenant's priority as ``queue_priority`` (Triton keeps its own
+    ``priority``); a bad value is refused naming the field."""
+    assert queue_priority({}) == 0 and queue_priority({QUEUE_PRIORITY_PARAMETER: 2}) == 2
+    for bad in (-1, "1", 1.5, True):
+        with pytest.raises(InvalidInputError, match=QUEUE_PRIORITY_PARAMETER):
+            queue_priority({QUEUE_PRIORITY_PARAMETER: bad})

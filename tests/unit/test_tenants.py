@@ -3,13 +3,21 @@ clocks, the gate's decisions and a reload that revokes a key."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+from tritonclient.grpc import service_pb2
 
+from tritonforge.generation import QUEUE_PRIORITY_PARAMETER
+from tritonforge.runtime.errors import FrontError
+from tritonforge.runtime.front.guard import QUEUE_PRIORITY_KEY, USAGE_KEY, set_queue_priority
 from tritonforge.runtime.tenants.__main__ import main as tenants_main
 from tritonforge.runtime.tenants.gate import TenantGate, TenantRefusedError
+from tritonforge.runtime.tenants.http import TenantHttp
 from tritonforge.runtime.tenants.keys import TenantsFileError, hash_key, parse_tenants
 from tritonforge.runtime.tenants.limits import Quota, TokenBucket
 
@@ -144,3 +152,55 @@ def test_the_cli_hashes_a_key_from_stdin(
     monkeypatch.setattr("sys.stdin", io.StringIO("small-key\n"))
     assert tenants_main(["hash-key"]) == 0
     assert capsys.readouterr().out.strip() == hash_key("small-key")
+
+
+def test_a_grpc_message_to_a_model_the_tenant_may_not_call_is_refused(tmp_path: Path) -> None:
+    """gRPC names its models per request message: checked after the call was admitted."""
+    gate = TenantGate(_file(tmp_path, TWO), lambda: 0.0)
+    gate.check_model("small-key", "embed")
+    with pytest.raises(TenantRefusedError, match="may not call model 'generate'") as refused:
+        gate.check_model("small-key", "generate")
+    assert refused.value.status == 403 and gate.usage()["small"]["refusals"] == 1
+    gate.check_model("big-key", "generate")  # no list of models: every one
+    with pytest.raises(TenantRefusedError) as unknown:
+        gate.check_model(None, "embed")
+    assert unknown.value.status == 401
+
+
+def test_the_queue_priority_is_the_servers_to_set() -> None:
+    """The tenant's priority reaches generate's queue as ``queue_priority``; a client's own is
+    refused (400 naming it), never forwarded."""
+    message = service_pb2.ModelInferRequest(model_name="generate")
+    set_queue_priority(message, 2)
+    assert message.parameters[QUEUE_PRIORITY_PARAMETER].int64_param == 2
+    with pytest.raises(FrontError, match=QUEUE_PRIORITY_PARAMETER) as refused:
+        set_queue_priority(message, 1)  # it carries one already
+    assert refused.value.status == 400
+    plain = service_pb2.ModelInferRequest(model_name="generate")
+    set_queue_priority(plain, None)
+    assert QUEUE_PRIORITY_PARAMETER not in plain.parameters
+
+
+def test_the_gate_passes_the_priority_and_charges_a_streamed_answers_tokens(
+    tmp_path: Path,
+) -> None:
+    """A streamed ``/v1`` answer has no ``usage`` body: the route notes its tokens in the
+    request (``USAGE_KEY``) and the gate charges them; the tenant's priority rides along."""
+    gate = TenantGate(_file(tmp_path, TWO), lambda: 0.0)
+    seen: list[object] = []
+
+    async def stream_route(request: web.BaseRequest) -> web.StreamResponse:
+        seen.append(request.get(QUEUE_PRIORITY_KEY))
+        request[USAGE_KEY].append((5, 7))
+        return web.StreamResponse()  # streamed: nothing in a body to read
+
+    http = TenantHttp(gate, stream_route, None, "x-admin", 1024)
+
+    async def call() -> None:
+        headers = {"Authorization": "Bearer big-key"}
+        await http.handle(make_mocked_request("GET", "/v1/models", headers=headers))
+
+    asyncio.run(call())
+    assert seen == [1]
+    usage = gate.usage()["big"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (5, 7)

@@ -33,7 +33,13 @@ from tritonforge.queue_forecast import retry_after_s
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front import stream as front_stream
 from tritonforge.runtime.front import stream_end
-from tritonforge.runtime.front.body import INFLATE_WBITS, inflate, json_depth
+from tritonforge.runtime.front.body import INFLATE_WBITS, inflate, json_depth, read_body
+from tritonforge.runtime.front.guard import (
+    QUEUE_PRIORITY_KEY,
+    USAGE_KEY,
+    note_usage,
+    set_queue_priority,
+)
 from tritonforge.runtime.front.openai import api
 from tritonforge.runtime.front.openai.api import OpenAIError, ServedModel
 from tritonforge.runtime.front.settings import OpenAISettings
@@ -148,7 +154,7 @@ class OpenAIFront:
             )
 
     async def _body(self, request: web.BaseRequest) -> dict[str, Any]:
-        body = await self.http._read_body(request)
+        body = await read_body(request, self.http.limits.max_body_bytes)
         encoding = request.headers.get("Content-Encoding", "").strip().lower()
         if encoding and encoding != "identity":
             if encoding not in INFLATE_WBITS:
@@ -314,7 +320,7 @@ class OpenAIFront:
             return await routes.respond(self, request, req, gen, prompt_tokens, chat, rid)
         slot = await self._open_slot(req.model, req.stream)
         try:
-            call = slot.call = self._start(req, rid)
+            call = slot.call = self._start(req, rid, request.get(QUEUE_PRIORITY_KEY))
             if slot.reason is not None:  # ended while the prompt was counted
                 call.cancel()
             first = await self._next(call, mid, slot)  # errors before any text: a real status
@@ -400,8 +406,10 @@ class OpenAIFront:
                 except OpenAIError as e:  # mid-stream: the status is already sent
                     await response.write(api.sse(e.body()))
                     chunk = None
+            if usage_on or USAGE_KEY in request:
+                completion = _charged(request, prompt_tokens, gen, "".join(parts))
             if usage_on:
-                use = api.usage(prompt_tokens, self._count(gen, "".join(parts)))
+                use = api.usage(prompt_tokens, completion)
                 if chat:
                     final = api.chat_chunk(rid, created, mid, None, None, use, True)
                 else:
@@ -418,10 +426,11 @@ class OpenAIFront:
         """Tokens of ``text`` by the served tokenizer (no special tokens added)."""
         return len(gen.tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
 
-    def _start(self, req: api.GenerationRequest, rid: str) -> Any:
+    def _start(self, req: api.GenerationRequest, rid: str, priority: int | None) -> Any:
         message = api.generate_request(
             req.model.triton_model, req.prompt, req.parameters, req.stop, rid
         )
+        set_queue_priority(message, priority)  # the tenant's (never the client's)
         return front_stream.start_stream(self.channel(), message)
 
     async def _next(self, call: Any, model: str, slot: _Slot | None = None) -> api.StreamChunk:
@@ -477,3 +486,11 @@ def _triton_error(status: int, data: bytes, where: str) -> OpenAIError:
         message = data[:200].decode("utf-8", "replace")
     mapped = status if status in (400, 404, 413, 429, 503) else 500
     return OpenAIError(f"{where}: {message[:300]}", mapped)
+
+
+def _charged(request: web.BaseRequest, prompt_tokens: int, gen: _Generator, text: str) -> int:
+    """The completion tokens of ``text``, noted for the tenants' gate (:data:`USAGE_KEY`, streamed
+    or not) when it is on."""
+    completion = OpenAIFront._count(gen, text)
+    note_usage(request, prompt_tokens, completion)
+    return completion

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from tritonforge.runtime.errors import OpenAIError
 from tritonforge.runtime.front import stream_end
+from tritonforge.runtime.front.guard import QUEUE_PRIORITY_KEY, note_usage
 from tritonforge.runtime.front.openai import api
 from tritonforge.tasks.generation import tools as tool_calls
 from tritonforge.tasks.generation.structured import (
@@ -124,7 +125,9 @@ async def respond(
     if len(done) < len(rows):
         return web.Response(status=499)  # gone: each call was cancelled
     created, mid = api.now(), req.model.id
-    use = api.usage(prompt_tokens, sum(front._count(gen, text) for text, _, _ in done))
+    completion = sum(front._count(gen, text) for text, _, _ in done)
+    note_usage(request, prompt_tokens, completion)  # the tenant's account
+    use = api.usage(prompt_tokens, completion)
     build = api.chat_completion if chat else api.text_completion
     out = build(rid, created, mid, done[0][0], done[0][1], use)
     out["choices"] = [
@@ -154,7 +157,9 @@ async def collect(
     mid = req.model.id
     try:
         call = slot.call = front._start(
-            replace(req, parameters=row_parameters(req.parameters, index)), rid
+            replace(req, parameters=row_parameters(req.parameters, index)),
+            rid,
+            request.get(QUEUE_PRIORITY_KEY),
         )
         if slot.reason is not None:  # ended while the prompt was counted
             call.cancel()

@@ -13,7 +13,7 @@ import numpy as np
 
 from tritonforge.errors import InvalidInputError, ModelConfigError, ServingError
 from tritonforge.generate_engine import GenerateEngine
-from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
+from tritonforge.generation import FINISH_REASON, QUEUE_PRIORITY_PARAMETER, TEXT_INPUT, TEXT_OUTPUT
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import VARIANT_KEY, VARIANT_PARAMETER
 from tritonforge.sampling import SAMPLING_FIELDS
@@ -48,7 +48,14 @@ def _sampling_values(request):
         {
             k: v
             for k, v in params.items()
-            if k in (*SAMPLING_FIELDS, *STRUCTURED_FIELDS, "max_new_tokens", VARIANT_PARAMETER)
+            if k
+            in (
+                *SAMPLING_FIELDS,
+                *STRUCTURED_FIELDS,
+                "max_new_tokens",
+                VARIANT_PARAMETER,
+                QUEUE_PRIORITY_PARAMETER,
+            )
         }
     )
     return values
@@ -93,6 +100,7 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 values = _sampling_values(request)
+                self.engine.check_admission(values)  # a refusal before the tokenization
                 seq = self.engine.build(
                     _text(request),
                     values,

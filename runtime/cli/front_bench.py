@@ -1,4 +1,4 @@
-"""What the front costs: ``python -m tritonforge.runtime.front.bench [--requests N]``.
+"""What the front costs: ``python -m tritonforge.runtime.cli.front_bench [--requests N]``.
 
 Serves the same repository twice, behind the front and with Triton on the TCP ports itself
 (``front=False``), and times sequential requests (1 client) to ``embed`` over HTTP and gRPC,
