@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tritonforge import tasks
-from tritonforge.export.decoder.config import clean_decoders, int8_served
-from tritonforge.export.decoder.config import models as decoder_models
 from tritonforge.export.encoder import FORMATS, Options, export_pipeline
 from tritonforge.export.errors import ExportError
 from tritonforge.export.pipeline_configs import stage_files, write_files
@@ -38,6 +36,8 @@ from tritonforge.export.specs import (
 )
 from tritonforge.export.staging import clean
 from tritonforge.pipelines import pipeline_models
+from tritonforge.tasks.generation.export.config import clean_decoders, int8_served
+from tritonforge.tasks.generation.export.config import models as decoder_models
 
 PROG = "python -m tritonforge.export"
 TARGET_ENV = "TRITONFORGE_EXPORT_TARGET"
@@ -182,13 +182,13 @@ def _clean(repo: Path) -> None:
 
 
 def _export_decoder(args: argparse.Namespace) -> None:
-    from tritonforge.export.decoder.steps import run_decoder_export
+    from tritonforge.tasks.generation.export.steps import run_decoder_export
 
     if args.spec is not None:
         spec = get_decoder(args.spec)
         int8 = args.quantize == "int8"
     else:
-        from tritonforge.export.decoder.pretrained import decoder_from_pretrained
+        from tritonforge.tasks.generation.export.pretrained import decoder_from_pretrained
 
         spec = decoder_from_pretrained(args.from_pretrained or args.gguf, args.name)
         int8 = args.quantize != "none"  # int8 through its gate unless asked not to

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from tritonforge.export.decoder.spec import DecoderSpec
 from tritonforge.generation import (
     Generation,
     RightKVBatch,
@@ -30,6 +29,7 @@ from tritonforge.generation import (
     TextStream,
 )
 from tritonforge.kv_batch import LEFT, RIGHT
+from tritonforge.tasks.generation.export.spec import DecoderSpec
 
 Past = list[np.ndarray]
 
