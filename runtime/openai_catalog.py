@@ -15,10 +15,11 @@ from tritonforge import tasks
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 from tritonforge.pipelines import PIPELINE_KEY, ROLE_KEY, _params, discover
 from tritonforge.runtime.errors import OpenAIError
-from tritonforge.tasks import embedding, generation
 
-# the /v1 model kinds: the tasks whose models /v1 serves
-EMBEDDING, GENERATION = embedding.NAME, generation.NAME
+# the /v1 model kinds, from the registry: the task whose ensembles are /v1/embeddings models
+# (``Task.openai_embeddings``) and the generators' task; a task's routes add their own kinds
+EMBEDDING = next(t.name for t in tasks.registry().values() if t.openai_embeddings)
+GENERATION = tasks.default(tasks.GENERATOR).name
 
 
 @dataclass(frozen=True)
