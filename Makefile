@@ -47,7 +47,7 @@ typecheck: $(STAMP)  ## mypy on the packages
 
 CLASSIFIER ?= build/classifier
 classifier: $(STAMP)  ## train the default sentiment classifier: HF checkpoints v1 + v2 and the training report in $(CLASSIFIER) (skipped when unchanged)
-	$(PY) -m tritonforge.export.classifier --out $(CLASSIFIER)
+	$(PY) -m tritonforge.tasks.classification.export.training --out $(CLASSIFIER)
 
 export: $(STAMP)  ## export every default pipeline (embed: MiniLM fp32/int8/TorchScript; classify: the sentiment classifier v1+v2 fp32/int8, trained first when needed; generate: SmolLM2) into the model repository
 	$(TF) export --model-repository $(REPO)

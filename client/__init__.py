@@ -9,9 +9,14 @@ with EmbeddingClient("localhost:8000") as c:
 
 ``EmbeddingClient`` (blocking) and ``AsyncEmbeddingClient`` are thin shells over one core,
 :class:`client.core.BaseClient`; the generation clients are in :mod:`client.generate`. Every error
-is a :class:`ClientError` (under :class:`tritonforge.errors.TritonforgeError`).
+is a :class:`ClientError` (under :class:`tritonforge.errors.TritonforgeError`). A task's result
+types (``Classification``, ``Ranked``, ...) are its client module's ``EXPORTS``, read from here
+too (:func:`__getattr__`).
 """
 
+from typing import Any
+
+from tritonforge import tasks
 from tritonforge.client.aio import AsyncEmbeddingClient
 from tritonforge.client.core import BaseClient
 from tritonforge.client.discovery import route
@@ -32,13 +37,11 @@ from tritonforge.client.retry import RetryPolicy
 from tritonforge.client.settings import ClientSettings
 from tritonforge.client.status import translate
 from tritonforge.client.sync import EmbeddingClient
-from tritonforge.tasks.classification.client import Classification, Ranked
 
 __all__ = [
     "AsyncEmbeddingClient",
     "BaseClient",
     "CircuitOpenError",
-    "Classification",
     "ClientError",
     "ClientSettings",
     "ConnectionFailedError",
@@ -48,7 +51,6 @@ __all__ = [
     "InvalidRequestError",
     "ModelNotFoundError",
     "OverloadedError",
-    "Ranked",
     "ResponseError",
     "RetryPolicy",
     "ServerError",
@@ -56,3 +58,13 @@ __all__ = [
     "route",
     "translate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A registered task's client export (its ``client`` module's ``EXPORTS``)."""
+    for task in tasks.registry().values():
+        if (task.folder / "client.py").is_file():
+            module = task.module("client")
+            if name in getattr(module, "EXPORTS", ()):
+                return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

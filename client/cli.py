@@ -28,7 +28,6 @@ from tritonforge.client.core import SETTING_ARGS
 from tritonforge.client.errors import ClientError
 from tritonforge.client.settings import PROTOCOLS, ROUTES
 from tritonforge.client.sync import EmbeddingClient
-from tritonforge.tasks import classification
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +35,7 @@ log = logging.getLogger(__name__)
 def _common(p: argparse.ArgumentParser) -> None:
     """The flags every command shares; ``args.open_client(args)`` opens the client they name (a
     task's own command calls it: the task imports nothing of this module)."""
-    p.set_defaults(open_client=_client)
+    p.set_defaults(open_client=open_client)
     p.add_argument("--protocol", choices=PROTOCOLS, help="default $TRITONFORGE_PROTOCOL or http")
     p.add_argument(
         "--url",
@@ -68,12 +67,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline-s", type=float, help="overall retry deadline (default 60)")
 
 
-def _client(args: argparse.Namespace) -> EmbeddingClient:
+def open_client(args: argparse.Namespace) -> EmbeddingClient:
     """A client from the flags named like its settings (unset ones: the environment's)."""
     return EmbeddingClient(**{k: getattr(args, k, None) for k in SETTING_ARGS})
 
 
-def _describe(c: EmbeddingClient, task: str | None = None) -> dict[str, Any]:
+def describe(c: EmbeddingClient, task: str | None = None) -> dict[str, Any]:
+    """Where a command's answer came from: address, pipeline, route, variant, model."""
     s = c.settings
     pipeline, model, parameters = c.resolve(task or tasks.default().name, None, None, None)
     return {
@@ -89,10 +89,10 @@ def _describe(c: EmbeddingClient, task: str | None = None) -> dict[str, Any]:
 
 
 def cmd_embed(args: argparse.Namespace) -> dict[str, Any]:
-    with _client(args) as c:
+    with open_client(args) as c:
         vectors = c.embed(args.texts)
         return {
-            **_describe(c),
+            **describe(c),
             "dim": int(vectors.shape[1]),
             "norms": [round(float(n), 6) for n in np.linalg.norm(vectors, axis=1)],
             "embeddings": [[round(float(x), args.decimals) for x in row] for row in vectors],
@@ -100,37 +100,26 @@ def cmd_embed(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_similarity(args: argparse.Namespace) -> dict[str, Any]:
-    with _client(args) as c:
+    with open_client(args) as c:
         a, b = c.embed([args.a, args.b])
         cosine = float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
-        return {**_describe(c), "a": args.a, "b": args.b, "cosine": round(cosine, 6)}
+        return {**describe(c), "a": args.a, "b": args.b, "cosine": round(cosine, 6)}
 
 
 def cmd_health(args: argparse.Namespace) -> dict[str, Any]:
-    with _client(args) as c:
+    with open_client(args) as c:
         ready = c.is_ready()
         out: dict[str, Any] = {"url": c.settings.address, "live": c.is_live(), "ready": ready}
         if ready:
-            out.update(_describe(c, args.task))
+            out.update(describe(c, args.task))
             out["model_ready"] = c.is_model_ready(task=args.task)
             out["metadata"] = c.metadata(task=args.task)
         return out
 
 
-def cmd_classify(args: argparse.Namespace) -> dict[str, Any]:
-    with _client(args) as c:
-        results = c.classify(args.texts, top_k=args.top_k, version=args.version)
-        return {
-            **_describe(c, classification.NAME),
-            "results": [
-                {"text": t, **r.as_dict()} for t, r in zip(args.texts, results, strict=True)
-            ],
-        }
-
-
 def cmd_pipelines(args: argparse.Namespace) -> dict[str, Any]:
     """Every discovered pipeline: task, models per variant, BLS, output dims, labels, limits."""
-    with _client(args) as c:
+    with open_client(args) as c:
         return {
             "url": c.settings.address,
             "pipelines": {
@@ -213,12 +202,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim.add_argument("b")
     _common(sim)
     sim.set_defaults(func=cmd_similarity)
-    cls = sub.add_parser("classify", help="classify texts; prints label, score, probabilities")
-    cls.add_argument("texts", nargs="+")
-    cls.add_argument("--top-k", type=int, help="best classes per text (1..classes)")
-    cls.add_argument("--version", help="pin a model version (the BLS's `version` parameter)")
-    _common(cls)
-    cls.set_defaults(func=cmd_classify)
     health = sub.add_parser("health", help="liveness, readiness and model metadata")
     health.add_argument(
         "--task",

@@ -17,10 +17,11 @@ old name, still accepted everywhere (the *pipeline* is what the server serves, p
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import (
+    TYPE_CHECKING,
     Any,
     Concatenate,
     Generic,
@@ -31,8 +32,6 @@ from typing import (
     TypeVar,
     overload,
 )
-
-import numpy as np
 
 from tritonforge import tasks
 from tritonforge.client.breaker import CircuitBreaker
@@ -54,20 +53,8 @@ from tritonforge.client.errors import (
 )
 from tritonforge.client.settings import ClientSettings
 from tritonforge.client.status import translate
-from tritonforge.client.wire import (
-    check_texts,
-    chunks,
-    decode,
-    make_inputs,
-    make_outputs,
-    trace_headers,
-)
+from tritonforge.client.wire import trace_headers
 from tritonforge.pipelines import Pipeline
-from tritonforge.tasks import classification, embedding
-from tritonforge.tasks.classification import client as classifier
-from tritonforge.tasks.classification.client import Classification
-from tritonforge.tasks.image.client import classify_image_flow
-from tritonforge.tasks.rerank.client import rerank_flow
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -217,6 +204,7 @@ class BaseClient:
         breaker: CircuitBreaker | None = None,
         pipeline: str | None = None,
     ) -> None:
+        install_task_methods()
         given = dict(locals(), route=chosen_route(route, pipeline))
         self.settings = settings_from(settings, {k: given[k] for k in SETTING_ARGS})
         self.policy = self.settings.retry_policy()
@@ -266,7 +254,14 @@ class BaseClient:
                 error = e
 
     # -- request building -------------------------------------------------------------------------
-    def _context(self, model: str | None = None) -> str:
+    @property
+    def tritonclient(self) -> ModuleType:
+        """The tritonclient module of the protocol (``tritonclient.http`` or ``.grpc``): what
+        builds a task's inputs and outputs."""
+        return self._module
+
+    def context(self, model: str | None = None) -> str:
+        """Where a call goes, for error messages (``model 'x' at http://host:port (...)``)."""
         s = self.settings
         target = f"model {model!r} at " if model else ""
         return f"{target}{s.protocol}://{s.address} (timeout {s.timeout_s:g} s)"
@@ -278,12 +273,14 @@ class BaseClient:
         timeout_s = max(0.001, min(self.settings.timeout_s, remaining_s))
         return {**call.kwargs, "client_timeout": timeout_s}
 
-    def _trace(self, traceparent: str | None) -> dict[str, str]:
+    def trace(self, traceparent: str | None) -> dict[str, str]:
+        """The W3C trace headers of one request (``traceparent``, else the active span's, else a
+        fresh one); remembered as :attr:`last_traceparent`."""
         headers = trace_headers(traceparent)
         self.last_traceparent = headers["traceparent"]
         return headers
 
-    def _infer_call(
+    def infer_call(
         self,
         model: str,
         inputs: list[Any],
@@ -292,9 +289,10 @@ class BaseClient:
         headers: dict[str, str],
         extra: Mapping[str, Any] | None = None,
     ) -> Call:
+        """The :class:`Call` of one inference of ``model`` (a task's flow yields it)."""
         kwargs: dict[str, Any] = {"parameters": parameters} if parameters else {}
         kwargs.update(extra or {}, outputs=outputs, headers=headers)
-        return Call("infer", (model, inputs), kwargs, self._context(model))
+        return Call("infer", (model, inputs), kwargs, self.context(model))
 
     # -- discovery --------------------------------------------------------------------------------
     def configs_flow(self) -> Flow[list[dict[str, Any]]]:
@@ -304,13 +302,13 @@ class BaseClient:
         grpc = self.settings.protocol == "grpc"
         extra: dict[str, Any] = {"as_json": True} if grpc else {}
         index = yield Call(
-            "get_model_repository_index", (), {"headers": headers, **extra}, self._context()
+            "get_model_repository_index", (), {"headers": headers, **extra}, self.context()
         )
         configs = []
         for model in index_names(index):
             try:
                 got = yield Call(
-                    "get_model_config", (model,), {"headers": headers}, self._context(model)
+                    "get_model_config", (model,), {"headers": headers}, self.context(model)
                 )
             except ModelNotFoundError:
                 continue
@@ -328,9 +326,9 @@ class BaseClient:
                 try:
                     configs = yield from self.configs_flow()
                 except InvalidRequestError as e:
-                    self._pipelines = fallback(e, self._context())
+                    self._pipelines = fallback(e, self.context())
                 else:
-                    self._pipelines = served(configs, self._context())
+                    self._pipelines = served(configs, self.context())
         return self._pipelines
 
     def resolve_flow(
@@ -349,77 +347,12 @@ class BaseClient:
         orchestration = chosen_route(route, pipeline) or s.route
         return select(pipelines, task, name or s.name, orchestration, variant or s.variant)
 
-    # -- API --------------------------------------------------------------------------------------
-    def embed_flow(
-        self,
-        texts: Sequence[str] | str,
-        variant: str | None = None,
-        route: str | None = None,
-        traceparent: str | None = None,
-        name: str | None = None,
-        *,
-        pipeline: str | None = None,
-    ) -> Flow[np.ndarray]:
-        """Embeddings of ``texts``: float32 [n, dim], one unit-norm row per text, in order.
-
-        Texts are sent in requests of at most ``batch_size`` (and the pipeline's ``max_items``),
-        each with a W3C ``traceparent`` (``traceparent``, else the active OpenTelemetry span's,
-        else a fresh one; the last one sent is ``last_traceparent``). ``pipeline``: the old name
-        of ``route``.
-        """
-        items = check_texts(texts)
-        resolved = yield from self.resolve_flow(
-            embedding.NAME, name, route, variant, pipeline=pipeline
-        )
-        target, model, parameters = resolved
-        outputs = make_outputs(self._module, [target.outputs[0].name])
-        parts = []
-        for chunk in chunks(items, min(self.settings.batch_size, target.max_items)):
-            headers = self._trace(traceparent)
-            inputs = make_inputs(self._module, chunk, target.input)
-            result = yield self._infer_call(model, inputs, outputs, parameters, headers)
-            parts.append(decode(result, target, len(chunk), self._context(model)))
-        return np.concatenate(parts, axis=0)
-
-    def classify_flow(
-        self,
-        texts: Sequence[str] | str,
-        top_k: int | None = None,
-        version: int | str | None = None,
-        variant: str | None = None,
-        route: str | None = None,
-        name: str | None = None,
-        traceparent: str | None = None,
-        *,
-        pipeline: str | None = None,
-    ) -> Flow[list[Classification]]:
-        """One :class:`Classification` per text, in order (at most the pipeline's ``max_items``
-        texts: one request). ``top_k`` (1..classes) sizes ``top``; ``version`` pins a model
-        version (the BLS's ``version`` parameter; an ensemble's ``model_version``).
-        ``pipeline``: the old name of ``route``."""
-        items = check_texts(texts)
-        orchestration = chosen_route(route, pipeline)
-        resolved = yield from self.resolve_flow(classification.NAME, name, orchestration, variant)
-        target, model, parameters = resolved
-        k, extra_params, extra = classifier.prepare(
-            target, items, orchestration or self.settings.route, top_k, version
-        )
-        call = self._infer_call(
-            model,
-            make_inputs(self._module, items, target.input),
-            make_outputs(self._module, classifier.output_names(target, model)),
-            {**parameters, **extra_params},
-            self._trace(traceparent),
-            extra,
-        )
-        result = yield call
-        return classifier.decode(result, target, len(items), k, self._context(model))
-
+    # -- API (a task's own methods: install_task_methods) -----------------------------------------
     def _probe_flow(self, method: str, *args: str) -> Flow[bool]:
         try:
-            answer = yield Call(method, args, {}, self._context(), retried=False)
+            answer = yield Call(method, args, {}, self.context(), retried=False)
         except BaseException as e:
-            err = translate(e, self._context())
+            err = translate(e, self.context())
             if isinstance(err, ConnectionFailedError):
                 return False
             raise err from e
@@ -460,17 +393,31 @@ class BaseClient:
         task = task or tasks.default().name
         _, model, _ = yield from self.resolve_flow(task, name, route, variant, pipeline=pipeline)
         extra = {"as_json": True} if self.settings.protocol == "grpc" else {}
-        return dict((yield Call("get_model_metadata", (model,), extra, self._context(model))))
+        return dict((yield Call("get_model_metadata", (model,), extra, self.context(model))))
 
     # -- the public API: a shell's blocking methods or coroutines (:class:`ClientMethod`) ----------
     configs = ClientMethod(configs_flow)
     pipelines = ClientMethod(pipelines_flow)
     resolve = ClientMethod(resolve_flow)
-    embed = ClientMethod(embed_flow)
-    classify = ClientMethod(classify_flow)
-    rerank = ClientMethod(rerank_flow)  # the rerank task's flow (tasks/rerank/client.py)
-    classify_image = ClientMethod(classify_image_flow)  # tasks/image/client.py
     is_live = ClientMethod(is_live_flow)
     is_ready = ClientMethod(is_ready_flow)
     is_model_ready = ClientMethod(is_model_ready_flow)
     metadata = ClientMethod(metadata_flow)
+
+    if TYPE_CHECKING:  # the tasks' methods (embed, classify, rerank, ...): install_task_methods
+
+        def __getattr__(self, name: str) -> Any: ...
+
+
+@functools.cache
+def install_task_methods() -> None:
+    """Give :class:`BaseClient` every registered task's client methods: its ``client`` module's
+    ``METHODS`` (method name -> flow ``(client, ...) -> Flow``), each a :class:`ClientMethod`.
+    Run by the first client made (not at import: a task's client module may import this one)."""
+    for task in tasks.registry().values():
+        if not (task.folder / "client.py").is_file():
+            continue
+        for name, flow in getattr(task.module("client"), "METHODS", {}).items():
+            if name in vars(BaseClient):
+                raise TypeError(f"task {task.name!r}: client method {name!r} is already taken")
+            setattr(BaseClient, name, ClientMethod(flow))

@@ -20,10 +20,9 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 from tritonforge import tasks
-from tritonforge.export.decoder.config import clean_decoders, int8_served
-from tritonforge.export.decoder.config import models as decoder_models
 from tritonforge.export.encoder import FORMATS, Options, export_pipeline
 from tritonforge.export.errors import ExportError
 from tritonforge.export.pipeline_configs import stage_files, write_files
@@ -175,27 +174,35 @@ def _export_own_directory(args: argparse.Namespace) -> None:
     )
 
 
+def _generator_export(module: str, task: str | None = None) -> ModuleType:
+    """A generator task's export module ``module`` (``config``, ``steps``, ``pretrained``);
+    ``task``: the default generator task when None."""
+    return tasks.get(task or tasks.default(tasks.GENERATOR).name).module(f"export.{module}")
+
+
 def _clean(repo: Path) -> None:
     removed = clean(repo, pipeline_models(repo) if repo.is_dir() else [])
-    removed += clean_decoders(repo, [get_decoder(n) for n in decoder_names()])
+    decoders = [get_decoder(n) for n in decoder_names()]
+    removed += _generator_export("config").clean_decoders(repo, decoders)
     log.info("==> [export clean] removed %d item(s): %s", len(removed), ", ".join(removed) or "-")
 
 
 def _export_decoder(args: argparse.Namespace) -> None:
-    from tritonforge.export.decoder.steps import run_decoder_export
-
+    task = get_entry(args.spec).task if args.spec is not None else args.task
     if args.spec is not None:
         spec = get_decoder(args.spec)
         int8 = args.quantize == "int8"
     else:
-        from tritonforge.export.decoder.pretrained import decoder_from_pretrained
-
-        spec = decoder_from_pretrained(args.from_pretrained or args.gguf, args.name)
+        pretrained = _generator_export("pretrained", task)
+        spec = pretrained.decoder_from_pretrained(args.from_pretrained or args.gguf, args.name)
         int8 = args.quantize != "none"  # int8 through its gate unless asked not to
-    run_decoder_export(spec, args.model_repository, int8, args.force)
+    _generator_export("steps", task).run_decoder_export(
+        spec, args.model_repository, int8, args.force
+    )
     # the served names (int8 may have failed its gate), which the export's report records
-    served = int8_served(spec, args.model_repository, int8)
-    for model in decoder_models(spec, served).values():
+    config = _generator_export("config", task)
+    served = config.int8_served(spec, args.model_repository, int8)
+    for model in config.models(spec, served).values():
         write_files(args.model_repository, stage_files(model, "generate"))
 
 

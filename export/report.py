@@ -2,7 +2,7 @@
 
 :func:`write_report` writes both for every task; the Markdown's shared parts (header, artifacts,
 timings) are here, each task renders its own sections (:func:`render_markdown` for an encoder,
-:mod:`export.decoder.report` for a decoder).
+:mod:`tasks.generation.export.report` for a decoder).
 """
 
 from __future__ import annotations

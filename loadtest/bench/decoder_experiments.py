@@ -128,8 +128,8 @@ def measure(
 
 def quantize(src: Path, dst: Path, bits: int, block: int) -> None:
     """The export's quantization with ``bits`` and ``block`` (int8 compute)."""
-    from tritonforge.export.decoder.graph import quantize_weights_int8
-    from tritonforge.export.decoder.spec import WeightOnlyQuantization
+    from tritonforge.tasks.generation.export.graph import quantize_weights_int8
+    from tritonforge.tasks.generation.export.spec import WeightOnlyQuantization
 
     quantize_weights_int8(src, dst, WeightOnlyQuantization(bits=bits, block_size=block))
 
@@ -137,10 +137,10 @@ def quantize(src: Path, dst: Path, bits: int, block: int) -> None:
 def gate(path: Path, report: dict[str, Any], tokenizer: Any, ppl_fp32: float) -> dict[str, Any]:
     """The export's int8 gate on ``path``: teacher-forced agreement with fp32's greedy tokens
     (the export report's reference) and perplexity ratio on the held-out passages."""
-    from tritonforge.export.decoder import verify
     from tritonforge.export.specs.smollm2 import smollm2_spec
     from tritonforge.export.specs.text_inputs import read_sentences
     from tritonforge.generation import render_prompt
+    from tritonforge.tasks.generation.export import verify
 
     spec = smollm2_spec()
     meta = json.loads((path.parent / "generation.json").read_text())

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tritonforge import tasks
 from tritonforge.errors import ModelConfigError
 from tritonforge.host import cpu_model
 from tritonforge.loadtest.bench import classify as classify_bench
@@ -26,7 +27,6 @@ from tritonforge.loadtest.discovered import encoder_onnx, text_tokenizer
 from tritonforge.loadtest.locust import EMBED_LOCUSTFILE
 from tritonforge.loadtest.locust.run import locust_command
 from tritonforge.pipelines import Pipeline
-from tritonforge.tasks import embedding
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +251,7 @@ def measure_inprocess(
     embedders: dict[str, Any],
     texts: Sequence[str],
     duration_s: float,
-    task: str = embedding.NAME,
+    task: str = tasks.default().name,
     name: str = "",
 ) -> list[dict[str, Any]]:
     """Each in-process model (embedder or classifier of pipeline ``name``) at batch 1 and 16."""

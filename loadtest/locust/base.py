@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 from locust import FastHttpUser, User, constant, task
 
+from tritonforge import tasks
 from tritonforge.loadtest.locust.common import (
     bounded_network_timeout,
     check_json,
@@ -32,7 +33,6 @@ from tritonforge.loadtest.locust.common import (
 )
 from tritonforge.loadtest.slo import ValidationError
 from tritonforge.pipelines import Pipeline
-from tritonforge.tasks import embedding
 
 
 class Fetch(Protocol):
@@ -133,7 +133,7 @@ class FastApiAnchorUser(JsonHttpUser):
 class TritonTask:
     """The task hooks of a Triton user, shared by its HTTP and gRPC users."""
 
-    pipeline_task: ClassVar[str] = embedding.NAME
+    pipeline_task: ClassVar[str] = tasks.default().name  # a task's users override it
     pipeline: Pipeline
 
     def outputs(self) -> list[str]:

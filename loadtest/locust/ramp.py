@@ -30,11 +30,11 @@ from gevent.pool import Group
 from locust import FastHttpUser, LoadTestShape, User, constant, constant_throughput, events, task
 from locust.env import Environment
 
+from tritonforge import tasks
 from tritonforge.loadtest.locust import common as locust_common
 from tritonforge.loadtest.locust.base import triton_body
 from tritonforge.loadtest.locust.common import bounded_network_timeout, discovered, next_texts
 from tritonforge.loadtest.reliability.ramp import RampPlan, per_second, report
-from tritonforge.tasks import embedding
 
 log = logging.getLogger("tritonforge.loadtest.reliability.ramp")
 _samples: list[tuple[float, float, str]] = []
@@ -118,7 +118,7 @@ class RampHttpUser(FastHttpUser):
 
     def on_start(self) -> None:
         options = self.environment.parsed_options
-        pipeline = discovered(self.environment, embedding.NAME)
+        pipeline = discovered(self.environment, tasks.default().name)
         assert pipeline.bls is not None, f"pipeline {pipeline.name!r} has no BLS"
         self.path = f"/v2/models/{pipeline.bls}/infer"
         self.pipeline = pipeline

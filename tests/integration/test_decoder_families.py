@@ -45,7 +45,7 @@ def family_repository(
 ) -> Path:
     """Every tiny decoder exported into one repository by the CLI (~20 s each)."""
     from tritonforge.export.cli import main
-    from tritonforge.export.decoder import steps
+    from tritonforge.tasks.generation.export import steps
 
     repo = tmp_path_factory.mktemp("decoder_repo") / "model_repository"
     with pytest.MonkeyPatch.context() as mp:  # the references' cache, not the checkout's build/

@@ -133,11 +133,11 @@ def test_served_int8_answers_do_not_depend_on_the_batch(pipeline_server: Embedde
 def test_served_int8_artifacts_pass_the_gate_recomputed() -> None:
     """Teacher-forced greedy agreement with fp32 and held-out perplexity, recomputed from the
     served model directories (configs, sidecar-checked artifacts, serving session options)."""
-    from tritonforge.export.decoder import verify
     from tritonforge.export.specs.smollm2 import smollm2_spec
     from tritonforge.export.specs.text_inputs import read_sentences
     from tritonforge.generate_engine import GenerateEngine
     from tritonforge.modelconfig import ModelConfig
+    from tritonforge.tasks.generation.export import verify
 
     _needs_int8()
     engines = {}

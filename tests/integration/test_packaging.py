@@ -95,7 +95,7 @@ def test_the_wheel_carries_every_data_file_of_the_packages(wheel: Path) -> None:
         check=True,
     ).stdout.split()  # fmt: skip
     data = {f"tritonforge/{f}" for f in tracked if not f.endswith((".py", "/.gitkeep"))}
-    assert "tritonforge/export/decoder/data/generation_prompts.txt" in data
+    assert "tritonforge/tasks/generation/export/data/generation_prompts.txt" in data
     missing = data - set(zipfile.ZipFile(wheel).namelist())
     assert not missing, f"add to [tool.setuptools.package-data]: {sorted(missing)}"
 

@@ -1,4 +1,4 @@
-"""The default classifier's trainer (export/classifier): data rules, split, exact CLS-only top,
+"""The default classifier's trainer (tasks/classification/export/training): data rules, split, exact CLS-only top,
 baselines, and an end-to-end build on a tiny BERT and a tiny CSV (offline, under tmp_path)."""
 
 from __future__ import annotations
@@ -12,10 +12,18 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig
 
-from tritonforge.export.classifier import build as build_mod
-from tritonforge.export.classifier.base_model import cls_head_logits, encode_frozen
-from tritonforge.export.classifier.build import REPORT_JSON, build, checkpoint_dir
-from tritonforge.export.classifier.data import (
+from tritonforge.export.errors import VerificationError
+from tritonforge.tasks.classification.export.training import build as build_mod
+from tritonforge.tasks.classification.export.training.base_model import (
+    cls_head_logits,
+    encode_frozen,
+)
+from tritonforge.tasks.classification.export.training.build import (
+    REPORT_JSON,
+    build,
+    checkpoint_dir,
+)
+from tritonforge.tasks.classification.export.training.data import (
     LABELS,
     CorpusError,
     Row,
@@ -26,9 +34,12 @@ from tritonforge.export.classifier.data import (
     read_rows,
     split_rows,
 )
-from tritonforge.export.classifier.evaluation import majority_baseline, scores, tfidf_baseline
-from tritonforge.export.classifier.train import HyperParams, native_bf16
-from tritonforge.export.errors import VerificationError
+from tritonforge.tasks.classification.export.training.evaluation import (
+    majority_baseline,
+    scores,
+    tfidf_baseline,
+)
+from tritonforge.tasks.classification.export.training.train import HyperParams, native_bf16
 
 TINY_HP = HyperParams(
     max_length=16,
@@ -278,6 +289,24 @@ def test_checkpoint_dir_names_the_versions(tmp_path: Path) -> None:
     assert checkpoint_dir(tmp_path, 1) == tmp_path / "v1"
     with pytest.raises(ValueError, match="unknown classifier version 3"):
         checkpoint_dir(tmp_path, 3)
+
+
+def test_the_code_digest_does_not_follow_the_package_location(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A moved trainer (its imports name the new package) keeps its fingerprint: no retraining;
+    any other change to its code counts."""
+    own = build_mod.__name__.rpartition(".")[0]
+    before = build_mod.code_digest()
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for path in build_mod.CODE_ROOT.glob("*.py"):
+        (moved / path.name).write_text(path.read_text().replace(own, "elsewhere.trainer"))
+    monkeypatch.setattr(build_mod, "CODE_ROOT", moved)
+    monkeypatch.setattr(build_mod, "__name__", "elsewhere.trainer.build")
+    assert build_mod.code_digest() == before
+    (moved / "train.py").write_text((moved / "train.py").read_text() + "\n# changed\n")
+    assert build_mod.code_digest() != before
 
 
 @pytest.mark.parametrize(

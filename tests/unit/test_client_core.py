@@ -151,7 +151,8 @@ def test_route_and_its_old_name_pipeline() -> None:
     _, model, _ = c.resolve("embedding", None, None, None, pipeline="ensemble")
     assert model == "embed"
     params = inspect.signature(EmbeddingClient.classify).parameters
-    assert list(params)[:6] == ["self", "texts", "top_k", "version", "variant", "route"]
+    # a task's flow (its client.py's METHODS) takes the client first
+    assert list(params)[1:6] == ["texts", "top_k", "version", "variant", "route"]
     assert "pipeline" in params and inspect.iscoroutinefunction(AsyncEmbeddingClient.embed)
 
 
@@ -189,7 +190,7 @@ def test_cli_route_flag_and_its_old_name(monkeypatch: pytest.MonkeyPatch) -> Non
     assert parser.parse_args(["--pipeline", "bls"]).route == "bls"  # the old name
     monkeypatch.delenv("TRITONFORGE_PIPELINE", raising=False)
     args = parser.parse_args(["--url", "h:1", "--pipeline", "bls", "--timeout-s", "2"])
-    c = cli._client(args)
+    c = cli.open_client(args)
     assert (c.settings.route, c.settings.address, c.settings.timeout_s) == ("bls", "h:1", 2.0)
     c.close()
 

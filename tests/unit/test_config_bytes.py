@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.export.decoder.config import int8_served, models, render_config
 from tritonforge.export.pipeline_configs import generate_files
 from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.spec import CPU_TARGET, GPU_TARGET, ExportSpec
@@ -29,6 +28,7 @@ from tritonforge.export.tritonconfig import (
     render_pbtxt,
     torchscript_io,
 )
+from tritonforge.tasks.generation.export.config import int8_served, models, render_config
 
 REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY") or "model_repository")
 

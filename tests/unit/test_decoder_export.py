@@ -10,16 +10,6 @@ from typing import Any
 
 import pytest
 
-from tritonforge.export.decoder.config import (
-    clean_decoders,
-    files,
-    int8_served,
-    models,
-    render_config,
-    stale_models,
-)
-from tritonforge.export.decoder.genai import BUILDER_MODULE, HEAD_AXIS, builder_command, single_file
-from tritonforge.export.decoder.spec import DecoderSpec
 from tritonforge.export.flow import Steps
 from tritonforge.export.specs.smollm2 import smollm2_spec
 from tritonforge.export.staging import Staging
@@ -30,6 +20,21 @@ from tritonforge.pipelines import (
     repository_configs,
     single_generator,
 )
+from tritonforge.tasks.generation.export.config import (
+    clean_decoders,
+    files,
+    int8_served,
+    models,
+    render_config,
+    stale_models,
+)
+from tritonforge.tasks.generation.export.genai import (
+    BUILDER_MODULE,
+    HEAD_AXIS,
+    builder_command,
+    single_file,
+)
+from tritonforge.tasks.generation.export.spec import DecoderSpec
 
 
 def test_config_is_rendered_from_the_spec_and_decoupled() -> None:
@@ -135,7 +140,7 @@ def _old_layout(repo: Path, spec: DecoderSpec) -> None:
 def _build(spec: DecoderSpec, repo: Path, int8: bool) -> tuple[Any, Staging]:
     """The export's build with its decoders stubbed by marker files: only the placing of the
     served models (no checkpoint, no ONNX)."""
-    from tritonforge.export.decoder.steps import _DecoderBuild
+    from tritonforge.tasks.generation.export.steps import _DecoderBuild
 
     staging = Staging(repo)
     steps = Steps(spec.name, lambda line: None)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.export.decoder.families import FAMILIES, family_of
-from tritonforge.export.decoder.genai_builder import adapt_config
-from tritonforge.export.decoder.pretrained import check_name, decoder_from_pretrained
 from tritonforge.export.errors import SpecError
 from tritonforge.generation import with_bos
+from tritonforge.tasks.generation.export.families import FAMILIES, family_of
+from tritonforge.tasks.generation.export.genai_builder import adapt_config
+from tritonforge.tasks.generation.export.pretrained import check_name, decoder_from_pretrained
 
 
 def _config_dir(tmp_path: Path, **config: object) -> Path:
@@ -131,7 +131,7 @@ def test_cli_refuses_an_unsupported_family_naming_the_supported(
 
 
 def test_a_family_tolerance_comes_from_the_families_table(tmp_path: Path) -> None:
-    from tritonforge.export.decoder.families import LOGITS_TOLERANCE
+    from tritonforge.tasks.generation.export.families import LOGITS_TOLERANCE
 
     sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
     gemma = _config_dir(tmp_path / "g", model_type="gemma3_text", **sizes)
@@ -149,7 +149,7 @@ def test_the_genai_builder_stamps_its_version_without_the_checkouts_git_head() -
 
     import onnx_ir as ir
 
-    from tritonforge.export.decoder.genai_builder import deterministic_stamp
+    from tritonforge.tasks.generation.export.genai_builder import deterministic_stamp
 
     deterministic_stamp()
     model = ir.Model(ir.Graph([], [], nodes=[]), ir_version=10)

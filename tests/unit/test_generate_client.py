@@ -54,8 +54,8 @@ def test_a_pinned_variant_is_discovered_from_the_repository_and_sent(
     """``variant=`` resolves the model from the configs' ``tritonforge.*`` parameters (offline
     here: a repository named by ``$TRITONFORGE_MODEL_REPOSITORY``)."""
     from tritonforge.client.generate import GenerateClient
-    from tritonforge.export.decoder.config import models, render_config
     from tritonforge.export.specs.smollm2 import smollm2_spec
+    from tritonforge.tasks.generation.export.config import models, render_config
 
     spec = smollm2_spec()
     for variant, model in models(spec, int8=True).items():

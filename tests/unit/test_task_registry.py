@@ -4,8 +4,6 @@ branches on no task by name (docs/architecture.md, "Adding a task").
 Outside the registry and the task folders, no source spells a registered task's name as a
 string, compares anything with a task package's ``NAME``, or tests a task's spec section for
 None; a shared module reaches a task's pieces through :func:`tritonforge.tasks.get`.
-``export/classifier`` and ``export/decoder`` count as task folders: they move into
-``tasks/classification`` and ``tasks/generation`` by a pure ``git mv``.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from tests.unit.test_layers import source_files
 from tritonforge import tasks
 from tritonforge.errors import ModelConfigError
 
-TASK_FOLDERS = ("tritonforge/tasks/", "export/classifier/", "export/decoder/")
+TASK_FOLDERS = ("tritonforge/tasks/",)
 # OpenAI's wire format names a field "embedding" (an object type and a key), not our task.
 WIRE_FORMAT = {
     "runtime/front/openai/responses.py": 2,
@@ -36,17 +34,12 @@ NAMED_TASK_IMPORTS = {
     "export/specs/__init__.py": "the spec registry: each model names its task",
     "export/specs/minilm.py": "a model spec names its task",
     "export/specs/sentiment.py": "a model spec names its task",
-    "client/core.py": "the typed client's embed/classify methods (to move to the tasks' client)",
-    "client/cli.py": "`client classify` (to move to the classification task's client)",
-    "client/__init__.py": "re-exports the Classification result type",
-    "runtime/front/openai/catalog.py": "/v1 model kinds (to move to the tasks' routes)",
-    "loadtest/locust/base.py": "the Locust users' default task (to move to the tasks' loadtest)",
+    "export/specs/smollm2.py": "a model spec names its task",
+    "loadtest/anchors/fastapi/generate.py": "loads the decoder checkpoint (generation's loader)",
+    "loadtest/anchors/llamacpp.py": "converts the decoder checkpoint (generation's loader)",
+    "loadtest/bench/decoder_experiments.py": "the decoder's int8 experiments (generation's export)",
     "loadtest/locust/embed.py": "the embedding locustfile (to move to its task's loadtest)",
     "loadtest/locust/classify.py": "the classification locustfile (to move likewise)",
-    "loadtest/locust/ramp.py": "the ramp locustfile loads the embedding BLS",
-    "loadtest/bench/cli.py": "the bench's embedding anchors (to move to the tasks' bench cells)",
-    "loadtest/bench/cells.py": "the bench cells (to move to the tasks' loadtest)",
-    "loadtest/bench/runners.py": "the bench runners (likewise)",
     "loadtest/bench/classify.py": "the classification bench cell (to move to its folder)",
 }
 
@@ -181,10 +174,14 @@ def test_every_registered_task_is_a_folder_with_its_layers() -> None:
             assert task.stage_source(kind).is_file()
         if task.kind == tasks.PIPELINE:
             for layer in ("export", "client", "loadtest"):
-                assert (task.folder / f"{layer}.py").is_file(), (task.name, layer)
+                module = task.folder / f"{layer}.py"
+                package = task.folder / layer / "__init__.py"
+                assert module.is_file() or package.is_file(), (task.name, layer)
             if task.client_call:
+                from tritonforge.client.core import install_task_methods
                 from tritonforge.client.sync import EmbeddingClient
 
+                install_task_methods()  # the first client made runs it
                 assert callable(getattr(EmbeddingClient, task.client_call))
         for source in task.export_sources:
             assert (PROJECT_ROOT / "tritonforge" / source).exists(), source
@@ -211,3 +208,30 @@ def test_the_shared_exporter_digest_leaves_out_the_tasks_own_sources(
     assert not staging._own_digest("export/specs/minilm.py")
     monkeypatch.setattr(tasks, "export_sources", lambda: ())
     assert staging.code_digest() != before  # counted once a task no longer declares it
+
+
+def test_each_task_client_method_is_blocking_and_async_on_the_shells() -> None:
+    import inspect
+
+    from tritonforge.client.aio import AsyncEmbeddingClient
+    from tritonforge.client.core import install_task_methods
+    from tritonforge.client.sync import EmbeddingClient
+
+    install_task_methods()
+    found = set()
+    for task in tasks.registry().values():
+        if (task.folder / "client.py").is_file():
+            for name in getattr(task.module("client"), "METHODS", {}):
+                assert not inspect.iscoroutinefunction(getattr(EmbeddingClient, name)), name
+                assert inspect.iscoroutinefunction(getattr(AsyncEmbeddingClient, name)), name
+                found.add(name)
+    assert {"embed", "classify", "rerank"} <= found
+
+
+def test_the_client_package_exports_the_tasks_result_types() -> None:
+    import tritonforge.client as client_package
+    from tritonforge.tasks.classification.client import Classification
+
+    assert client_package.Classification is Classification
+    with pytest.raises(AttributeError, match="NoSuchType"):
+        _ = client_package.NoSuchType

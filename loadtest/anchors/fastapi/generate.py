@@ -23,11 +23,11 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
 
 from tritonforge.env import env_int
-from tritonforge.export.decoder.load import load_gguf, package_file
 from tritonforge.export.specs.smollm2 import smollm2_spec
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 from tritonforge.logs import run_main
 from tritonforge.scheduler import FINISH_LENGTH
+from tritonforge.tasks.generation.export.load import load_gguf, package_file
 
 
 def create_app() -> FastAPI:

@@ -219,7 +219,9 @@ class OpenAIFront:
     def _version_dir(self, model: str) -> Path:
         return self.settings.model_repository / model / self._versions.get(model, "1")
 
-    def _cached(self, path: Path, load: Callable[[], Any]) -> Any:
+    def cached(self, path: Path, load: Callable[[], Any]) -> Any:
+        """``load()``'s result for the repository file ``path``, loaded again once the file
+        changes (tokenizers, chat templates; a task's routes use it for theirs)."""
         try:
             mtime = path.stat().st_mtime
         except OSError as e:
@@ -239,7 +241,7 @@ class OpenAIFront:
 
         root = self.settings.model_repository / model.tokenizer_model
         version = self._versions.get(model.tokenizer_model, "1")
-        return self._cached(root / "config.pbtxt", lambda: served_tokenizer(root, version))
+        return self.cached(root / "config.pbtxt", lambda: served_tokenizer(root, version))
 
     def _generator(self, model: ServedModel) -> _Generator:
         from tokenizers import Tokenizer
@@ -247,8 +249,8 @@ class OpenAIFront:
         base = self._version_dir(model.triton_model)
         tokenizer_path = base / model.params.get("tokenizer_file", "")
         meta_path = base / model.params.get("generation_file", "")
-        tokenizer = self._cached(tokenizer_path, lambda: Tokenizer.from_file(str(tokenizer_path)))
-        meta = self._cached(meta_path, lambda: json.loads(meta_path.read_text()))
+        tokenizer = self.cached(tokenizer_path, lambda: Tokenizer.from_file(str(tokenizer_path)))
+        meta = self.cached(meta_path, lambda: json.loads(meta_path.read_text()))
         return _Generator(tokenizer, meta.get("chat_template"))
 
     # -- embeddings ----------------------------------------------------------------------

@@ -13,12 +13,13 @@ from typing import Any
 
 from tritonforge import tasks
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
-from tritonforge.pipelines import PIPELINE_KEY, ROLE_KEY, _params, discover
+from tritonforge.pipelines import PIPELINE_KEY, ROLE_KEY, config_params, discover
 from tritonforge.runtime.errors import OpenAIError
-from tritonforge.tasks import embedding, generation
 
-# the /v1 model kinds: the tasks whose models /v1 serves
-EMBEDDING, GENERATION = embedding.NAME, generation.NAME
+# the /v1 model kinds, from the registry: the task whose ensembles are /v1/embeddings models
+# (``Task.openai_embeddings``) and the generators' task; a task's routes add their own kinds
+EMBEDDING = next(t.name for t in tasks.registry().values() if t.openai_embeddings)
+GENERATION = tasks.default(tasks.GENERATOR).name
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def catalog(configs: Iterable[Mapping[str, Any]]) -> dict[str, ServedModel]:
     tokenizers = {
         p[PIPELINE_KEY]: str(c["name"])
         for c in configs
-        if (p := _params(c)).get(ROLE_KEY) == "tokenizer" and PIPELINE_KEY in p
+        if (p := config_params(c)).get(ROLE_KEY) == "tokenizer" and PIPELINE_KEY in p
     }
     for name, pipeline in discover(configs).items():
         if not tasks.get(pipeline.task).openai_embeddings:
@@ -92,7 +93,7 @@ def catalog(configs: Iterable[Mapping[str, Any]]) -> dict[str, ServedModel]:
             )
     for config in configs:
         if is_generator(config):
-            params = _params(config)
+            params = config_params(config)
             name = str(config["name"])
             out[name] = ServedModel(
                 id=name,

@@ -15,7 +15,7 @@ TASK = Task(
     labels=True,
     encoder_output=LOGITS,
     stages={"postprocess": "postprocess_model.py"},
-    # export.classifier trains the checkpoint, keyed on its own digest
-    export_sources=("export/classifier",),
+    # tasks.classification.export.training trains the checkpoint, keyed on its own digest
+    export_sources=("tasks/classification/export/training",),
     client_call="classify",
 )

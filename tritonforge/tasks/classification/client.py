@@ -10,6 +10,7 @@ probabilities (same order as the server: most probable first, ties by lower inde
 
 from __future__ import annotations
 
+import argparse
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,11 +26,14 @@ from tritonforge.pipelines import Pipeline
 from tritonforge.tasks.classification import NAME
 
 if TYPE_CHECKING:
+    from tritonforge.client.core import BaseClient, Flow
     from tritonforge.client.sync import EmbeddingClient
 
 VERSION_PARAMETER = "version"  # the BLS's request parameter
 VERSION_OUTPUT = "model_version"  # optional output / response parameter: which version answered
 REQUIRED = ("label", "score", "probabilities")
+# the result types ``tritonforge.client`` exports too
+EXPORTS = ("Classification", "Ranked")
 
 
 class Ranked(NamedTuple):
@@ -275,3 +279,68 @@ def show_canary_split(open_client: OpenClient, pipeline: Pipeline, emit: Emit) -
         f"==> {pipeline.bls} unpinned (canary split): "
         f"{format_split(answered, pipeline.version_weights)}"
     )
+
+
+def classify_flow(
+    client: BaseClient,
+    texts: Sequence[str] | str,
+    top_k: int | None = None,
+    version: int | str | None = None,
+    variant: str | None = None,
+    route: str | None = None,
+    name: str | None = None,
+    traceparent: str | None = None,
+    *,
+    pipeline: str | None = None,
+) -> Flow[list[Classification]]:
+    """One :class:`Classification` per text, in order (at most the pipeline's ``max_items``
+    texts: one request). ``top_k`` (1..classes) sizes ``top``; ``version`` pins a model
+    version (the BLS's ``version`` parameter; an ensemble's ``model_version``).
+    ``pipeline``: the old name of ``route``."""
+    from tritonforge.client.core import chosen_route
+    from tritonforge.client.wire import check_texts, make_inputs, make_outputs
+
+    items = check_texts(texts)
+    orchestration = chosen_route(route, pipeline)
+    resolved = yield from client.resolve_flow(NAME, name, orchestration, variant)
+    target, model, parameters = resolved
+    k, extra_params, extra = prepare(
+        target, items, orchestration or client.settings.route, top_k, version
+    )
+    call = client.infer_call(
+        model,
+        make_inputs(client.tritonclient, items, target.input),
+        make_outputs(client.tritonclient, output_names(target, model)),
+        {**parameters, **extra_params},
+        client.trace(traceparent),
+        extra,
+    )
+    result = yield call
+    return decode(result, target, len(items), k, client.context(model))
+
+
+# the client methods this task adds (client.core.install_task_methods)
+METHODS: dict[str, Callable[..., Any]] = {"classify": classify_flow}
+
+
+def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """``tritonforge client classify TEXT...``."""
+    p = sub.add_parser("classify", help="classify texts; prints label, score, probabilities")
+    p.add_argument("texts", nargs="+")
+    p.add_argument("--top-k", type=int, help="best classes per text (1..classes)")
+    p.add_argument("--version", help="pin a model version (the BLS's `version` parameter)")
+    common(p)
+    p.set_defaults(func=cmd_classify)
+
+
+def cmd_classify(args: argparse.Namespace) -> dict[str, Any]:
+    from tritonforge.client.cli import describe, open_client
+
+    with open_client(args) as c:
+        results = c.classify(args.texts, top_k=args.top_k, version=args.version)
+        return {
+            **describe(c, NAME),
+            "results": [
+                {"text": t, **r.as_dict()} for t, r in zip(args.texts, results, strict=True)
+            ],
+        }

@@ -1,16 +1,19 @@
-"""The embedding task's client side: ``show`` (``make run``'s demo of an embedding pipeline)."""
+"""The embedding task's client side: ``embed_flow`` (the client's ``.embed(texts)``, see
+:data:`METHODS`) and ``show`` (``make run``'s demo of an embedding pipeline)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tritonforge.pipelines import Pipeline
+from tritonforge.tasks.embedding import NAME
 from tritonforge.text import cosine_matrix, nearest_neighbours
 
 if TYPE_CHECKING:
+    from tritonforge.client.core import BaseClient, Flow
     from tritonforge.client.sync import EmbeddingClient
 
 # (protocol, route) -> a typed client of the demo's server
@@ -64,3 +67,39 @@ def show(open_client: OpenClient, pipeline: Pipeline, emit: Emit) -> None:
         if v != "fp32"
     )
     emit(f"\n==> {pipeline.bls} over gRPC: max |ensemble - BLS| = {agree:.2e}; {others}\n")
+
+
+def embed_flow(
+    client: BaseClient,
+    texts: Sequence[str] | str,
+    variant: str | None = None,
+    route: str | None = None,
+    traceparent: str | None = None,
+    name: str | None = None,
+    *,
+    pipeline: str | None = None,
+) -> Flow[np.ndarray]:
+    """Embeddings of ``texts``: float32 [n, dim], one unit-norm row per text, in order.
+
+    Texts are sent in requests of at most ``batch_size`` (and the pipeline's ``max_items``),
+    each with a W3C ``traceparent`` (``traceparent``, else the active OpenTelemetry span's,
+    else a fresh one; the last one sent is ``last_traceparent``). ``pipeline``: the old name
+    of ``route``.
+    """
+    from tritonforge.client.wire import check_texts, chunks, decode, make_inputs, make_outputs
+
+    items = check_texts(texts)
+    resolved = yield from client.resolve_flow(NAME, name, route, variant, pipeline=pipeline)
+    target, model, parameters = resolved
+    outputs = make_outputs(client.tritonclient, [target.outputs[0].name])
+    parts = []
+    for chunk in chunks(items, min(client.settings.batch_size, target.max_items)):
+        headers = client.trace(traceparent)
+        inputs = make_inputs(client.tritonclient, chunk, target.input)
+        result = yield client.infer_call(model, inputs, outputs, parameters, headers)
+        parts.append(decode(result, target, len(chunk), client.context(model)))
+    return np.concatenate(parts, axis=0)
+
+
+# the client methods this task adds (client.core.install_task_methods)
+METHODS: dict[str, Callable[..., Any]] = {"embed": embed_flow}

@@ -1,13 +1,13 @@
 """The generation task: a decoupled ``generate`` model per variant (SmolLM2 by default).
 
-Its export (``export/decoder``) fingerprints its own code (``export.decoder.steps.CODE``, which
-starts with :data:`EXPORT_SOURCES`).
+Its export (``export/``: the decoder's graph, verification and configs) fingerprints its own code
+(``export.steps.CODE``, which starts with :data:`EXPORT_SOURCES`).
 """
 
 from tritonforge.tasks import GENERATOR, Task
 
 NAME = "generation"
-EXPORT_SOURCES = ("export/decoder", "export/specs/smollm2.py", "tasks/generation")
+EXPORT_SOURCES = ("tasks/generation", "export/specs/smollm2.py")
 TASK = Task(
     NAME,
     __name__,

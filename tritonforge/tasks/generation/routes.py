@@ -309,7 +309,7 @@ async def _tokenizer(front: OpenAIFront, model: ServedModel) -> tuple[Any, Any, 
         return tok.tokenizer, None, tok.max_length
     gen = front._generator(model)
     meta_path = front._version_dir(model.triton_model) / model.params.get("generation_file", "")
-    meta = front._cached(meta_path, lambda: json.loads(meta_path.read_text()))
+    meta = front.cached(meta_path, lambda: json.loads(meta_path.read_text()))
     return (
         gen.tokenizer,
         {**meta, "chat_template": gen.template},

@@ -27,7 +27,7 @@ from tritonforge.client.discovery import (
 )
 from tritonforge.client.errors import DiscoveryError, InvalidRequestError, ModelNotFoundError
 from tritonforge.client.wire import make_outputs
-from tritonforge.pipelines import ROLE_KEY, TASK_KEY, _params, repository_configs
+from tritonforge.pipelines import ROLE_KEY, TASK_KEY, config_params, repository_configs
 from tritonforge.tasks.classification.client import Ranked
 from tritonforge.tasks.image.spec import TASK
 
@@ -78,7 +78,7 @@ def served(configs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], ImageC
     """``(model, route)`` -> :class:`ImageClassifier` of each image ensemble and BLS served."""
     out: dict[tuple[str, str], ImageClassifier] = {}
     for config in configs:
-        p = _params(config)
+        p = config_params(config)
         route = p.get(ROLE_KEY, "")
         if p.get(TASK_KEY) != TASK or route not in ("ensemble", "bls"):
             continue
@@ -183,7 +183,7 @@ def classify_image_flow(
         infer_input.set_data_from_numpy(data)
         outputs = make_outputs(module, target.outputs)
         headers = client._trace(traceparent)
-        call = client._infer_call(target.model, [infer_input], outputs, parameters, headers)
+        call = client.infer_call(target.model, [infer_input], outputs, parameters, headers)
         result = yield call
         got = {n: result.as_numpy(n) for n in target.outputs}
         for i in range(len(chunk)):
@@ -215,9 +215,7 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> N
 
 
 def cmd_classify_image(args: argparse.Namespace) -> dict[str, Any]:
-    from tritonforge.client.cli import _client
-
-    with _client(args) as c:
+    with args.open_client(args) as c:
         route = "bls" if c.settings.route == "bls" else "ensemble"
         answers = c.classify_image(args.files, args.top_k, args.model, route)
     pairs = zip(args.files, answers, strict=True)
@@ -244,3 +242,7 @@ def show(open_client: Callable[..., Any], pipeline: object, emit: Emit) -> None:
         bls = c.classify_image(list(photos.values()), top_k=3, route="bls")
     same = [a.label for a in bls] == [a.label for a in answers]
     emit(f"==> the BLS over gRPC: same labels: {same}\n")
+
+
+# the client methods this task adds (client.core.install_task_methods)
+METHODS: dict[str, Callable[..., Any]] = {"classify_image": classify_image_flow}

@@ -23,7 +23,7 @@ from tritonforge.client.discovery import (
     refused,
 )
 from tritonforge.client.errors import DiscoveryError, InvalidRequestError, ModelNotFoundError
-from tritonforge.pipelines import ROLE_KEY, TASK_KEY, _params, repository_configs
+from tritonforge.pipelines import ROLE_KEY, TASK_KEY, config_params, repository_configs
 from tritonforge.tasks.rerank.protocol import (
     Ranked,
     RerankLimits,
@@ -58,13 +58,13 @@ def served(configs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], Rerank
     by_name = {str(c.get("name")): c for c in configs}
     out: dict[tuple[str, str], Reranker] = {}
     for config in configs:
-        p = _params(config)
+        p = config_params(config)
         route = p.get(ROLE_KEY, "")
         if p.get(TASK_KEY) != TASK or route not in ("ensemble", "bls"):
             continue
         if route == "ensemble":  # its bounds are its pair tokenizer's (the first step)
             first = config["ensemble_scheduling"]["step"][0]["model_name"]
-            p = {**_params(by_name.get(first, {})), **p}
+            p = {**config_params(by_name.get(first, {})), **p}
         names = [str(t["name"]) for t in config.get("output", [])]
         outputs = (names[0], names[1], names[2])
         name = str(config["name"])
@@ -129,7 +129,7 @@ def rerank_flow(
         req = parse_request(body, target.limits)
     except RerankRequestError as e:
         raise InvalidRequestError(f"{e.field}: {e.detail}") from e
-    module = client._module
+    module = client.tritonclient
     inputs = []
     for tensor, values in (
         (target.query_input, [req.query]),
@@ -141,7 +141,7 @@ def rerank_flow(
         inputs.append(infer_input)
     outputs = [module.InferRequestedOutput(n) for n in target.outputs]
     parameters = {} if req.top_n is None else {target.top_n_parameter: req.top_n}
-    call = client._infer_call(target.model, inputs, outputs, parameters, client._trace(traceparent))
+    call = client.infer_call(target.model, inputs, outputs, parameters, client.trace(traceparent))
     result = yield call
     scores, logits, order = (result.as_numpy(n) for n in target.outputs)
     return ranked(scores, logits, order)
@@ -200,3 +200,7 @@ def show(open_client: Callable[..., Any], pipeline: object, emit: Emit) -> None:
         bls = c.rerank(QUERY, list(DOCUMENTS), route="bls")
     same = [r.index for r in bls] == [r.index for r in results]
     emit(f"==> rerank_bls over gRPC: same order: {same}\n")
+
+
+# the client methods this task adds (client.core.install_task_methods)
+METHODS: dict[str, Callable[..., Any]] = {"rerank": rerank_flow}

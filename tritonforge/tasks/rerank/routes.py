@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from tritonforge.pipelines import ROLE_KEY, TASK_KEY, _params
+from tritonforge.pipelines import ROLE_KEY, TASK_KEY, config_params
 from tritonforge.runtime.errors import OpenAIError
 from tritonforge.runtime.front.openai.catalog import ServedModel
 from tritonforge.runtime.front.openai.responses import new_id
@@ -45,7 +45,7 @@ def served_models(configs: Iterable[Mapping[str, Any]]) -> dict[str, ServedModel
     by_name = {str(c.get("name")): c for c in configs}
     out: dict[str, ServedModel] = {}
     for config in configs:
-        marks = _params(config)
+        marks = config_params(config)
         if marks.get(TASK_KEY) != TASK or marks.get(ROLE_KEY) != "ensemble":
             continue
         name = str(config["name"])
@@ -57,7 +57,7 @@ def served_models(configs: Iterable[Mapping[str, Any]]) -> dict[str, ServedModel
             triton_model=name,
             pipeline=name,
             tokenizer_model=tokenizer,
-            params={**_params(by_name.get(tokenizer, {})), **marks},
+            params={**config_params(by_name.get(tokenizer, {})), **marks},
         )
     return out
 
@@ -102,7 +102,7 @@ def _tokenizer(front: OpenAIFront, model: ServedModel) -> PairTokenizer:
     p = model.params
     root = front.settings.model_repository / model.tokenizer_model
     path = root / "1" / p["tokenizer_file"]
-    return front._cached(
+    return front.cached(
         path,
         lambda: PairTokenizer(Path(path), int(p["max_length"]), p.get("truncation") or None),
     )

@@ -5,7 +5,7 @@ import os
 # Must be set before torch loads its OpenMP runtime; it changes speed, not results.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tritonforge.export.classifier.cli import main
 from tritonforge.logs import run_main
+from tritonforge.tasks.classification.export.training.cli import main
 
 raise SystemExit(run_main(main))

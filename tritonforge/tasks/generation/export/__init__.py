@@ -2,7 +2,7 @@
 
 The encoder exporter (:mod:`export.encoder`) handles one forward pass per request; a decoder is
 called once per generated token with its past keys/values, so it gets its own spec type
-(:class:`export.decoder.spec.DecoderSpec`), graph wrapper, verification grid and quality gates.
+(:class:`tasks.generation.export.spec.DecoderSpec`), graph wrapper, verification grid and quality gates.
 """
 
 from pathlib import Path

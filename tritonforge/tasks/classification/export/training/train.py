@@ -14,14 +14,14 @@ import numpy as np
 import torch
 from transformers import BertForSequenceClassification
 
-from tritonforge.export.classifier.base_model import (
+from tritonforge.tasks.classification.export.training.base_model import (
     Features,
     _autocast,
     cls_head_logits,
     length_batches,
     trainable_parameters,
 )
-from tritonforge.export.classifier.evaluation import LabelIds
+from tritonforge.tasks.classification.export.training.evaluation import LabelIds
 
 NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
 

@@ -1,5 +1,5 @@
 """Run ONNX Runtime GenAI's model builder on a checkpoint read by transformers 5:
-``python -m tritonforge.export.decoder.genai_builder ARGS`` = the builder's own command line.
+``python -m tritonforge.tasks.generation.export.genai_builder ARGS`` = the builder's own command line.
 
 The builder (0.18) expects transformers 4's config attributes. transformers 5 nests Gemma 3's
 rotary settings per attention type (``rope_parameters = {"full_attention": {...},

@@ -10,8 +10,11 @@ import numpy as np
 import torch
 
 from tritonforge.decoder import OrtDecoder, past_names, present_names
-from tritonforge.export.decoder.module import KVCacheDecoder
-from tritonforge.export.decoder.spec import (
+from tritonforge.export.errors import ExportError
+from tritonforge.export.onnx_export import torch_to_onnx
+from tritonforge.kv_batch import LEFT
+from tritonforge.tasks.generation.export.module import KVCacheDecoder
+from tritonforge.tasks.generation.export.spec import (
     BATCH_AXIS,
     PAST_AXIS,
     SEQ_AXIS,
@@ -19,9 +22,6 @@ from tritonforge.export.decoder.spec import (
     DecoderSpec,
     WeightOnlyQuantization,
 )
-from tritonforge.export.errors import ExportError
-from tritonforge.export.onnx_export import torch_to_onnx
-from tritonforge.kv_batch import LEFT
 
 
 def export_graph(decoder: KVCacheDecoder, spec: DecoderSpec, path: Path) -> None:

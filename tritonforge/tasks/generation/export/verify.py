@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from tritonforge.export.decoder.spec import DecoderSpec
 from tritonforge.kv_batch import LEFT, RIGHT, RightKVBatch
 from tritonforge.sampling import SamplingParams
 from tritonforge.scheduler import Generation, Scheduler, StepFn
+from tritonforge.tasks.generation.export.spec import DecoderSpec
 from tritonforge.text_stream import TextStream
 
 Past = list[np.ndarray]

@@ -13,11 +13,11 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from tritonforge.export.decoder import DATA_DIR
-from tritonforge.export.decoder.families import LOGITS_TOLERANCE, family_of
-from tritonforge.export.decoder.load import read_config
-from tritonforge.export.decoder.spec import DecoderSpec, GenerationServing
 from tritonforge.export.errors import SpecError
+from tritonforge.tasks.generation.export import DATA_DIR
+from tritonforge.tasks.generation.export.families import LOGITS_TOLERANCE, family_of
+from tritonforge.tasks.generation.export.load import read_config
+from tritonforge.tasks.generation.export.spec import DecoderSpec, GenerationServing
 
 # (batch, past, new): past 0 (prefill) and decode (new 1) at several past lengths.
 GRID = tuple((b, p, s) for b in (1, 3) for p in (0, 1, 17, 70) for s in (1, 5))

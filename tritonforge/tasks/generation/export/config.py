@@ -8,7 +8,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tritonforge.configschema import InstanceGroup, TritonConfig, params, render_compact
-from tritonforge.export.decoder.spec import DecoderSpec
 from tritonforge.export.report import REPORT_JSON
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 from tritonforge.modelconfig import TensorSpec
@@ -22,6 +21,7 @@ from tritonforge.pipelines import (
     discover_generators,
     repository_configs,
 )
+from tritonforge.tasks.generation.export.spec import DecoderSpec
 from tritonforge.tasks.generation.structured.logprobs import LOGPROBS_OUTPUT
 
 DECODER_FILE = "decoder.onnx"

@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tritonforge.export.decoder.spec import GenAIGraph, WeightOnlyQuantization
 from tritonforge.export.errors import ExportError
+from tritonforge.tasks.generation.export.spec import GenAIGraph, WeightOnlyQuantization
 
-# The builder behind a config adapter for transformers 5 (export.decoder.genai_builder).
-BUILDER_MODULE = "tritonforge.export.decoder.genai_builder"
+# The builder behind a config adapter for transformers 5 (tasks.generation.export.genai_builder).
+BUILDER_MODULE = "tritonforge.tasks.generation.export.genai_builder"
 # The builder names the caches' last axis symbolically (one export for compressed caches too).
 HEAD_AXIS = "kv_cache_dim"
 
