@@ -30,8 +30,8 @@ from tritonforge.classify import softmax
 from tritonforge.client import EmbeddingClient
 from tritonforge.client import cli as client_cli
 from tritonforge.client.errors import InvalidRequestError
+from tritonforge.runtime.launcher.lint import lint_repository
 from tritonforge.runtime.launcher.settings import ServerSettings
-from tritonforge.runtime.lint import lint_repository
 from tritonforge.runtime.serving import EmbeddedServer
 from tritonforge.tasks.image.client import request_batches
 from tritonforge.tasks.image.export.graph import efficientnet_lite0
@@ -292,8 +292,8 @@ def test_generic_canaries_pass_every_public_image_model(
     """The supervisor's canaries (one inference through each public model) pass: the ensemble
     and the BLS declare a valid image for their BYTES input (a text would be a 400)."""
     from tritonforge.repository import load_model_config
-    from tritonforge.runtime.model_graph import public_models
     from tritonforge.runtime.supervisor.canaries import canary_inputs
+    from tritonforge.runtime.supervisor.model_graph import public_models
 
     models = public_models(repository)
     assert {SPEC.ensemble, SPEC.bls} <= set(models)

@@ -17,8 +17,8 @@ import torch
 from tritonforge.classify import softmax
 from tritonforge.client import EmbeddingClient
 from tritonforge.export.cli import main as export_main
+from tritonforge.runtime.launcher.lint import lint_repository
 from tritonforge.runtime.launcher.settings import ServerSettings
-from tritonforge.runtime.lint import lint_repository
 from tritonforge.runtime.serving import EmbeddedServer
 from tritonforge.tasks.image.export.run import load_ref
 from tritonforge.tasks.image.preprocessing import ImagePreprocessing
