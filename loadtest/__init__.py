@@ -10,7 +10,7 @@ Layout: the folder names the tool or role, the module the task (``embed``, ``cla
   holds its own locustfile and bench cell (``tritonforge/tasks/<task>/loadtest/``);
 - ``bench/``: ``make bench`` (``python -m tritonforge.loadtest.bench``: ``cli``, ``cells``,
   ``runners``, ``aggregation``, ``report``), the generation benches (``generate``,
-  ``generate_llamacpp``), ``hops`` and ``decoder_experiments``;
+  ``generate_llamacpp``) and ``hops``;
 - ``anchors/``: what the benches compare against: ``fastapi/`` and ``inprocess/`` (one module per
   task), ``llamacpp``, ``ortgenai``;
 - ``reliability/``: ``soak``, ``soak_generate``, ``chaos``, ``ramp``;

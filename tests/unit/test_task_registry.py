@@ -34,9 +34,6 @@ NAMED_TASK_IMPORTS = {
     "export/specs/minilm.py": "a model spec names its task",
     "export/specs/sentiment.py": "a model spec names its task",
     "export/specs/smollm2.py": "a model spec names its task",
-    "loadtest/anchors/fastapi/generate.py": "loads the decoder checkpoint (generation's loader)",
-    "loadtest/anchors/llamacpp.py": "converts the decoder checkpoint (generation's loader)",
-    "loadtest/bench/decoder_experiments.py": "the decoder's int8 experiments (generation's export)",
 }
 
 
