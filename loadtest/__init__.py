@@ -5,11 +5,12 @@ Layout: the folder names the tool or role, the module the task (``embed``, ``cla
 ``<job>_<task>`` (``run_generate``, ``soak_generate``):
 
 - ``locust/``: Locust users, one base user per protocol with task hooks (``base``), the options
-  and SLO listeners every locustfile shares (``options``, ``common``), one locustfile per task
-  (``embed``, ``classify``, ``generate``, ``ramp``) and the bounded runs (``run``, ``run_generate``);
+  and SLO listeners every locustfile shares (``options``, ``common``), the ``generate`` and ``ramp``
+  locustfiles and the bounded runs (``run``, ``run_generate``); a task folder's ``loadtest``
+  holds its own locustfile and bench cell (``tritonforge/tasks/<task>/loadtest/``);
 - ``bench/``: ``make bench`` (``python -m tritonforge.loadtest.bench``: ``cli``, ``cells``,
-  ``runners``, ``aggregation``, ``report``, ``classify``), the generation benches (``generate``,
-  ``generate_llamacpp``), ``hops`` and ``decoder_experiments``;
+  ``runners``, ``aggregation``, ``report``), the generation benches (``generate``,
+  ``generate_llamacpp``) and ``hops``;
 - ``anchors/``: what the benches compare against: ``fastapi/`` and ``inprocess/`` (one module per
   task), ``llamacpp``, ``ortgenai``;
 - ``reliability/``: ``soak``, ``soak_generate``, ``chaos``, ``ramp``;

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonforge import tasks
 from tritonforge.deploy.validate.images import pins
 from tritonforge.deploy.validate.paths import MODEL_REPOSITORY, PROJECT_ROOT, TRITON_REQUIREMENTS
 
@@ -61,15 +62,21 @@ def module_file(module: str, root: Path) -> list[Path]:
     return [f for f in files if f.exists()]
 
 
+def default_locustfile() -> Path:
+    """The locustfile the Locust image runs (docker-compose.yml): the default task's, in its
+    folder's ``loadtest``."""
+    return tasks.default().folder / "loadtest" / "locustfile.py"
+
+
 def loadtest_code(
-    entry: Path = PROJECT_ROOT / "loadtest" / "locust" / "embed.py",
+    entry: Path | None = None,
     root: Path = PROJECT_ROOT,
     first_party: frozenset[str] = frozenset({"client", "loadtest", "tritonforge"}),
 ) -> ContainerCode:
     """What an image runs from ``entry`` (by default the Locust image's locustfile): the entry and
     the first-party modules it imports at top level, transitively."""
     seen: list[Path] = []
-    todo = [entry]
+    todo = [entry or default_locustfile()]
     while todo:
         path = todo.pop()
         if path in seen:

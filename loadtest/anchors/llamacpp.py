@@ -236,17 +236,16 @@ def build_binaries(layout: Layout, jobs: int = 2) -> None:
 
 def save_checkpoint(layout: Layout) -> Path:
     """The export's dequantized SmolLM2 as a Hugging Face directory (skipped when present;
-    written by the export's :func:`~tritonforge.tasks.generation.export.genai.save_hf_checkpoint`)."""
+    written by the generator task's ``loadtest.save_checkpoint``, reached through the registry)."""
     out = layout.checkpoint
     if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():
         return out
+    from tritonforge import tasks
     from tritonforge.export.specs.smollm2 import smollm2_spec
-    from tritonforge.tasks.generation.export.genai import save_hf_checkpoint
-    from tritonforge.tasks.generation.export.load import load_gguf, package_file
 
-    spec = smollm2_spec()
-    model, tokenizer = load_gguf(package_file(spec.package, spec.checkpoint))
-    return save_hf_checkpoint(model, tokenizer, out)
+    generation = tasks.default(tasks.GENERATOR).module("loadtest")
+    saved: Path = generation.save_checkpoint(smollm2_spec(), out)
+    return saved
 
 
 def make_ggufs(layout: Layout) -> None:

@@ -10,8 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from tritonforge import tasks
-from tritonforge.loadtest.bench import classify as classify_bench
-from tritonforge.loadtest.bench.cells import Cell, Target
+from tritonforge.loadtest.bench.cells import Cell, Target, task_bench
 
 log = logging.getLogger(__name__)
 
@@ -252,4 +251,6 @@ def analyse(
     embedding = [r for r in rows if r["task"] == tasks.default().name]
     lines = [line for gen, protocol in combos for line in _target_lines(embedding, gen, protocol)]
     lines += [line for gen, protocol in combos for line in limit_lines(rows, gen, protocol)]
-    return rows, lines + classify_bench.ratio_lines(rows)
+    for cell in filter(None, (task_bench(t) for t in dict.fromkeys(r["task"] for r in rows))):
+        lines += cell.ratio_lines(rows)
+    return rows, lines

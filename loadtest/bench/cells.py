@@ -7,12 +7,12 @@ import argparse
 import logging
 import math
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from tritonforge import tasks
 from tritonforge.client.discovery import choose, route
 from tritonforge.client.errors import ClientError
-from tritonforge.loadtest.bench import classify as classify_bench
 from tritonforge.loadtest.discovered import pipelines
 from tritonforge.pipelines import Pipeline
 
@@ -23,9 +23,6 @@ GENERATORS = ("locust", "perf_analyzer")
 
 
 OPENAI = "openai"  # a Locust "protocol": OpenAI's /v1/embeddings on the HTTP port (ensembles)
-
-
-LOCUST_USERS = {"http": "TritonHttpUser", "grpc": "TritonGrpcUser", OPENAI: "OpenAIEmbeddingsUser"}
 
 
 @dataclass(frozen=True)
@@ -40,15 +37,16 @@ class Target:
     name: str = ""  # the pipeline (discovered)
     model: str = ""
     parameters: tuple[tuple[str, str], ...] = ()
-    task: str = tasks.default().name  # classification: loadtest.bench.classify
+    task: str = tasks.default().name  # another task's cells: its bench module (task_bench)
     input_name: str = "text"  # the pipeline's text input (discovered)
 
     @property
     def label(self) -> str:
         gen = "pa" if self.generator == "perf_analyzer" else "locust"
-        if self.task == classify_bench.TASK:
+        cell = task_bench(self.task)
+        if cell is not None:
             if self.system == "fastapi":
-                return f"fastapi+torch /predict {self.name}"
+                return f"{cell.FASTAPI_LABEL} {self.name}"
             return f"{self.name} {self.pipeline} {self.variant} {self.protocol}/{gen}"
         if self.system == "fastapi":
             return f"fastapi+torch http/{gen}"
@@ -122,10 +120,19 @@ def targets_from(args: argparse.Namespace, pipeline: Pipeline) -> list[Target]:
     return out
 
 
+def task_bench(task: str) -> ModuleType | None:
+    """The bench cell of ``task`` measured beside the default task's (its folder's
+    ``loadtest.BENCH`` module: baseline, in-process limit, ratio lines), or None."""
+    loadtest = tasks.get(task).module("loadtest")
+    name = getattr(loadtest, "BENCH", None)
+    return tasks.get(task).module(f"loadtest.{name}") if name else None
+
+
 def classify_pipelines(args: argparse.Namespace) -> list[Pipeline]:
-    """Every classification pipeline of ``--model-repository`` (discovered)."""
+    """Every pipeline of ``--model-repository`` (discovered) whose task has a bench cell of its
+    own (:func:`task_bench`: the classifiers)."""
     found = pipelines(args.model_repository).values()
-    return [p for p in found if p.task == classify_bench.TASK]
+    return [p for p in found if task_bench(p.task) is not None]
 
 
 def bench_pipeline(args: argparse.Namespace) -> Pipeline:

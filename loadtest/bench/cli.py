@@ -32,12 +32,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from tritonforge.env import env_float, env_int
 from tritonforge.headers import ADMIN_HEADER
 from tritonforge.loadtest import corpus
-from tritonforge.loadtest.bench import classify as classify_bench
 from tritonforge.loadtest.bench.cells import (
     OPENAI,
     Cell,
@@ -45,6 +45,7 @@ from tritonforge.loadtest.bench.cells import (
     bench_pipeline,
     classify_pipelines,
     targets_from,
+    task_bench,
 )
 from tritonforge.loadtest.bench.report import write_report
 from tritonforge.loadtest.bench.runners import (
@@ -175,6 +176,13 @@ class Setup:
     warned: bool = False
 
 
+def _bench(pipeline: Pipeline) -> ModuleType:
+    """The bench cell of ``pipeline``'s task (one of ``Setup.classifiers``: it has one)."""
+    cell = task_bench(pipeline.task)
+    assert cell is not None  # classify_pipelines keeps the pipelines whose task has one
+    return cell
+
+
 def _start_baselines(stack: contextlib.ExitStack, args: argparse.Namespace, setup: Setup) -> None:
     log.info("==> starting FastAPI + uvicorn (1 worker) + PyTorch eager")
     if setup.pipeline is not None:
@@ -235,7 +243,7 @@ def start(stack: contextlib.ExitStack, args: argparse.Namespace) -> Setup:
     if not args.skip_inprocess and setup.pipeline is not None:
         setup.embedders = load_embedders(args.model_repository, setup.pipeline, args.variants)
     setup.in_process_classifiers = {
-        cp.name: classify_bench.load_classifiers(args.model_repository, cp, args.variants)
+        cp.name: _bench(cp).load_classifiers(args.model_repository, cp, args.variants)
         for cp in ([] if args.skip_inprocess else setup.classifiers)
     }
     return setup
@@ -298,9 +306,9 @@ def run_round(
         inproc += measure_inprocess(
             setup.embedders, texts, args.inprocess_s, name=setup.pipeline.name
         )
-    for name, models in setup.in_process_classifiers.items():
-        task = classify_bench.TASK
-        inproc += measure_inprocess(models, texts, args.inprocess_s, task, name)
+    for cp in setup.classifiers:
+        models = setup.in_process_classifiers.get(cp.name, {})
+        inproc += measure_inprocess(models, texts, args.inprocess_s, cp.task, cp.name)
     for target in setup.plan:
         for conc in args.concurrency:
             cell = measure_cell(setup, args, target, conc, texts, workdir)

@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from tritonforge.loadtest import corpus
-from tritonforge.loadtest.bench import classify as classify_bench
 from tritonforge.loadtest.bench.aggregation import aggregate, analyse
-from tritonforge.loadtest.bench.cells import Cell
+from tritonforge.loadtest.bench.cells import Cell, task_bench
 
 log = logging.getLogger(__name__)
 
 
 def _inproc_label(r: dict[str, Any]) -> str:
-    what = f"{r['name']} " if r.get("task") == classify_bench.TASK else ""
+    task = r.get("task")
+    what = f"{r['name']} " if task and task_bench(task) is not None else ""
     return f"in-process {what}{r['variant']} b{r['batch']}"
 
 

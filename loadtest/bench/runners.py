@@ -21,10 +21,8 @@ from typing import Any
 from tritonforge import tasks
 from tritonforge.errors import ModelConfigError
 from tritonforge.host import cpu_model
-from tritonforge.loadtest.bench import classify as classify_bench
-from tritonforge.loadtest.bench.cells import EMPTY_SUMMARY, LOCUST_USERS, Cell, Target
+from tritonforge.loadtest.bench.cells import EMPTY_SUMMARY, OPENAI, Cell, Target, task_bench
 from tritonforge.loadtest.discovered import encoder_onnx, text_tokenizer
-from tritonforge.loadtest.locust import EMBED_LOCUSTFILE
 from tritonforge.loadtest.locust.run import locust_command
 from tritonforge.pipelines import Pipeline
 
@@ -118,19 +116,13 @@ def run_locust_cell(
     extra = [*NO_SLO, "--samples-out", str(samples), "--warmup-s", str(warmup_s)]
     if model_repository is not None:
         extra += ["--model-repository", str(model_repository)]
-    if target.task == classify_bench.TASK:
-        locustfile = classify_bench.LOCUSTFILE
-        if target.system == "fastapi":
-            classes = [classify_bench.FASTAPI_USER]
-        else:
-            classes = [classify_bench.USERS[target.protocol]]
-            extra += ["--pipeline", target.pipeline, "--variant", target.variant]
-            extra += ["--grpc-url", grpc_url, "--pipeline-name", target.name]
-    elif target.system == "fastapi":
-        locustfile, classes = EMBED_LOCUSTFILE, ["FastApiUser"]
+    loadtest = tasks.get(target.task).module("loadtest")  # its LOCUSTFILE and users
+    locustfile = loadtest.LOCUSTFILE
+    if target.system == "fastapi":
+        classes = [loadtest.FASTAPI_USER]
     else:
-        locustfile = EMBED_LOCUSTFILE
-        classes = [LOCUST_USERS[target.protocol]]
+        protocol = target.protocol
+        classes = [loadtest.OPENAI_USER] if protocol == OPENAI else loadtest.USERS[protocol]
         extra += ["--pipeline", target.pipeline, "--variant", target.variant]
         extra += ["--grpc-url", grpc_url, "--pipeline-name", target.name]
     command = locust_command(
@@ -258,7 +250,7 @@ def measure_inprocess(
     from tritonforge.loadtest.anchors.inprocess.embed import measure
 
     results = []
-    what = f"{name} " if task == classify_bench.TASK else ""
+    what = f"{name} " if task_bench(task) is not None else ""
     for variant, embedder in embedders.items():
         for batch in (1, 16):
             r = measure(embedder, texts, variant=variant, batch=batch, duration_s=duration_s)

@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tritonforge.loadtest.bench import classify as classify_bench
+from tritonforge.loadtest.bench.cells import task_bench
 from tritonforge.loadtest.errors import LoadtestError
 from tritonforge.pipelines import Pipeline
 from tritonforge.runtime.launcher.settings import free_port
@@ -72,13 +72,14 @@ def start_predict_service(
     stack: contextlib.ExitStack, args: argparse.Namespace, pipeline: Pipeline
 ) -> str:
     """The FastAPI /predict baseline of ``pipeline`` (its verified checkpoint); "" when none."""
-    baseline, why = classify_bench.baseline_for(
-        args.model_repository, pipeline, args.classify_checkpoint
-    )
+    cell = task_bench(pipeline.task)
+    if cell is None:
+        return ""
+    baseline, why = cell.baseline_for(args.model_repository, pipeline, args.classify_checkpoint)
     if baseline is None:
         log.warning("   (no FastAPI /predict baseline for %r: %s)", pipeline.name, why)
         return ""
     log.info("==> starting FastAPI /predict (PyTorch eager) for %r", pipeline.name)
-    module, service_args = classify_bench.FASTAPI_MODULE, baseline.service_args()
+    module, service_args = cell.FASTAPI_MODULE, baseline.service_args()
     address = stack.enter_context(baseline_service(module, args=service_args))
     return f"http://{address}"

@@ -1,12 +1,12 @@
 """``python -m tritonforge.loadtest.locust.run``: a bounded, headless Locust run with SLO gates.
 
 Starts the embedded Triton on free loopback ports (unless ``--url`` names a running server),
-runs :mod:`loadtest.locust.embed` (``--task classification``: :mod:`loadtest.locust.classify`)
+runs the ``--task``'s Locust users (its folder's ``loadtest``: ``LOCUSTFILE``, ``USERS``)
 for ``--duration-s`` seconds with HTTP and/or gRPC users against the discovered pipeline
 (``--pipeline-name``, default: the task's default pipeline), writes
 CSV + HTML reports under ``--reports-dir`` and exits with Locust's status: 0 when every SLO holds,
 1 naming each breached threshold. SLO thresholds: ``--slo-*`` options or ``TRITONFORGE_SLO_*``
-environment variables (see :mod:`loadtest.locust.embed`).
+environment variables (see :mod:`tritonforge.tasks.embedding.loadtest.locustfile`).
 """
 
 from __future__ import annotations

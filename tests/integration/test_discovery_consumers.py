@@ -118,8 +118,8 @@ def test_bench_measures_the_classifier_against_fastapi_predict_and_in_process(
 def test_the_predict_baseline_refuses_a_checkpoint_that_is_not_the_exported_one(
     byo_repository: Path, byo_checkpoints: dict[str, tuple[Path, str]]
 ) -> None:
-    from tritonforge.loadtest.bench.classify import baseline_for
     from tritonforge.pipelines import from_repository
+    from tritonforge.tasks.classification.loadtest.bench import baseline_for
 
     sentiment = from_repository(byo_repository)["sentiment"]
     ok, why = baseline_for(byo_repository, sentiment, byo_checkpoints["sentiment"][0])

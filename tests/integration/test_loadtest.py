@@ -128,9 +128,10 @@ def test_a_server_that_never_answers_fails_requests_instead_of_stalling_the_run(
     port = listener.getsockname()[1]
     samples = tmp_path / "samples.json"
     from tritonforge.loadtest.locust.run import locust_command
+    from tritonforge.tasks.embedding.loadtest import LOCUSTFILE
 
     command = locust_command(
-        locustfile=PROJECT_ROOT / "loadtest" / "locust" / "embed.py",
+        locustfile=LOCUSTFILE,
         user_classes=[user_class],
         host=f"http://127.0.0.1:{port}",
         users=2,

@@ -203,7 +203,9 @@ def test_monitoring_and_loadtest_point_at_the_triton_service(compose: dict[str, 
     http_port, grpc_port = front["--http-port"], front["--grpc-port"]
     master = compose["services"]["locust-master"]
     assert f"--host=http://front:{http_port}" in master["command"]
-    assert "/app/loadtest/locust/embed.py" in master["command"]
+    locustfile = dv.default_locustfile().relative_to(dv.PROJECT_ROOT).as_posix()
+    assert f"/app/{locustfile}" in master["command"]
+    assert f"/app/{locustfile}" in compose["services"]["locust-worker"]["command"]
     assert f"--grpc-url=front:{grpc_port}" in master["command"]
     assert master["environment"]["TRITONFORGE_URL"] == f"front:{http_port}"
 
@@ -489,7 +491,7 @@ def test_container_code_runs_on_the_images_python_with_its_packages() -> None:
 
 def test_loadtest_image_provides_what_the_locustfile_imports() -> None:
     code = dv.loadtest_code()
-    assert any(p.parts[-2:] == ("locust", "embed.py") for p in code.package_files)
+    assert dv.default_locustfile() in code.package_files
     findings = dv.container_code_findings(
         code, dv.LOADTEST_REQUIREMENTS, dv.LOADTEST_IMPORTS, (3, 11)
     )

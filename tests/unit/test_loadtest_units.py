@@ -252,7 +252,9 @@ def test_task_hooks_validate_answers_whatever_the_protocol() -> None:
     code = """
 from types import SimpleNamespace as NS
 import numpy as np
-from tritonforge.loadtest.locust import base, classify, embed
+from tritonforge.loadtest.locust import base
+from tritonforge.tasks.classification.loadtest import locustfile as classify
+from tritonforge.tasks.embedding.loadtest import locustfile as embed
 from tritonforge.loadtest.slo import ValidationError
 
 task = embed.EmbedTask()

@@ -22,7 +22,6 @@ TASK_FOLDERS = ("tritonforge/tasks/",)
 # OpenAI's wire format names a field "embedding" (an object type and a key), not our task.
 WIRE_FORMAT = {
     "runtime/front/openai/responses.py": 2,
-    "loadtest/locust/embed.py": 1,
     "loadtest/anchors/infinity.py": 1,
     # Docker Compose's and Kubernetes' container "image" key, not the image task
     "deploy/validate/compose.py": 2,
@@ -35,12 +34,6 @@ NAMED_TASK_IMPORTS = {
     "export/specs/minilm.py": "a model spec names its task",
     "export/specs/sentiment.py": "a model spec names its task",
     "export/specs/smollm2.py": "a model spec names its task",
-    "loadtest/anchors/fastapi/generate.py": "loads the decoder checkpoint (generation's loader)",
-    "loadtest/anchors/llamacpp.py": "converts the decoder checkpoint (generation's loader)",
-    "loadtest/bench/decoder_experiments.py": "the decoder's int8 experiments (generation's export)",
-    "loadtest/locust/embed.py": "the embedding locustfile (to move to its task's loadtest)",
-    "loadtest/locust/classify.py": "the classification locustfile (to move likewise)",
-    "loadtest/bench/classify.py": "the classification bench cell (to move to its folder)",
 }
 
 
@@ -177,6 +170,12 @@ def test_every_registered_task_is_a_folder_with_its_layers() -> None:
                 module = task.folder / f"{layer}.py"
                 package = task.folder / layer / "__init__.py"
                 assert module.is_file() or package.is_file(), (task.name, layer)
+            # the Locust users and the bench cell live in the folder, found through the registry
+            loadtest = task.module("loadtest")
+            assert loadtest.LOCUSTFILE.is_relative_to(task.folder), task.name
+            assert loadtest.LOCUSTFILE.is_file() and loadtest.USERS["both"], task.name
+            if hasattr(loadtest, "BENCH"):
+                assert (task.folder / "loadtest" / f"{loadtest.BENCH}.py").is_file(), task.name
             if task.client_call:
                 from tritonforge.client.core import install_task_methods
                 from tritonforge.client.sync import EmbeddingClient

@@ -22,17 +22,18 @@ import uvicorn
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
 
+from tritonforge import tasks
 from tritonforge.env import env_int
 from tritonforge.export.specs.smollm2 import smollm2_spec
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
 from tritonforge.logs import run_main
 from tritonforge.scheduler import FINISH_LENGTH
-from tritonforge.tasks.generation.export.load import load_gguf, package_file
 
 
 def create_app() -> FastAPI:
     spec = smollm2_spec()
-    model, tokenizer = load_gguf(package_file(spec.package, spec.checkpoint))
+    generation = tasks.default(tasks.GENERATOR).module("loadtest")  # the export's loader
+    model, tokenizer = generation.load_checkpoint(spec)
     limit = spec.serving.max_new_tokens_limit
     app = FastAPI(title="SmolLM2 streaming (FastAPI + transformers baseline)")
 

@@ -13,7 +13,7 @@ shared machine hits all alike), one decode step at batch 1 and 16 with 64 cached
   length) and one batched prefill, for fp32 and every int8/int4 candidate (bits, block size,
   ``accuracy_level`` 4 = int8 compute vs 0 = fp32 compute), each with its gate.
 
-``python -m tritonforge.loadtest.bench.decoder_experiments [--quantize]`` writes
+``python -m tritonforge.tasks.generation.loadtest.decoder_experiments [--quantize]`` writes
 ``build/decoder_experiments.json``; the numbers are recorded in docs/performance.md.
 """
 
@@ -37,7 +37,7 @@ from tritonforge.logs import run_main
 from tritonforge.modelconfig import ModelConfig
 
 # named, not __name__: run as `python -m` that is __main__, which logging leaves at warning
-log = logging.getLogger("tritonforge.loadtest.bench.decoder_experiments")
+log = logging.getLogger("tritonforge.tasks.generation.loadtest.decoder_experiments")
 
 PAST = 64
 BATCHES = (1, 16)
@@ -379,7 +379,9 @@ def _quantization(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tritonforge.loadtest.bench.decoder_experiments")
+    p = argparse.ArgumentParser(
+        prog="python -m tritonforge.tasks.generation.loadtest.decoder_experiments"
+    )
     p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     p.add_argument("--build-dir", type=Path, default=Path("build"))
     p.add_argument("--repeats", type=int, default=3)

@@ -4,8 +4,8 @@ base users of :mod:`loadtest.locust.base`.
 
 Run through ``python -m tritonforge.loadtest.locust.run`` / ``python -m tritonforge.loadtest.bench``, or directly::
 
-    locust -f loadtest/locust/embed.py --headless -u 4 -r 4 -t 30s --host http://127.0.0.1:8000 \
-        --grpc-url 127.0.0.1:8001 TritonHttpUser TritonGrpcUser
+    locust -f tritonforge/tasks/embedding/loadtest/locustfile.py --headless -u 4 -r 4 -t 30s \
+        --host http://127.0.0.1:8000 --grpc-url 127.0.0.1:8001 TritonHttpUser TritonGrpcUser
 
 ``OpenAIEmbeddingsUser`` loads the same ensemble through the OpenAI-compatible
 ``/v1/embeddings`` (docs/openai.md; the key from ``$TRITONFORGE_OPENAI_API_KEY`` when set).

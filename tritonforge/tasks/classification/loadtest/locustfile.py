@@ -2,7 +2,7 @@
 ``/predict`` baseline (:mod:`loadtest.anchors.fastapi.classify`).
 
 Same corpus, closed loop, SLO gates (``--slo-*``, checked at quit) and sample output as
-:mod:`loadtest.locust.embed`. The pipeline is discovered (``--pipeline-name``, default: the default
+:mod:`tritonforge.tasks.embedding.loadtest.locustfile`. The pipeline is discovered (``--pipeline-name``, default: the default
 classification pipeline; ``--pipeline`` ensemble|bls, ``--variant``); every answer is validated
 against its discovered labels: probabilities [n, classes], finite, each row a distribution, and
 ``label`` the most probable known label.

@@ -1,7 +1,8 @@
 """The classification half of ``make bench``: every discovered classification pipeline against
 the first seed's FastAPI + PyTorch ``/predict`` service (:mod:`loadtest.anchors.fastapi.classify`)
 and its in-process limit (:mod:`loadtest.anchors.inprocess.classify`), in the same run, loaded by the
-same generator (Locust over HTTP, :mod:`loadtest.locust.classify`) as the embedding cells.
+same generator (Locust over HTTP, :mod:`.locustfile`) as the embedding cells. The shared bench
+(``loadtest.bench``) reaches this module through the registry (the package's ``BENCH``).
 
 The baseline runs the Hugging Face checkpoint the pipeline was exported from: ``--classify-
 checkpoint DIR``, else the directory of the registry spec of that name (``export.specs``), and it
@@ -21,16 +22,13 @@ from typing import Any
 
 from tritonforge.integrity import sha256_file
 from tritonforge.loadtest.discovered import encoder_onnx, stage_model, text_tokenizer
-from tritonforge.loadtest.locust import CLASSIFY_LOCUSTFILE
 from tritonforge.pipelines import Pipeline
 from tritonforge.repository import load_model_config
 from tritonforge.tasks import classification
 
 TASK = classification.NAME
 FASTAPI_MODULE = "tritonforge.loadtest.anchors.fastapi.classify"
-LOCUSTFILE = CLASSIFY_LOCUSTFILE
-USERS = {"http": "TritonClassifyHttpUser", "grpc": "TritonClassifyGrpcUser"}
-FASTAPI_USER = "FastApiPredictUser"
+FASTAPI_LABEL = "fastapi+torch /predict"  # the baseline's cells, followed by the pipeline
 
 
 @dataclass(frozen=True)
