@@ -173,7 +173,7 @@ def classify_image_flow(
         raise InvalidRequestError("images: give at least one image")
     if top_k is not None and not 1 <= top_k <= target.classes:
         raise InvalidRequestError(f"top_k: {top_k} is not in [1, {target.classes}]")
-    module = client._module
+    module = client.tritonclient
     label, score, probabilities, top_labels, top_scores = target.outputs
     parameters = {} if top_k is None else {"top_k": top_k}
     answers: list[ImageClassification] = []
@@ -182,7 +182,7 @@ def classify_image_flow(
         infer_input = module.InferInput(target.input, list(data.shape), "BYTES")
         infer_input.set_data_from_numpy(data)
         outputs = make_outputs(module, target.outputs)
-        headers = client._trace(traceparent)
+        headers = client.trace(traceparent)
         call = client.infer_call(target.model, [infer_input], outputs, parameters, headers)
         result = yield call
         got = {n: result.as_numpy(n) for n in target.outputs}
