@@ -15,16 +15,12 @@ import os
 import time
 from typing import Any
 
-import grpc.experimental.gevent as grpc_gevent
 from locust import User, events, task
 
 from tritonforge.client.settings import normalize_url
 from tritonforge.client.sync import EmbeddingClient
+from tritonforge.loadtest.locust import gevent_glue  # noqa: F401  (registers: gevent, gRPC, run time)
 from tritonforge.tasks.image.samples import sample_photos
-
-# gRPC's C core must cooperate with gevent (Locust's concurrency), or a blocking call stalls
-# every other user (and the run's own timer)
-grpc_gevent.init_gevent()
 
 
 @events.init_command_line_parser.add_listener
