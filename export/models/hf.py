@@ -16,6 +16,7 @@ replaced, and ONNX vs PyTorch within 2.4e-7; SDPA fuses no attention).
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +139,27 @@ def inspect_checkpoint(directory: Path, normalize: bool | None = None) -> Checkp
     )
 
 
+def device_portable_kwargs(model: nn.Module, kwargs: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """``kwargs`` with what transformers would otherwise build inside ``forward`` built here from
+    the inputs: the attention mask as the 4-D additive mask (transformers returns a 4-D mask
+    unchanged) and zero token types where the model has them and the tokenizer gives none.
+
+    A trace freezes the device of every tensor created inside ``forward`` (transformers' mask
+    helpers call ``torch.arange(..., device=mask.device)``), so a TorchScript traced on the CPU
+    then fails on a GPU (the native PyTorch backend with ``KIND_GPU``; found on an H200 with
+    ``python -m tritonforge.deploy.torchscript_gpu``). Same values as the plain call. The ONNX
+    export keeps the 2-D mask: ONNX has no device, and ORT's attention fusion expects that pattern.
+    """
+    mask = kwargs["attention_mask"]
+    dtype: torch.dtype = getattr(model, "dtype", torch.float32)  # a transformers model's
+    portable: dict[str, Any] = dict(kwargs)
+    portable["attention_mask"] = (1.0 - mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+    takes_types = "token_type_ids" in inspect.signature(model.forward).parameters
+    if takes_types and "token_type_ids" not in kwargs:
+        portable["token_type_ids"] = torch.zeros_like(kwargs["input_ids"])
+    return portable
+
+
 class _Encoder(nn.Module):
     """Positional inputs (the tokenizer's names) -> one tensor (pooled embedding or logits)."""
 
@@ -151,11 +173,14 @@ class _Encoder(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         kwargs = dict(zip(self.input_names, inputs, strict=True))
+        mask = kwargs["attention_mask"]
+        if not torch.onnx.is_in_onnx_export():
+            kwargs = device_portable_kwargs(self.model, kwargs)
         out = self.model(**kwargs)
         if self.logits:
             return out.logits
         hidden = out.last_hidden_state
-        weights = kwargs["attention_mask"].to(hidden.dtype).unsqueeze(-1)
+        weights = mask.to(hidden.dtype).unsqueeze(-1)
         pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
         if self.normalize:
             # As torch.nn.functional.normalize, written with broadcasting so the exported
