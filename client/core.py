@@ -40,6 +40,7 @@ from tritonforge.client.discovery import (
     admin_headers,
     configured_repository,
     fallback,
+    fallback_repository,
     grpc_config,
     index_names,
     offline,
@@ -54,7 +55,7 @@ from tritonforge.client.errors import (
 from tritonforge.client.settings import ClientSettings
 from tritonforge.client.status import translate
 from tritonforge.client.wire import trace_headers
-from tritonforge.pipelines import Pipeline
+from tritonforge.pipelines import Pipeline, repository_configs
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -315,6 +316,18 @@ class BaseClient:
             configs.append(grpc_config(got) if grpc else dict(got))
         return configs
 
+    def served_configs_flow(self) -> Flow[list[dict[str, Any]]]:
+        """The model configs from the sources pipeline discovery reads (:mod:`client.discovery`):
+        the configured repository, else the server's (admin key), else ./model_repository where
+        the server refused them; a task client that reads configs its pipelines lack uses this."""
+        explicit = configured_repository(self.settings.repository)
+        if explicit is not None:
+            return repository_configs(explicit)
+        try:
+            return (yield from self.configs_flow())
+        except InvalidRequestError as e:
+            return repository_configs(fallback_repository(e, self.context()))
+
     def pipelines_flow(self, refresh: bool = False) -> Flow[dict[str, Pipeline]]:
         """The server's pipelines by name (discovered once, then cached; see
         :mod:`client.discovery` for the sources)."""
@@ -397,6 +410,7 @@ class BaseClient:
 
     # -- the public API: a shell's blocking methods or coroutines (:class:`ClientMethod`) ----------
     configs = ClientMethod(configs_flow)
+    served_configs = ClientMethod(served_configs_flow)
     pipelines = ClientMethod(pipelines_flow)
     resolve = ClientMethod(resolve_flow)
     is_live = ClientMethod(is_live_flow)

@@ -94,10 +94,15 @@ def refused(err: ClientError) -> bool:
 
 
 def fallback(error: InvalidRequestError, context: str) -> dict[str, Pipeline]:
-    """Source 3 when the server refused its configs, else a :class:`DiscoveryError` saying how
-    to give the client access."""
+    """Source 3's pipelines when the server refused its configs (:func:`fallback_repository`)."""
+    return offline(fallback_repository(error, context))
+
+
+def fallback_repository(error: InvalidRequestError, context: str) -> Path:
+    """Source 3 (``./model_repository``) when the server refused its configs, else a
+    :class:`DiscoveryError` saying how to give the client access."""
     if refused(error) and DEFAULT_REPOSITORY.is_dir():
-        return offline(DEFAULT_REPOSITORY)
+        return DEFAULT_REPOSITORY
     raise DiscoveryError(
         f"{context}: cannot read the model configs to discover the pipelines ({error}); set "
         f"${ADMIN_KEY_ENV} (the server's admin key) or ${REPOSITORY_ENV} (its repository)",

@@ -44,7 +44,8 @@ DEFAULT_REPOSITORY = Path(os.environ.get("TRITONFORGE_MODEL_REPOSITORY", "model_
 log = logging.getLogger(__name__)
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
+    """The export command's arguments (options before or after the spec)."""
     raw = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=raw)
     known = ", ".join(sorted(REGISTRY))
@@ -69,11 +70,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     p.add_argument("--force", action="store_true", help="export even if the inputs are unchanged")
-    args = p.parse_args(argv)
-    given = [
+    return p
+
+
+def _named(args: argparse.Namespace) -> list[object]:
+    return [
         x for x in (args.spec, args.from_pretrained, args.from_onnx, args.gguf) if x is not None
     ]
-    if len(given) != 1:
+
+
+def names_an_export(argv: Sequence[str]) -> bool:
+    """True when ``argv`` names what to export (a spec or a checkpoint), before, between or after
+    the options; False means the default exports (``tritonforge export [OPTIONS]``)."""
+    args, _ = parser().parse_known_intermixed_args(list(argv))
+    return bool(_named(args))
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = parser()
+    args = p.parse_intermixed_args(argv)  # options before or after the spec
+    if len(_named(args)) != 1:
         p.error(
             "give one of: a registered spec, 'clean', --from-pretrained DIR, --from-onnx DIR, "
             "--gguf FILE"

@@ -8,6 +8,7 @@ repository is untouched; an exception before it leaves it byte-for-byte as it wa
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.metadata
 import json
@@ -72,27 +73,94 @@ def _sources(root: Path, prefix: str) -> list[tuple[str, Path]]:
     return out
 
 
-def code_digest() -> str:
-    """sha256 over the exporter's own sources and data, the task folders and
-    :data:`CORE_MODULES` (a code change re-exports), less what tasks fingerprint themselves."""
+# Where a task's export code starts in its folder: its declaration and its export module or
+# package (with its data files); the rest of the folder counts only where these import it.
+EXPORT_ROOTS = ("__init__.py", "export.py", "export")
+
+
+def _module_file(module: str) -> Path | None:
+    """The source of ``tritonforge.tasks...`` ``module`` (a module or a package), if any."""
+    parts = module.split(".")[2:]
+    base = TASKS_ROOT.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if parts and candidate.is_file():
+            return candidate
+    return None
+
+
+def _task_imports(path: Path) -> set[str]:
+    """The ``tritonforge.tasks`` modules ``path`` (under :data:`TASKS_ROOT`) imports, absolute or
+    relative, at any depth (a function's lazy import too); ``from m import x`` yields ``m.x``."""
+    rel = path.relative_to(TASKS_ROOT).with_suffix("")
+    package = ["tritonforge", "tasks", *rel.parts[:-1]]  # a module's or an __init__'s package
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return {m for m in found if m.startswith("tritonforge.tasks.")}
+
+
+def task_export_files(task: str) -> list[tuple[str, Path]]:
+    """The task-folder files that determine ``task``'s export artifacts, as ``(tasks/..., path)``:
+    its export code (:data:`EXPORT_ROOTS`) and every task-folder module that code imports,
+    transitively (with their packages' ``__init__``). What no export code imports (the client,
+    load tests, routes, docs) never re-exports anything. Stage sources are not here: the exports
+    copy them into the repository on every run, up to date or not."""
+    folder = TASKS_ROOT / tasks.get(task).folder.name
+    todo: list[Path] = []
+    for name in EXPORT_ROOTS:
+        root = folder / name
+        todo += sorted(root.rglob("*")) if root.is_dir() else [root]
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file() or "__pycache__" in path.parts:
+            continue
+        if path.suffix not in (".py", ".txt"):
+            continue
+        seen.add(path)
+        if path.suffix == ".py":
+            modules = _task_imports(path)
+            todo += [f for m in modules if (f := _module_file(m)) is not None]
+            todo += [p / "__init__.py" for p in path.parents if p.is_relative_to(TASKS_ROOT)]
+    return sorted((f"tasks/{p.relative_to(TASKS_ROOT).as_posix()}", p) for p in seen)
+
+
+def code_digest(task: str | None = None) -> str:
+    """sha256 over the exporter's own sources and data, :data:`CORE_MODULES` and ``task``'s
+    export code (:func:`task_export_files`; no other task's), less what tasks fingerprint
+    themselves (``Task.export_sources``): a change of code that writes the artifacts re-exports,
+    an edit of a client or a load test does not."""
     h = hashlib.sha256()
     for rel, path in _sources(EXPORT_ROOT, "export"):
         h.update(rel.removeprefix("export/").encode())
         h.update(path.read_bytes())
-    for rel, path in _sources(TASKS_ROOT, "tasks"):
-        h.update(rel.encode())
-        h.update(path.read_bytes())
+    for rel, path in task_export_files(task) if task else []:
+        if not _own_digest(rel):
+            h.update(rel.encode())
+            h.update(path.read_bytes())
     for name in CORE_MODULES:
         h.update(name.encode())
         h.update((CORE_ROOT / name).read_bytes())
     return h.hexdigest()
 
 
+def _task_of(spec: ExportSpec) -> str | None:
+    """The registered task whose export ``spec`` is (its serving section names it), or None."""
+    task = spec.serving.task if spec.serving is not None else ""
+    return task if task in tasks.registry() else None
+
+
 def fingerprint(spec: ExportSpec, options: dict[str, Any]) -> dict[str, Any]:
     """Everything the export depends on; equal fingerprints mean an identical export."""
     parts = {
         "exporter_version": EXPORTER_VERSION,
-        "code": code_digest(),
+        "code": code_digest(_task_of(spec)),
         "spec": digest_json(spec.fingerprint_data()),
         "sources": {str(p.name): sha256_file(p) for p in spec.source_files},
         "libraries": library_versions(),

@@ -135,16 +135,20 @@ def export_defaults(rest: Sequence[str], install_models: bool = False) -> int:
     return 0
 
 
+def _names_an_export(command: Command, rest: Sequence[str]) -> bool:
+    """Whether the export arguments ``rest`` name a spec or a checkpoint, wherever among the
+    options (the export module's own parser decides: ``names_an_export``, read by name)."""
+    names: Callable[[Sequence[str]], bool] = importlib.import_module(command.module).names_an_export
+    return names(rest)
+
+
 def run(name: str, rest: list[str]) -> int:
     """Run subcommand ``name`` with its arguments ``rest``."""
     command = COMMANDS[name]
     install_models = INSTALL_FLAG in rest and name in ("export", "serve", "demo")
     if install_models:
         rest.remove(INSTALL_FLAG)
-    named = any(not a.startswith("-") for a in rest[:1]) or bool(
-        {"--from-pretrained", "--from-onnx", "--gguf"} & {*rest}
-    )
-    if name == "export" and not named:
+    if name == "export" and not _names_an_export(command, rest):
         return export_defaults(rest, install_models)
     prepared = command.prepared(rest, install_models)
     if isinstance(prepared, int):

@@ -80,6 +80,25 @@ def test_export_without_a_spec_runs_the_defaults(monkeypatch: pytest.MonkeyPatch
     gguf = ["--gguf", "m.gguf", "--task", "generation", "--name", "mine"]
     assert cli.run("export", list(gguf)) == 0
     assert calls == [gguf]  # a user's GGUF decoder, not the defaults
+    calls.clear()
+    late = ["--model-repository", "r", "--force", "minilm", "--version", "2"]
+    assert cli.run("export", list(late)) == 0
+    assert calls == [late]  # the spec after the options: still that spec, not the defaults
+
+
+def test_export_options_go_before_or_after_the_spec() -> None:
+    from tritonforge.export.cli import names_an_export, parse_args
+
+    for argv in (
+        ["--model-repository", "r", "minilm"],
+        ["--model-repository", "r", "minilm", "--version", "2"],
+        ["--force", "minilm", "--format", "onnx", "--model-repository", "r"],
+        ["minilm", "--model-repository", "r"],
+    ):
+        args = parse_args(argv)
+        assert (args.spec, str(args.model_repository)) == ("minilm", "r"), argv
+        assert names_an_export(argv)
+    assert not names_an_export(["--model-repository", "r", "--force"])
 
 
 def test_serve_and_demo_export_every_default_in_the_background(

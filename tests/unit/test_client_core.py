@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from tests.fake_repository import write_model
 from tests.unit.test_client_discovery import public, stage
+from tritonforge import tasks
 from tritonforge.client import AsyncEmbeddingClient, EmbeddingClient
 from tritonforge.client.core import chosen_route
+from tritonforge.client.discovery import ADMIN_KEY_ENV, REPOSITORY_ENV
 from tritonforge.client.errors import (
     ClientError,
     ConnectionFailedError,
+    DiscoveryError,
     InvalidRequestError,
 )
 from tritonforge.errors import TritonforgeError
@@ -219,3 +224,40 @@ def test_a_sibling_shares_the_breaker_and_discovery_but_not_the_transport() -> N
         assert twin._pipelines is c._pipelines
         assert twin._client is not c._client
         twin.close()
+
+
+def test_served_configs_come_from_the_discovery_sources_every_task_client_shares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's configs; ./model_repository where the server refused them (else a
+    DiscoveryError naming what to set); a configured repository without asking the server."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(REPOSITORY_ENV, raising=False)
+    names = sorted(c["name"] for c in sync_client(FakeTransport()).served_configs())
+    assert names == sorted(c["name"] for c in CONFIGS)
+
+    refusing = FakeTransport()
+
+    def index(**kw: Any) -> Any:
+        raise InferenceServerException("this API is restricted", status="403")
+
+    refusing.get_model_repository_index = index  # type: ignore[method-assign]
+    with pytest.raises(DiscoveryError, match=ADMIN_KEY_ENV):
+        sync_client(refusing).served_configs()
+    write_model(tmp_path / "model_repository", "mood", "mood", "ensemble", variant="fp32")
+    assert [c["name"] for c in sync_client(refusing).served_configs()] == ["mood"]
+
+    write_model(tmp_path / "elsewhere", "other", "other", "ensemble", variant="fp32")
+    quiet = FakeTransport()
+    configs = sync_client(quiet, repository=str(tmp_path / "elsewhere")).served_configs()
+    assert [c["name"] for c in configs] == ["other"] and quiet.calls == []
+
+
+def test_no_task_client_restates_the_configs_discovery() -> None:
+    """The image and rerank clients (and any other) read configs through the core's one
+    ``served_configs_flow``, never their own copy of the fallbacks."""
+    for task in tasks.registry().values():
+        path = task.folder / "client.py"
+        if path.is_file():
+            source = path.read_text()
+            assert "configured_repository" not in source and "refused(" not in source, path

@@ -22,6 +22,7 @@ from tritonforge.tasks.image.transforms import (
     normalise,
     preprocess,
     preprocess_batch,
+    request_pixels,
     resize,
 )
 
@@ -184,6 +185,29 @@ def test_a_batch_answers_the_good_items_and_names_each_bad_one() -> None:
     assert all(isinstance(e, InvalidInputError) and e.code == "INVALID_ARG" for e in batch.errors)
     assert str(batch.errors[0]).startswith("image[1]: ")
     assert np.array_equal(batch.pixels[0], preprocess(good, SPEC))
+
+
+def test_one_request_is_checked_once_for_every_image_stage() -> None:
+    """request_pixels: what the preprocess stage and the BLS both check (the input is there, at
+    most max_items images, each decodes), naming the field or the bad image."""
+    good = encoded(gradient(), "JPEG")
+    rows = np.array([[good], [good]], dtype=np.object_)
+    assert request_pixels(rows, "image", 2, SPEC).shape == (2, 3, 224, 224)
+    with pytest.raises(InvalidInputError, match="input 'image' is required"):
+        request_pixels(None, "image", 2, SPEC)
+    with pytest.raises(InvalidInputError, match="'image': 2 images, at most 1 a request"):
+        request_pixels(rows, "image", 1, SPEC)
+    with pytest.raises(InvalidInputError, match=r"image\[1\]"):
+        request_pixels(np.array([good, b"garbage"], dtype=np.object_), "image", 2, SPEC)
+
+
+def test_no_image_stage_restates_the_request_checks() -> None:
+    from tritonforge import tasks
+
+    image = tasks.get("image")
+    for kind in ("image_preprocess", "image_bls"):  # the stages that take the images
+        text = image.stage_source(kind).read_text()
+        assert "request_pixels(" in text and "images, at most" not in text, kind
 
 
 def test_an_all_bad_batch_has_an_empty_tensor_of_the_declared_shape() -> None:

@@ -18,16 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tritonforge.client.discovery import (
-    ADMIN_KEY_ENV,
-    DEFAULT_REPOSITORY,
-    REPOSITORY_ENV,
-    configured_repository,
-    refused,
-)
-from tritonforge.client.errors import DiscoveryError, InvalidRequestError, ModelNotFoundError
+from tritonforge.client.errors import InvalidRequestError, ModelNotFoundError
 from tritonforge.client.wire import make_outputs
-from tritonforge.pipelines import ROLE_KEY, TASK_KEY, config_params, repository_configs
+from tritonforge.pipelines import ROLE_KEY, TASK_KEY, config_params
 from tritonforge.tasks.classification.client import Ranked
 from tritonforge.tasks.image.spec import TASK
 
@@ -109,21 +102,6 @@ def pick(
     return matches[0]
 
 
-def _configs_flow(client: BaseClient) -> Flow[list[dict[str, Any]]]:
-    repository = configured_repository(client.settings.repository)
-    if repository is not None:
-        return repository_configs(repository)
-    try:
-        return (yield from client.configs_flow())
-    except InvalidRequestError as e:
-        if refused(e) and DEFAULT_REPOSITORY.is_dir():
-            return repository_configs(DEFAULT_REPOSITORY)
-        raise DiscoveryError(
-            f"cannot read the model configs to find the image classifier ({e}); set "
-            f"${ADMIN_KEY_ENV} (the server's admin key) or ${REPOSITORY_ENV} (its repository)"
-        ) from e
-
-
 def image_bytes(images: ImageInput | Sequence[ImageInput]) -> list[bytes]:
     """Paths (read here) or encoded bytes -> one bytes item per image; an unreadable path is an
     :class:`InvalidRequestError` naming ``image[i]``."""
@@ -166,7 +144,7 @@ def classify_image_flow(
 ) -> Flow[list[ImageClassification]]:
     """Classify each image (a path or encoded bytes; one or a list), in requests of at most the
     served ``max_items`` images and :data:`MAX_REQUEST_BYTES`; one answer per image, in order."""
-    configs = yield from _configs_flow(client)
+    configs = yield from client.served_configs_flow()
     target = pick(served(configs), name, route)
     items = image_bytes(images)
     if not items:

@@ -200,3 +200,18 @@ def preprocess_batch(items: Sequence[bytes], spec: ImagePreprocessing) -> Batch:
     if rows:
         batch.pixels = np.stack(rows)
     return batch
+
+
+def request_pixels(
+    items: np.ndarray | None, field: str, max_items: int, spec: ImagePreprocessing
+) -> np.ndarray:
+    """One request's pixels, checked as every image stage checks them: ``items`` (the input
+    tensor's array, None when the request lacks it) must be there with at most ``max_items``
+    images, each one decoding; else :class:`InvalidInputError` naming ``field`` (or every bad
+    image)."""
+    if items is None:
+        raise InvalidInputError(f"input {field!r} is required")
+    rows = list(items.reshape(-1))
+    if len(rows) > max_items:
+        raise InvalidInputError(f"{field!r}: {len(rows)} images, at most {max_items} a request")
+    return preprocess_batch(rows, spec).check()

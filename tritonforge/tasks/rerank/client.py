@@ -15,15 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tritonforge.client.discovery import (
-    ADMIN_KEY_ENV,
-    DEFAULT_REPOSITORY,
-    REPOSITORY_ENV,
-    configured_repository,
-    refused,
-)
-from tritonforge.client.errors import DiscoveryError, InvalidRequestError, ModelNotFoundError
-from tritonforge.pipelines import ROLE_KEY, TASK_KEY, config_params, repository_configs
+from tritonforge.client.errors import InvalidRequestError, ModelNotFoundError
+from tritonforge.pipelines import ROLE_KEY, TASK_KEY, config_params
 from tritonforge.tasks.rerank.protocol import (
     Ranked,
     RerankLimits,
@@ -91,23 +84,6 @@ def pick(found: Mapping[tuple[str, str], Reranker], name: str | None, route: str
     return matches[0]
 
 
-def _configs_flow(client: BaseClient) -> Flow[list[dict[str, Any]]]:
-    """The served configs, found as the client's pipeline discovery finds them: the configured
-    repository, else the server's (admin key), else ./model_repository when refused."""
-    repository = configured_repository(client.settings.repository)
-    if repository is not None:
-        return repository_configs(repository)
-    try:
-        return (yield from client.configs_flow())
-    except InvalidRequestError as e:
-        if refused(e) and DEFAULT_REPOSITORY.is_dir():
-            return repository_configs(DEFAULT_REPOSITORY)
-        raise DiscoveryError(
-            f"cannot read the model configs to find the reranker ({e}); set "
-            f"${ADMIN_KEY_ENV} (the server's admin key) or ${REPOSITORY_ENV} (its repository)"
-        ) from e
-
-
 def rerank_flow(
     client: BaseClient,
     query: str,
@@ -120,7 +96,7 @@ def rerank_flow(
     """The documents best first (``index`` into ``documents``, ``relevance_score`` = sigmoid of
     the logit), cut to ``top_n``; one request. A bad argument is an InvalidRequestError naming
     the field (the server's rules) before anything is sent."""
-    configs = yield from _configs_flow(client)
+    configs = yield from client.served_configs_flow()
     target = pick(served(configs), name, route)
     body: dict[str, Any] = {"query": query, "documents": list(documents)}
     if top_n is not None:

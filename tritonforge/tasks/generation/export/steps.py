@@ -34,7 +34,7 @@ from tritonforge.export.flow import Outcome, Progress, Steps
 from tritonforge.export.pipeline_configs import stage_files
 from tritonforge.export.spec import digest_json
 from tritonforge.export.specs.text_inputs import read_sentences
-from tritonforge.export.staging import Staging, library_versions
+from tritonforge.export.staging import Staging, library_versions, task_export_files
 from tritonforge.export.step_bar import log_progress
 from tritonforge.generation import render_prompt, with_bos
 from tritonforge.integrity import sha256_file
@@ -80,7 +80,8 @@ NAMESPACE = Path(tritonforge.__file__).parent
 # imports, and the serving scheduler its fidelity check drives); other exporters' changes do not
 # re-export it.
 CODE = (
-    *generation.EXPORT_SOURCES,  # the task's own (tritonforge/tasks/generation)
+    # the task's own export code is staging.task_export_files(generation.NAME), added by code_digest
+    *(s for s in generation.EXPORT_SOURCES if not s.startswith("tasks/")),
     "export/specs/text_inputs.py",
     "export/flow.py",
     "export/report.py",
@@ -111,6 +112,9 @@ REFERENCE_CACHE = (
 def code_digest() -> str:
     """sha256 over :data:`CODE` (the same in a checkout and installed)."""
     h = hashlib.sha256()
+    for rel, path in task_export_files(generation.NAME):  # never its routes, tools, load tests
+        h.update(rel.encode())
+        h.update(path.read_bytes())
     for rel in CODE:
         path = NAMESPACE / rel
         for f in (

@@ -26,7 +26,7 @@ from tritonforge.errors import ArtifactIntegrityError
 from tritonforge.export.errors import ExportError, SpecError, VerificationError
 from tritonforge.export.pipeline_configs import stage_files, write_files
 from tritonforge.export.spec import digest_json
-from tritonforge.export.staging import code_digest, library_versions
+from tritonforge.export.staging import code_digest, library_versions, task_export_files
 from tritonforge.integrity import sha256_file, verify_sidecar
 from tritonforge.tasks.image.export.configs import (
     BLS,
@@ -43,10 +43,10 @@ from tritonforge.tasks.image.export.graph import (
     image_export_spec,
 )
 from tritonforge.tasks.image.preprocessing import ImagePreprocessing
+from tritonforge.tasks.image.spec import TASK as NAME
 from tritonforge.tasks.image.spec import ImageSpec
 
 log = logging.getLogger(__name__)
-TASK_ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_ref(ref: str) -> Callable[[], Any]:
@@ -89,8 +89,8 @@ def _sources_digest(spec: ImageSpec) -> dict[str, Any]:
     """The task's code, the exporter's, and the model's: its packages' versions (pinned model
     packages) or, for a ``file.py:function`` model, that file's (and a labels file's) digest."""
     h = hashlib.sha256()
-    for path in sorted(TASK_ROOT.rglob("*.py")):
-        h.update(path.relative_to(TASK_ROOT).as_posix().encode())
+    for rel, path in task_export_files(NAME):  # its export code, never its client or load tests
+        h.update(rel.encode())
         h.update(path.read_bytes())
     out: dict[str, Any] = {"task_code": h.hexdigest(), "export_code": code_digest()}
     out["model_packages"] = {p: _version(p) for p in spec.packages}

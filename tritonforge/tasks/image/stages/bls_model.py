@@ -15,10 +15,9 @@ from tritonforge.bls import EncoderTarget
 from tritonforge.bls_calls import call_encoder
 from tritonforge.bls_parameters import request_parameters
 from tritonforge.classify import TOP_K_PARAMETER, check_top_k, classify, read_labels
-from tritonforge.errors import InvalidInputError
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.tasks.image.preprocessing import ImagePreprocessing
-from tritonforge.tasks.image.transforms import preprocess_batch
+from tritonforge.tasks.image.transforms import request_pixels
 from tritonforge.triton import encode_response, error_response
 
 
@@ -46,14 +45,8 @@ class TritonPythonModel:
                 params = request_parameters(request.parameters())
                 top_k = check_top_k(params.get(TOP_K_PARAMETER, self.top_k), len(self.labels))
                 tensor = pb_utils.get_input_tensor_by_name(request, self.field)
-                if tensor is None:
-                    raise InvalidInputError(f"input {self.field!r} is required")
-                items = tensor.as_numpy().reshape(-1)
-                if len(items) > self.max_items:
-                    raise InvalidInputError(
-                        f"{self.field!r}: {len(items)} images, at most {self.max_items} a request"
-                    )
-                pixels = preprocess_batch(list(items), self.spec).check()
+                items = None if tensor is None else tensor.as_numpy()
+                pixels = request_pixels(items, self.field, self.max_items, self.spec)
                 (name,) = self.target.inputs
                 logits = call_encoder(
                     pb_utils, self.target, {name: pixels}, self.timeout_ms, trace=request.trace()

@@ -10,10 +10,9 @@ import triton_python_backend_utils as pb_utils
 
 from typing import Any
 
-from tritonforge.errors import InvalidInputError
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.tasks.image.preprocessing import ImagePreprocessing
-from tritonforge.tasks.image.transforms import preprocess_batch
+from tritonforge.tasks.image.transforms import request_pixels
 from tritonforge.triton import encode_response, error_response
 
 
@@ -30,14 +29,8 @@ class TritonPythonModel:
         for request in requests:
             try:
                 tensor = pb_utils.get_input_tensor_by_name(request, self.field)
-                if tensor is None:
-                    raise InvalidInputError(f"input {self.field!r} is required")
-                items = tensor.as_numpy().reshape(-1)
-                if len(items) > self.max_items:
-                    raise InvalidInputError(
-                        f"{self.field!r}: {len(items)} images, at most {self.max_items} a request"
-                    )
-                pixels = preprocess_batch(list(items), self.spec).check()
+                items = None if tensor is None else tensor.as_numpy()
+                pixels = request_pixels(items, self.field, self.max_items, self.spec)
                 responses.append(encode_response(pb_utils, {self.output: pixels}, self.config))
             except Exception as e:
                 responses.append(error_response(pb_utils, e, self.config.name))
