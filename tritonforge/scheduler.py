@@ -25,7 +25,13 @@ import numpy as np
 
 from tritonforge.errors import ServingError, StageUnavailableError
 from tritonforge.kv_batch import LEFT, Batch, new_batch
-from tritonforge.queue_forecast import ServiceRate, late_in_queue, predicted_wait_s, retry_hint
+from tritonforge.queue_forecast import (
+    Queued,
+    ServiceRate,
+    late_in_queue,
+    predicted_wait_s,
+    retry_hint,
+)
 from tritonforge.sampling import SamplingParams, sample_next
 from tritonforge.text_stream import TextStream
 
@@ -159,6 +165,7 @@ class Scheduler:
         self.batch_sizes: list[int] = []
         self.rate = rate or ServiceRate()
         self.prefilling: list[Generation] = []  # admitted, in their prefill call
+        self.prefill_ends_s = 0.0  # the clock when the prefill under way should end (forecast)
 
     # -- producer side -------------------------------------------------------------------
     def check_admission(self, rank: int = DEFAULT_RANK) -> None:
@@ -209,8 +216,15 @@ class Scheduler:
     def predicted_wait_s(self, rank: int = DEFAULT_RANK) -> float:
         """Seconds a sequence of queue ``rank`` queued now would wait for a slot
         (:func:`predicted_wait_s`): behind the queued ones of the same or a more urgent rank."""
-        queued = [s.params.max_new_tokens for s in self.waiting if s.rank <= rank]
-        return predicted_wait_s(self._running_left(), queued, self.max_running, self.rate)
+        queued = [Queued(s.params.max_new_tokens, len(s.prompt_ids)) for s in self.waiting]
+        queued = [q for q, s in zip(queued, self.waiting, strict=True) if s.rank <= rank]
+        return predicted_wait_s(
+            self._running_left(), queued, self.max_running, self.rate, self._busy_s()
+        )
+
+    def _busy_s(self) -> float:
+        """Seconds the prefill under way is still expected to take (0: none)."""
+        return max(0.0, self.prefill_ends_s - self.clock()) if self.prefilling else 0.0
 
     def load(self) -> tuple[int, int]:
         """``(running, waiting)``; running counts the prefilled sequences about to join."""
@@ -321,9 +335,17 @@ class Scheduler:
             expired = [s for s in self.waiting if now - s.queued_s >= self.queue_timeout_s]
             for seq in expired:  # by rank, so the oldest are not always first
                 self.waiting.remove(seq)
-            queued = [(s.params.max_new_tokens, now - s.queued_s) for s in self.waiting]
+            queued = [
+                Queued(s.params.max_new_tokens, len(s.prompt_ids), now - s.queued_s)
+                for s in self.waiting
+            ]
             late = late_in_queue(
-                self._running_left(), queued, self.max_running, self.rate, self.queue_timeout_s
+                self._running_left(),
+                queued,
+                self.max_running,
+                self.rate,
+                self.queue_timeout_s,
+                self._busy_s(),
             )
             doomed = [self.waiting[i] for i in late]
             for seq in doomed:
@@ -366,10 +388,12 @@ class Scheduler:
             self.prefilling = []
 
     def _prefill(self, admitted: list[Generation]) -> None:
+        started_s = self.clock()
         for seq in admitted:
-            seq.admitted_s = self.clock()
+            seq.admitted_s = started_s
         lengths = [len(s.prompt_ids) for s in admitted]
         width = max(lengths)
+        self.prefill_ends_s = started_s + self.rate.prefill_s(width * len(admitted))
         ids = np.zeros((len(admitted), width), np.int64)
         mask = np.zeros_like(ids)
         positions = np.tile(np.arange(width, dtype=np.int64), (len(admitted), 1))
@@ -378,6 +402,7 @@ class Scheduler:
             mask[i, :n] = 1
         try:
             logits, presents = self.step_fn(ids, mask, positions, self.empty_past(len(admitted)))
+            self.rate.observe_prefill(self.clock() - started_s, width * len(admitted))
         except Exception as e:
             for seq in admitted:
                 seq.fail(ServingError(f"{self.name}: prefill failed ({type(e).__name__}: {e})"))
@@ -415,8 +440,7 @@ class Scheduler:
         self.rate.observe_step(self.clock() - started_s, size)
 
     def _finished(self, seq: Generation) -> None:
-        served_s = self.clock() - seq.admitted_s
-        self.rate.observe_finish(len(seq.tokens), seq.params.max_new_tokens, served_s)
+        self.rate.observe_finish(len(seq.tokens), seq.params.max_new_tokens)
 
     def _emit(self, seq: Generation, logits: np.ndarray) -> int:
         """Sample, record and stream one token; finish the sequence when it is done."""
