@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 
 # The prior, before anything is measured (a full batch's step and a prompt token each measured
@@ -110,7 +110,7 @@ def slot_starts(
     max_running: int,
     rate: ServiceRate,
     busy_s: float = 0.0,
-) -> Iterator[float]:
+) -> Generator[float, bool | None, None]:
     """Seconds from now until each of ``queued`` (FIFO) gets a slot, then until one more would:
     ``running_left`` are the tokens each running sequence may still decode, ``busy_s`` the
     seconds the engine is still busy before any of them decodes (a prefill under way). The
