@@ -28,6 +28,7 @@ from tritonforge.kv_batch import LEFT, Batch, new_batch
 from tritonforge.queue_forecast import (
     Queued,
     ServiceRate,
+    admit_budget_s,
     late_in_queue,
     predicted_wait_s,
     retry_hint,
@@ -184,14 +185,19 @@ class Scheduler:
                 f"{self.name}: overloaded ({len(self.batch)} running, {len(self.waiting)} "
                 f"queued, max_queue {self.max_queue}); retry later"
             )
-        wait_s = self.predicted_wait_s(rank)
-        if self.queue_timeout_s is not None and wait_s > self.queue_timeout_s:
+        if self.queue_timeout_s is None:
+            return
+        wait_s, budget_s = self.predicted_wait_s(rank), admit_budget_s(self.queue_timeout_s)
+        if wait_s > budget_s:
             raise StageUnavailableError(
                 f"{self.name}: overloaded: a slot is about {wait_s:.1f} s away, past "
-                f"queue_timeout_s {self.queue_timeout_s:g} s ({len(self._running_left())} running, "
-                f"{len(self.waiting)} queued); "
-                f"{retry_hint(wait_s - self.queue_timeout_s)}"
+                f"{self._budget_words()} ({len(self._running_left())} running, "
+                f"{len(self.waiting)} queued); {retry_hint(wait_s - budget_s)}"
             )
+
+    def _budget_words(self) -> str:
+        timeout_s = self.queue_timeout_s or 0.0
+        return f"{admit_budget_s(timeout_s):.3g} s of queue_timeout_s {timeout_s:g} s"
 
     def submit(self, seq: Generation) -> None:
         """Queue ``seq``; :class:`StageUnavailableError` when the queue is full or closed, or
@@ -344,14 +350,15 @@ class Scheduler:
                 queued,
                 self.max_running,
                 self.rate,
-                self.queue_timeout_s,
+                admit_budget_s(self.queue_timeout_s),
                 self._busy_s(),
             )
             doomed = [self.waiting[i] for i in late]
             for seq in doomed:
                 self.waiting.remove(seq)
             running, waiting = len(self.batch), len(self.waiting)
-        why = f"queue_timeout_s {self.queue_timeout_s:g} s ({running} running, {waiting} queued)"
+        load = f"({running} running, {waiting} queued)"
+        why = f"queue_timeout_s {self.queue_timeout_s:g} s {load}"
         for seq in expired:
             seq.fail(
                 StageUnavailableError(
@@ -361,7 +368,8 @@ class Scheduler:
         for seq in doomed:
             seq.fail(
                 StageUnavailableError(
-                    f"{self.name}: overloaded: no slot predicted within {why}; {retry_hint(1.0)}"
+                    f"{self.name}: overloaded: no slot predicted within {self._budget_words()} "
+                    f"{load}; {retry_hint(1.0)}"
                 )
             )
 
