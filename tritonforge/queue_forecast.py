@@ -14,7 +14,8 @@ this project's 2-core host under a flood); the generate engine's warm-up measure
 
 The scheduler re-checks its queue (:func:`late_in_queue`): a sequence the prediction now puts
 past its deadline is refused then, but only within :data:`LATE_WINDOW_S` of its arrival (its
-refusal still reaches the client within 1 s); after that it is committed and keeps its place.
+refusal still reaches the client within 1 s); after that it is committed and keeps its place,
+refused only if it still has no slot after :func:`overdue_s` (twice ``queue_timeout_s``).
 """
 
 from __future__ import annotations
@@ -36,9 +37,22 @@ LATE_WINDOW_S = 0.6  # a queued sequence may be refused this long after its arri
 ADMIT_SHARE = 0.8
 
 
+# a committed sequence (admitted, past the late window) is refused only this many times
+# queue_timeout_s after its arrival: a guard for a forecast gone wrong, not an answer to expect
+OVERDUE_FACTOR = 2.0
+
+
 def admit_budget_s(queue_timeout_s: float) -> float:
     """The longest predicted wait admitted: :data:`ADMIT_SHARE` of ``queue_timeout_s``."""
     return ADMIT_SHARE * queue_timeout_s
+
+
+def overdue_s(queue_timeout_s: float) -> float:
+    """How long a queued sequence may wait for its slot before it is refused after all:
+    :data:`OVERDUE_FACTOR` x ``queue_timeout_s``. A forecast that fell short (the flood itself
+    slows the steps measured before it) then serves a committed request late rather than
+    refusing it after it waited the timeout out."""
+    return OVERDUE_FACTOR * queue_timeout_s
 
 
 @dataclass(frozen=True)

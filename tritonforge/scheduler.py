@@ -30,6 +30,7 @@ from tritonforge.queue_forecast import (
     ServiceRate,
     admit_budget_s,
     late_in_queue,
+    overdue_s,
     predicted_wait_s,
     retry_hint,
 )
@@ -137,10 +138,12 @@ class Scheduler:
         ``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
         after every step (metrics). Requests admitted together are prefilled in one call of at
         most ``max_prefill_tokens`` padded tokens (a long prompt is prefilled alone). A sequence
-        still waiting for a slot ``queue_timeout_s`` after :meth:`submit` ends with
-        :class:`StageUnavailableError` (None: it waits as long as it takes), and one whose
-        predicted wait (:mod:`tritonforge.queue_forecast`, from ``rate``: measured here) is past
-        it is refused at once. ``layout``: the
+        whose predicted wait (:mod:`tritonforge.queue_forecast`, from ``rate``: measured here)
+        is past ``admit_budget_s(queue_timeout_s)`` is refused at once with
+        :class:`StageUnavailableError`, a queued one whose forecast grew past it within
+        ``LATE_WINDOW_S`` of its arrival then, and one still waiting after
+        ``overdue_s(queue_timeout_s)`` then (None: no forecast, it waits as long as it takes).
+        ``layout``: the
         step's cache layout (``kv_batch.LEFT`` or ``RIGHT``, ``OrtDecoder.layout``);
         ``kv_headroom``: free columns a right-padded batch keeps for a step that writes in
         place (``OrtDecoder.kv_headroom``; 0: none)."""
@@ -331,14 +334,16 @@ class Scheduler:
         self.batch.remove(gone)
 
     def _expire_queued(self) -> None:
-        """End the sequences that waited ``queue_timeout_s`` for a slot: a clean refusal in
-        bounded time instead of an answer after everything queued ahead of them."""
+        """End the sequences that waited ``overdue_s(queue_timeout_s)`` for a slot (a clean
+        refusal in bounded time instead of an answer after everything queued ahead of them), and
+        those still in their late window that the forecast now puts past their deadline."""
         if self.queue_timeout_s is None:
             return
         expired: list[Generation] = []
         with self.cond:
             now = self.clock()
-            expired = [s for s in self.waiting if now - s.queued_s >= self.queue_timeout_s]
+            overdue = overdue_s(self.queue_timeout_s)
+            expired = [s for s in self.waiting if now - s.queued_s >= overdue]
             for seq in expired:  # by rank, so the oldest are not always first
                 self.waiting.remove(seq)
             queued = [
@@ -358,11 +363,11 @@ class Scheduler:
                 self.waiting.remove(seq)
             running, waiting = len(self.batch), len(self.waiting)
         load = f"({running} running, {waiting} queued)"
-        why = f"queue_timeout_s {self.queue_timeout_s:g} s {load}"
+        why = f"queue_timeout_s {self.queue_timeout_s:g} s ({overdue:g} s: the forecast fell short)"
         for seq in expired:
             seq.fail(
                 StageUnavailableError(
-                    f"{self.name}: overloaded: queued longer than {why}; retry later"
+                    f"{self.name}: overloaded: queued longer than {why} {load}; retry later"
                 )
             )
         for seq in doomed:
