@@ -133,6 +133,7 @@ class GenerateEngine:
                 seq = self.build(text, {"max_tokens": max_tokens}, lambda *_: None, lambda *_: None)
                 self.scheduler.submit(seq)
             self.scheduler.run_until_idle()
+        self.scheduler.rate.forget_share()  # the warm-up's prompt stops early: not the traffic's
 
     def start(self) -> None:
         self.scheduler.start()

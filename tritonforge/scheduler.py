@@ -25,7 +25,15 @@ import numpy as np
 
 from tritonforge.errors import ServingError, StageUnavailableError
 from tritonforge.kv_batch import LEFT, Batch, new_batch
-from tritonforge.queue_forecast import ServiceRate, late_in_queue, predicted_wait_s, retry_hint
+from tritonforge.queue_forecast import (
+    Queued,
+    ServiceRate,
+    admit_budget_s,
+    late_in_queue,
+    overdue_s,
+    predicted_wait_s,
+    retry_hint,
+)
 from tritonforge.sampling import SamplingParams, sample_next
 from tritonforge.text_stream import TextStream
 
@@ -130,10 +138,12 @@ class Scheduler:
         ``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
         after every step (metrics). Requests admitted together are prefilled in one call of at
         most ``max_prefill_tokens`` padded tokens (a long prompt is prefilled alone). A sequence
-        still waiting for a slot ``queue_timeout_s`` after :meth:`submit` ends with
-        :class:`StageUnavailableError` (None: it waits as long as it takes), and one whose
-        predicted wait (:mod:`tritonforge.queue_forecast`, from ``rate``: measured here) is past
-        it is refused at once. ``layout``: the
+        whose predicted wait (:mod:`tritonforge.queue_forecast`, from ``rate``: measured here)
+        is past ``admit_budget_s(queue_timeout_s)`` is refused at once with
+        :class:`StageUnavailableError`, a queued one whose forecast grew past it within
+        ``LATE_WINDOW_S`` of its arrival then, and one still waiting after
+        ``overdue_s(queue_timeout_s)`` then (None: no forecast, it waits as long as it takes).
+        ``layout``: the
         step's cache layout (``kv_batch.LEFT`` or ``RIGHT``, ``OrtDecoder.layout``);
         ``kv_headroom``: free columns a right-padded batch keeps for a step that writes in
         place (``OrtDecoder.kv_headroom``; 0: none)."""
@@ -159,6 +169,7 @@ class Scheduler:
         self.batch_sizes: list[int] = []
         self.rate = rate or ServiceRate()
         self.prefilling: list[Generation] = []  # admitted, in their prefill call
+        self.prefill_ends_s = 0.0  # the clock when the prefill under way should end (forecast)
 
     # -- producer side -------------------------------------------------------------------
     def check_admission(self, rank: int = DEFAULT_RANK) -> None:
@@ -177,14 +188,19 @@ class Scheduler:
                 f"{self.name}: overloaded ({len(self.batch)} running, {len(self.waiting)} "
                 f"queued, max_queue {self.max_queue}); retry later"
             )
-        wait_s = self.predicted_wait_s(rank)
-        if self.queue_timeout_s is not None and wait_s > self.queue_timeout_s:
+        if self.queue_timeout_s is None:
+            return
+        wait_s, budget_s = self.predicted_wait_s(rank), admit_budget_s(self.queue_timeout_s)
+        if wait_s > budget_s:
             raise StageUnavailableError(
                 f"{self.name}: overloaded: a slot is about {wait_s:.1f} s away, past "
-                f"queue_timeout_s {self.queue_timeout_s:g} s ({len(self._running_left())} running, "
-                f"{len(self.waiting)} queued); "
-                f"{retry_hint(wait_s - self.queue_timeout_s)}"
+                f"{self._budget_words()} ({len(self._running_left())} running, "
+                f"{len(self.waiting)} queued); {retry_hint(wait_s - budget_s)}"
             )
+
+    def _budget_words(self) -> str:
+        timeout_s = self.queue_timeout_s or 0.0
+        return f"{admit_budget_s(timeout_s):.3g} s of queue_timeout_s {timeout_s:g} s"
 
     def submit(self, seq: Generation) -> None:
         """Queue ``seq``; :class:`StageUnavailableError` when the queue is full or closed, or
@@ -209,8 +225,15 @@ class Scheduler:
     def predicted_wait_s(self, rank: int = DEFAULT_RANK) -> float:
         """Seconds a sequence of queue ``rank`` queued now would wait for a slot
         (:func:`predicted_wait_s`): behind the queued ones of the same or a more urgent rank."""
-        queued = [s.params.max_new_tokens for s in self.waiting if s.rank <= rank]
-        return predicted_wait_s(self._running_left(), queued, self.max_running, self.rate)
+        queued = [Queued(s.params.max_new_tokens, len(s.prompt_ids)) for s in self.waiting]
+        queued = [q for q, s in zip(queued, self.waiting, strict=True) if s.rank <= rank]
+        return predicted_wait_s(
+            self._running_left(), queued, self.max_running, self.rate, self._busy_s()
+        )
+
+    def _busy_s(self) -> float:
+        """Seconds the prefill under way is still expected to take (0: none)."""
+        return max(0.0, self.prefill_ends_s - self.clock()) if self.prefilling else 0.0
 
     def load(self) -> tuple[int, int]:
         """``(running, waiting)``; running counts the prefilled sequences about to join."""
@@ -311,35 +334,47 @@ class Scheduler:
         self.batch.remove(gone)
 
     def _expire_queued(self) -> None:
-        """End the sequences that waited ``queue_timeout_s`` for a slot: a clean refusal in
-        bounded time instead of an answer after everything queued ahead of them."""
+        """End the sequences that waited ``overdue_s(queue_timeout_s)`` for a slot (a clean
+        refusal in bounded time instead of an answer after everything queued ahead of them), and
+        those still in their late window that the forecast now puts past their deadline."""
         if self.queue_timeout_s is None:
             return
         expired: list[Generation] = []
         with self.cond:
             now = self.clock()
-            expired = [s for s in self.waiting if now - s.queued_s >= self.queue_timeout_s]
+            overdue = overdue_s(self.queue_timeout_s)
+            expired = [s for s in self.waiting if now - s.queued_s >= overdue]
             for seq in expired:  # by rank, so the oldest are not always first
                 self.waiting.remove(seq)
-            queued = [(s.params.max_new_tokens, now - s.queued_s) for s in self.waiting]
+            queued = [
+                Queued(s.params.max_new_tokens, len(s.prompt_ids), now - s.queued_s)
+                for s in self.waiting
+            ]
             late = late_in_queue(
-                self._running_left(), queued, self.max_running, self.rate, self.queue_timeout_s
+                self._running_left(),
+                queued,
+                self.max_running,
+                self.rate,
+                admit_budget_s(self.queue_timeout_s),
+                self._busy_s(),
             )
             doomed = [self.waiting[i] for i in late]
             for seq in doomed:
                 self.waiting.remove(seq)
             running, waiting = len(self.batch), len(self.waiting)
-        why = f"queue_timeout_s {self.queue_timeout_s:g} s ({running} running, {waiting} queued)"
+        load = f"({running} running, {waiting} queued)"
+        why = f"queue_timeout_s {self.queue_timeout_s:g} s ({overdue:g} s: the forecast fell short)"
         for seq in expired:
             seq.fail(
                 StageUnavailableError(
-                    f"{self.name}: overloaded: queued longer than {why}; retry later"
+                    f"{self.name}: overloaded: queued longer than {why} {load}; retry later"
                 )
             )
         for seq in doomed:
             seq.fail(
                 StageUnavailableError(
-                    f"{self.name}: overloaded: no slot predicted within {why}; {retry_hint(1.0)}"
+                    f"{self.name}: overloaded: no slot predicted within {self._budget_words()} "
+                    f"{load}; {retry_hint(1.0)}"
                 )
             )
 
@@ -366,10 +401,12 @@ class Scheduler:
             self.prefilling = []
 
     def _prefill(self, admitted: list[Generation]) -> None:
+        started_s = self.clock()
         for seq in admitted:
-            seq.admitted_s = self.clock()
+            seq.admitted_s = started_s
         lengths = [len(s.prompt_ids) for s in admitted]
         width = max(lengths)
+        self.prefill_ends_s = started_s + self.rate.prefill_s(width * len(admitted))
         ids = np.zeros((len(admitted), width), np.int64)
         mask = np.zeros_like(ids)
         positions = np.tile(np.arange(width, dtype=np.int64), (len(admitted), 1))
@@ -378,6 +415,7 @@ class Scheduler:
             mask[i, :n] = 1
         try:
             logits, presents = self.step_fn(ids, mask, positions, self.empty_past(len(admitted)))
+            self.rate.observe_prefill(self.clock() - started_s, width * len(admitted))
         except Exception as e:
             for seq in admitted:
                 seq.fail(ServingError(f"{self.name}: prefill failed ({type(e).__name__}: {e})"))
@@ -415,8 +453,7 @@ class Scheduler:
         self.rate.observe_step(self.clock() - started_s, size)
 
     def _finished(self, seq: Generation) -> None:
-        served_s = self.clock() - seq.admitted_s
-        self.rate.observe_finish(len(seq.tokens), seq.params.max_new_tokens, served_s)
+        self.rate.observe_finish(len(seq.tokens), seq.params.max_new_tokens)
 
     def _emit(self, seq: Generation, logits: np.ndarray) -> int:
         """Sample, record and stream one token; finish the sequence when it is done."""

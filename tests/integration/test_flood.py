@@ -5,7 +5,9 @@ Before, the streams past the decoding slots waited out ``queue_timeout_s`` (10 s
 before hearing no. Now the scheduler predicts each request's wait and refuses those past the
 deadline at once. Counted here (no timing: ``make flood`` gates the latency, 1 s): every refusal
 is a 503 with ``Retry-After``, nothing else fails, no accepted stream is cut, and the refusals
-of the generate model itself say it predicted the wait (not that the deadline ran out).
+of the generate model itself say it predicted the wait (not that the deadline ran out). With
+``max_tokens`` 16 a request's prefill weighs as much as its decoding: a forecast blind to it
+admitted too many, then refused them seconds late or at the deadline.
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ from tritonforge.runtime.serving import serving
 pytestmark = pytest.mark.integration
 
 
-def test_a_flood_of_generate_streams_is_refused_early_with_retry_after(tmp_path: Path) -> None:
+@pytest.mark.parametrize("max_tokens", [None, 16], ids=["default-tokens", "16-tokens"])
+def test_a_flood_of_generate_streams_is_refused_early_with_retry_after(
+    tmp_path: Path, max_tokens: int | None
+) -> None:
     try:
         model, config = decoupled_model(PIPELINE_REPOSITORY)
     except SystemExit:
         pytest.skip(reason="no generate model exported: run `make export`")
     repo = linked_repository(tmp_path / "repo", (model,))
     with serving(repo, model_control_mode="explicit", load_models=[model]) as server:
-        report = flood(server.http_url, model, flood_size(config))
+        report = flood(server.http_url, model, flood_size(config), max_tokens)
     print(report)  # the latencies, for the record
     assert report.accepted + report.refused == report.streams, report
     assert report.refused and report.accepted, report

@@ -396,7 +396,9 @@ def clocked(now: list[float], max_queue: int, name: str = "generate") -> Schedul
 
 def test_a_request_queued_past_queue_timeout_s_is_refused_and_the_rest_still_run() -> None:
     """Chaos finding: the engine's queue had no deadline, so a request admitted behind floods
-    waited as long as they took (35 hung past 60 s). A fake clock: no timing in a unit test."""
+    waited as long as they took (35 hung past 60 s). A fake clock: no timing in a unit test.
+    Since issue #36 the forecast refuses early; a committed request the forecast let wait is
+    refused at twice ``queue_timeout_s`` (``queue_forecast.overdue_s``), not at the timeout."""
     now = [0.0]
     out: list = []
     sched = clocked(now, max_queue=4)
@@ -407,8 +409,11 @@ def test_a_request_queued_past_queue_timeout_s_is_refused_and_the_rest_still_run
     sched.submit(old)
     now[0] = 6.0
     sched.submit(young)
-    now[0] = 10.0
-    sched.step()  # old waited 10 s: refused; young (4 s) waits on
+    now[0] = 19.9
+    sched.step()  # old waited 19.9 s: not yet
+    assert list(sched.waiting) == [old, young]
+    now[0] = 20.0
+    sched.step()  # old waited 20 s: refused; young (14 s) waits on
     errors = [e for i, e, r in out if i == old.id and r == "error"]
     assert len(errors) == 1 and isinstance(errors[0], StageUnavailableError)
     assert "queued longer than queue_timeout_s 10 s" in str(errors[0])
@@ -448,8 +453,8 @@ def test_every_scheduler_message_names_the_model_serving() -> None:
     sched.submit(queued)
     with pytest.raises(StageUnavailableError) as full:
         sched.submit(make([3], 2))
-    now[0] = 10.0
-    sched.step()  # queued waited 10 s
+    now[0] = 20.0
+    sched.step()  # queued waited 20 s: twice queue_timeout_s (queue_forecast.overdue_s)
     flag["cancel"] = True
     sched.step()  # running is cancelled
     last = make([4], 2, out=out)

@@ -12,6 +12,7 @@ from tests.unit.test_generation import EOS, empty_past, make, toy_step
 from tritonforge.errors import InvalidInputError, StageUnavailableError
 from tritonforge.generation import QUEUE_PRIORITY_PARAMETER, queue_priority
 from tritonforge.queue_forecast import (
+    Queued,
     ServiceRate,
     late_in_queue,
     predicted_wait_s,
@@ -23,17 +24,17 @@ from tritonforge.stream_errors import says_unavailable
 
 
 def test_the_wait_simulates_the_slots_running_and_queued() -> None:
-    rate = ServiceRate(step_s={2: 0.5})
+    rate = ServiceRate(step_s={2: 0.5}, prompt_token_s=0.0)  # no prompt cost here
     # two slots free after 2 s and 5 s; the one queued ahead takes the first until 6 s
-    assert predicted_wait_s([4, 10], [8], 2, rate) == pytest.approx(5.0)
-    assert predicted_wait_s([4, 10], [8, 1], 2, rate) == pytest.approx(5.5)
+    assert predicted_wait_s([4, 10], [Queued(8)], 2, rate) == pytest.approx(5.0)
+    assert predicted_wait_s([4, 10], [Queued(8), Queued(1)], 2, rate) == pytest.approx(5.5)
     assert predicted_wait_s([4], [], 2, rate) == 0.0  # a free slot
-    assert predicted_wait_s([4, 10], [8], 2, ServiceRate()) == 0.0  # nothing measured yet
+    # nothing measured yet: the prior (tests/unit/test_queue_forecast_prefill.py)
+    assert predicted_wait_s([4, 10], [Queued(8)], 2, ServiceRate()) > 0.0
 
 
 def test_the_service_rate_learns_the_step_time_and_the_share_of_tokens_used() -> None:
     rate = ServiceRate(alpha=0.5)
-    assert rate.token_s(16) is None
     rate.observe_step(0.2, batch=16)
     rate.observe_step(0.4, batch=16)
     assert rate.step_s[16] == pytest.approx(0.3)
@@ -50,12 +51,12 @@ def test_an_unmeasured_batch_size_is_scaled_up_from_a_smaller_one() -> None:
 
 
 def test_queued_sequences_the_forecast_puts_past_their_deadline_are_found() -> None:
-    rate = ServiceRate(step_s={1: 1.0})
-    # one slot, 5 tokens left; the first queued (waited 2 s) starts at 5 s, fine; the second
-    # (3 tokens, waited 4 s) would start at 8 s: 12 s > 10; the third takes its place at 8 s
-    queued = [(3, 2.0), (3, 4.0), (3, 0.0)]
-    assert late_in_queue([5], queued, 1, rate, timeout_s=10.0) == [1]
-    assert late_in_queue([5], queued, 1, ServiceRate(), timeout_s=10.0) == []
+    rate = ServiceRate(step_s={1: 1.0}, prompt_token_s=0.0)
+    # one slot, 5 tokens left; the first queued (waited 0.2 s) starts at 5 s, fine; the second
+    # (3 tokens, waited 0.4 s) would start at 8 s, 8.4 s > 8; the third takes its place at 8 s
+    queued = [Queued(3, 0, 0.2), Queued(3, 0, 0.4), Queued(3, 0, 0.0)]
+    assert late_in_queue([5], queued, 1, rate, timeout_s=8.0) == [1]
+    assert late_in_queue([5], queued, 0, rate, timeout_s=8.0) == []  # no slot: nothing to say
 
 
 def test_the_retry_hint_is_read_back_for_the_retry_after_header() -> None:
@@ -88,8 +89,8 @@ def test_a_request_that_would_wait_past_queue_timeout_s_is_refused_at_once() -> 
     with pytest.raises(StageUnavailableError) as refused:
         sched.submit(late)  # ~18 s away: refused now, not after 10 s
     message = str(refused.value)
-    assert "generate: overloaded" in message and "queue_timeout_s 10 s" in message
-    assert says_unavailable(message) and retry_after_s(message) == 8
+    assert "generate: overloaded" in message and "8 s of queue_timeout_s 10 s" in message
+    assert says_unavailable(message) and retry_after_s(message) == 10  # 18 s less the 8 s
     assert list(sched.waiting) == [] and sched.batch.rows == [running]
 
 
@@ -110,6 +111,7 @@ def test_priorities_reorder_the_queue_and_the_forecast_counts_only_those_ahead()
     overtakes the queue, and its forecast counts only the requests ahead of it."""
     now = [0.0]
     sched = _ticking(now, step_s=1.0)
+    sched.queue_timeout_s = 25.0  # all three fit (a prefill costs 1 s here)
     out: list = []
     sched.submit(make([1], 3, out=out))
     sched.step()  # running: 1 token left at 1 s a token
@@ -119,8 +121,9 @@ def test_priorities_reorder_the_queue_and_the_forecast_counts_only_those_ahead()
         sched.submit(seq)
     assert list(sched.waiting) == [urgent, low, plain]
     # another urgent one waits for the running one and the urgent one only; a plain one for all
-    assert sched.predicted_wait_s(urgent.rank) == pytest.approx(5.0)
-    assert sched.predicted_wait_s() == pytest.approx(13.0)
+    # (each queued one's prompt token costs 1 s of prefill: the fake clock's tick)
+    assert sched.predicted_wait_s(urgent.rank) == pytest.approx(6.0)
+    assert sched.predicted_wait_s() == pytest.approx(16.0)
     sched.run_until_idle()
     finished = [i for i, _, r in out if r in (FINISH_LENGTH, "stop")]
     assert finished[1:] == [urgent.id, low.id, plain.id]
@@ -144,15 +147,17 @@ def test_the_admission_check_refuses_before_a_sequence_is_built() -> None:
 def test_the_queue_is_rechecked_while_the_loop_is_inside_a_long_step() -> None:
     """A queued sequence the forecast puts past its deadline is refused by the queue watcher
     while the loop is still inside a step (before: only at the next step, which on a busy host
-    came seconds later: flood refusals after up to 5.2 s)."""
+    came seconds later: flood refusals after up to 5.2 s), within ``LATE_WINDOW_S`` of its
+    arrival (later it is committed: tests/unit/test_queue_forecast_prefill.py)."""
     now = [0.0]
     inside, release = threading.Event(), threading.Event()
 
     def step(*args):  # type: ignore[no-untyped-def]
-        now[0] += 1.0
         if sched.steps >= 1:  # the loop's steps block until released
             inside.set()
             release.wait(30)
+        else:
+            now[0] += 1.0
         return toy_step(*args)
 
     sched = Scheduler(
@@ -170,11 +175,12 @@ def test_the_queue_is_rechecked_while_the_loop_is_inside_a_long_step() -> None:
     sched.start()
     try:
         assert inside.wait(30), "the loop never entered its step"
-        now[0] += 7.0  # waited 7 s, a slot still ~4 s away: past queue_timeout_s
+        sched.rate.step_s[1] = 5.0  # the steps got slower: a slot ~20 s away now
+        now[0] += 0.3  # within the window of its arrival
         assert refused.wait(30), "the late sequence was not refused during the step"
         assert not release.is_set()
         (error,) = [e for i, e, r in out if i == queued.id and r == "error"]
-        assert "no slot predicted within queue_timeout_s 10 s" in str(error)
+        assert "no slot predicted within 8 s of queue_timeout_s 10 s" in str(error)
     finally:
         release.set()
         sched.close()
