@@ -16,16 +16,15 @@ from aiohttp import web
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front import sse as front_sse
 from tritonforge.runtime.front import stream as front_stream
-from tritonforge.runtime.front import stream_end
 from tritonforge.runtime.front.grpc import TRACEPARENT_KEY
 from tritonforge.runtime.front.guard import (
     QUEUE_PRIORITY_KEY,
     VERSION_HEADER,
     Admission,
     parse_version,
-    set_queue_priority,
     shown,
 )
+from tritonforge.runtime.front.session import StreamRefusedError, StreamSession
 
 if TYPE_CHECKING:
     from tritonforge.runtime.front.http import HttpFront
@@ -56,46 +55,32 @@ async def forward_stream(
         return web.json_response({"error": "Method Not Allowed"}, status=405)
     if front.grpc_channel is None:
         return unavailable("generate_stream needs the front's gRPC upstream")
-    await front.stream_capacity(model)
-    ended: list[str] = []
-    calls: list[Any] = []
-    answered = [False]  # the final response came: the call is left to close
-
-    def end(reason: str) -> None:
-        ended.append(reason)
-        for call in calls:
-            call.cancel()
-
-    token = front.admission.open_stream(end, model)
-    if token is None:
-        return unavailable(front.admission.full_message(model))
+    session = StreamSession(
+        front.admission,
+        model,
+        front.limits.request_timeout_s,
+        capacity=front.stream_capacity,
+        priority=request.get(QUEUE_PRIORITY_KEY),
+    )
     try:
-        version = await stream_version(front, request, model, version)
-        channel = front.grpc_channel()
-        try:
-            inputs = await front_stream.model_inputs(
-                channel, model, version, front.limits.queue_timeout_s
-            )
-        except grpc.aio.AioRpcError as e:
-            return grpc_refusal(e, front.admission)
-        try:
-            message = front_sse.infer_request(model, version, json_body(body), inputs)
-            set_queue_priority(message, request.get(QUEUE_PRIORITY_KEY))
-        except FrontError as e:
-            return triton_error(e.status, str(e))
-        trace = [(k.lower(), v) for k, v in headers.items() if k.lower() == TRACEPARENT_KEY]
-        call = front_stream.start_stream(channel, message, trace)
-        calls.append(call)
-        if ended:  # ended while it was being set up
-            call.cancel()
-        return await relay_sse(
-            request, call, ended, answered, front.limits.request_timeout_s, front.admission
-        )
-    finally:
-        for call in calls:
-            # a client gone or a failure: Triton cancels; answered: it closes the call
-            stream_end.end_call(call, answered[0] and not ended)
-        front.admission.close_stream(token)
+        async with session:
+            version = await stream_version(front, request, model, version)
+            channel = front.grpc_channel()
+            try:
+                inputs = await front_stream.model_inputs(
+                    channel, model, version, front.limits.queue_timeout_s
+                )
+            except grpc.aio.AioRpcError as e:
+                return grpc_refusal(e, front.admission)
+            try:
+                message = front_sse.infer_request(model, version, json_body(body), inputs)
+                trace = [(k.lower(), v) for k, v in headers.items() if k.lower() == TRACEPARENT_KEY]
+                session.start(channel, message, trace)
+            except FrontError as e:
+                return triton_error(e.status, str(e))
+            return await relay_sse(request, session, front.admission)
+    except StreamRefusedError as e:  # no slot: the session never opened
+        return unavailable(str(e))
 
 
 async def stream_version(
@@ -124,39 +109,35 @@ def grpc_refusal(e: grpc.aio.AioRpcError, admission: Admission) -> web.Response:
 
 
 async def relay_sse(
-    request: web.BaseRequest,
-    call: Any,
-    ended: list[str],
-    answered: list[bool],
-    timeout_s: float,
-    admission: Admission,
+    request: web.BaseRequest, session: StreamSession, admission: Admission
 ) -> web.StreamResponse:
-    """Write ``call``'s responses as Triton's SSE events; the status is the first one's.
-    ``answered[0]`` becomes true once the request's final response came."""
-    watcher = asyncio.get_running_loop().create_task(watch_client(request, call, answered))
+    """Write the session's responses as Triton's SSE events; the status is the first one's."""
+    watcher = asyncio.get_running_loop().create_task(watch_client(request, session))
     response: web.StreamResponse | None = None
     try:
         while True:
             event, last = b"", False
             try:
-                message = await front_stream.next_response(call, timeout_s)
+                message = await session.read()
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise
                 if client_gone(request):  # the watcher cancelled the call: nobody to tell
                     return response or web.Response(status=499)
-                reason = ended[0] if ended else "the stream was cancelled"
+                reason = session.reason or "the stream was cancelled"
                 event, last = front_sse.error_event(f"{reason}: stream ended"), True
             except TimeoutError:
-                silent = f"no output from tritonserver within request_timeout_s={timeout_s:g}"
+                silent = (
+                    f"no output from tritonserver within request_timeout_s={session.timeout_s:g}"
+                )
                 if response is None:
                     return unavailable(silent)
                 event, last = front_sse.error_event(f"{silent}: stream ended"), True
             except grpc.aio.AioRpcError as e:
                 if response is None:
                     return grpc_refusal(e, admission)
-                reason = ended[0] if ended else "tritonserver closed the stream (restarting?)"
+                reason = session.reason or "tritonserver closed the stream (restarting?)"
                 event, last = front_sse.error_event(f"{reason}: stream ended"), True
             else:
                 if message is None:
@@ -165,7 +146,7 @@ async def relay_sse(
                     event = front_sse.error_event(message.error_message)
                 else:
                     event = front_sse.response_event(message.infer_response) or b""
-                    last = answered[0] = stream_end.is_final(message)
+                    last = session.answered
             if response is None:
                 if not event:
                     if last:
@@ -190,21 +171,21 @@ async def relay_sse(
         await response.write_eof()
         return response
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        stream_end.end_call(call, answered[0])  # the client went away: free its slot now
+        session.client_left()  # the client went away: free its slot now
         return response or web.Response(status=499)
     finally:
         watcher.cancel()
 
 
 async def watch_client(
-    request: web.BaseRequest, call: Any, answered: list[bool], poll_s: float = 0.2
+    request: web.BaseRequest, session: StreamSession, poll_s: float = 0.2
 ) -> None:
     """End the upstream gRPC ``call`` once the client's connection is gone, even while the
     stream is silent (queued): Triton then cancels the request and the decode loop drops it at
-    its next step (:func:`stream_end.end_call`: not once it was answered)."""
+    its next step (:meth:`StreamSession.client_left`: not once it was answered)."""
     while not client_gone(request):
         await asyncio.sleep(poll_s)
-    stream_end.end_call(call, answered[0])
+    session.client_left()
 
 
 def client_gone(request: web.BaseRequest) -> bool:
