@@ -9,16 +9,21 @@ models are measured with ``--streaming``. ``--write-only`` only writes the files
 command, for NVIDIA's SDK container on a GPU host (docs/performance.md).
 
 The file format is perf_analyzer's ``--input-data`` JSON: ``{"data": [{<input>: <values>}]}``
-with one entry per request; a dynamic (-1) non-batch dimension gets ``content`` + ``shape``.
+with one entry per request; a dynamic (-1) non-batch dimension gets ``content`` + ``shape``. A
+BYTES input gets corpus texts, unless the model's task gives its own items (``perf_items()`` in
+its ``loadtest`` module: the image task's photos), sent as ``{"b64": ...}`` (Triton's BYTES
+serialization: each item's 4-byte length, then its bytes), each item once.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import logging
 import os
 import shlex
+import struct
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from tritonforge import tasks
 from tritonforge.env import env_str
 from tritonforge.headers import ADMIN_HEADER, GRPC_ADMIN_HEADER
 from tritonforge.loadtest import corpus
@@ -34,6 +40,7 @@ from tritonforge.loadtest.errors import LoadtestError
 from tritonforge.loadtest.perf_analyzer.tool import TOOL_DIR, binary
 from tritonforge.logs import run_main
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.pipelines import TASK_KEY
 from tritonforge.repository import load_model_config
 from tritonforge.runtime.supervisor.model_graph import public_models
 
@@ -50,8 +57,30 @@ def is_decoupled(config: ModelConfig) -> bool:
     return bool((config.raw.get("model_transaction_policy") or {}).get("decoupled", False))
 
 
-def _values(dtype: Any, texts: Sequence[str], count: int, index: int) -> list[Any]:
-    """``count`` values of one request: corpus texts for BYTES, ones for numbers."""
+def task_items(config: ModelConfig) -> list[bytes] | None:
+    """The encoded items the model's task sends as BYTES (its ``loadtest`` module's
+    ``perf_items()``: an image task's photos), or None: corpus texts."""
+    task = config.parameters.get(TASK_KEY)
+    if task not in tasks.registry() or not (tasks.get(task).folder / "loadtest").is_dir():
+        return None
+    items = getattr(tasks.get(task).module("loadtest"), "perf_items", None)
+    return list(items()) if items is not None else None
+
+
+def _b64_bytes(items: Sequence[bytes]) -> dict[str, str]:
+    """perf_analyzer's binary form of a BYTES tensor: base64 of Triton's serialization (each
+    element's 4-byte little-endian length, then its bytes)."""
+    raw = b"".join(struct.pack("<I", len(item)) + item for item in items)
+    return {"b64": base64.b64encode(raw).decode("ascii")}
+
+
+def _values(
+    dtype: Any, texts: Sequence[str], count: int, index: int, items: Sequence[bytes] | None = None
+) -> Any:
+    """``count`` values of one request: the task's items (base64) or corpus texts for BYTES,
+    ones for numbers."""
+    if np.dtype(dtype).kind == "O" and items:
+        return _b64_bytes([items[(index + k) % len(items)] for k in range(count)])
     if np.dtype(dtype).kind == "O":
         return [texts[(index + k) % len(texts)] for k in range(count)]
     if np.dtype(dtype).kind == "b":
@@ -66,15 +95,16 @@ def input_data(
     ``-b`` repeats them), every required input filled, dynamic dims sized 1."""
     if not texts:
         raise PerfInputError("no texts to build the input data from")
+    items = task_items(config)
     data = []
-    for i in range(rows):
+    for i in range(min(rows, len(items)) if items else rows):  # each item once: they are large
         entry: dict[str, Any] = {}
         for spec in config.inputs:
             if spec.optional:
                 continue
             shape = [1 if d < 0 else d for d in spec.dims]
             count = int(np.prod(shape)) if shape else 1
-            values = _values(spec.numpy_dtype, texts, count, i)
+            values = _values(spec.numpy_dtype, texts, count, i, items)
             dynamic = any(d < 0 for d in spec.dims)
             entry[spec.name] = {"content": values, "shape": shape} if dynamic else values
         data.append(entry)

@@ -16,6 +16,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tokenizers import Tokenizer
 
 from tritonforge.client import EmbeddingClient
 from tritonforge.client import cli as client_cli
@@ -180,6 +181,26 @@ def test_models_lists_the_reranker_with_its_task(server: EmbeddedServer) -> None
     r = requests.get(f"http://{server.http_url}/v1/models", timeout=60)
     cards = {m["id"]: m for m in r.json()["data"]}
     assert cards[SPEC.ensemble]["task"] == "rerank"
+
+
+def test_tokenize_and_detokenize_cover_the_reranker(
+    server: EmbeddedServer, repository: Path
+) -> None:
+    """/tokenize and /detokenize with the reranker's served tokenizer (its pair tokenizer
+    stage's tokenizer.json and max_length), as for an embedder."""
+    from tritonforge.modelconfig import ModelConfig
+
+    out = post(server, "/tokenize", {"model": SPEC.ensemble, "prompt": "hi there"})
+    assert out.status_code == 200, out.text
+    tokens = out.json()["tokens"]
+    model_dir = repository / SPEC.tokenizer_model
+    config = ModelConfig.from_pbtxt((model_dir / "config.pbtxt").read_text())
+    tok = Tokenizer.from_file(str(model_dir / "1" / config.param("tokenizer_file", kind=str)))
+    tok.no_padding()  # its tokenizer.json pads to 512; one text's ids are not padded
+    assert tokens == tok.encode("hi there").ids  # [CLS] hi there [SEP], as the stage encodes
+    assert out.json()["max_model_len"] == config.param("max_length", kind=int)
+    back = post(server, "/detokenize", {"model": SPEC.ensemble, "tokens": tokens})
+    assert back.status_code == 200 and "hi there" in back.json()["prompt"], back.text
 
 
 @pytest.mark.parametrize("route", ROUTES_BY_NAME)

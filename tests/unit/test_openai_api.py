@@ -440,3 +440,21 @@ def test_the_client_asks_a_versioned_bls_for_model_version() -> None:
     pipeline = found["classify"]
     assert output_names(pipeline, "classify_bls") == ["probabilities", "model_version"]
     assert output_names(pipeline, "classify") == ["probabilities"]  # the ensemble has none
+
+
+def test_tokenize_takes_any_catalog_model_with_a_served_tokenizer() -> None:
+    """/tokenize and /detokenize: a generator, or any model whose pipeline has a tokenizer
+    stage (an embedder, a reranker), never one without a tokenizer to read."""
+    from tritonforge.runtime.front.openai.catalog import ServedModel
+    from tritonforge.tasks.generation.routes import _text_model
+
+    models = {
+        "embed": ServedModel("embed", api.EMBEDDING, "embed", "embed", tokenizer_model="tok"),
+        "rerank": ServedModel("rerank", "rerank", "rerank", "rerank", tokenizer_model="r_tok"),
+        "other": ServedModel("other", "rerank", "other", "other"),
+    }
+    assert _text_model(models, {"model": "rerank"}).tokenizer_model == "r_tok"
+    assert _text_model(models, {"model": "embed"}).id == "embed"
+    with pytest.raises(OpenAIError, match="'model' must name a served text model") as e:
+        _text_model(models, {"model": "other"})
+    assert e.value.param == "model"

@@ -291,9 +291,9 @@ async def _stream_whole(
 
 
 def _text_model(models: Mapping[str, ServedModel], body: Mapping[str, Any]) -> ServedModel:
-    """The generation or embedding model ``body["model"]`` names (the only text model when it
-    names none)."""
-    text = {k: m for k, m in models.items() if m.kind in (api.GENERATION, api.EMBEDDING)}
+    """The text model ``body["model"]`` names (the only one when it names none): a generator, or
+    any catalog model with a served tokenizer stage (an embedder, a reranker: whichever task's)."""
+    text = {k: m for k, m in models.items() if m.kind == api.GENERATION or m.tokenizer_model}
     name = body.get("model")
     if name is None and len(text) == 1:
         return next(iter(text.values()))
@@ -304,7 +304,7 @@ def _text_model(models: Mapping[str, ServedModel], body: Mapping[str, Any]) -> S
 
 async def _tokenizer(front: OpenAIFront, model: ServedModel) -> tuple[Any, Any, int]:
     """``(tokenizers.Tokenizer, generation metadata or None, the prompt limit)``."""
-    if model.kind == api.EMBEDDING:
+    if model.kind != api.GENERATION:  # its tokenizer stage's (the BERT tokenizer discovery)
         tok = await asyncio.to_thread(front._embedding_tokenizer, model)
         return tok.tokenizer, None, tok.max_length
     gen = front._generator(model)

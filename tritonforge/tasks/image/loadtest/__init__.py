@@ -10,7 +10,8 @@ agrees, the top-5 overlap, and how far probabilities and pixels move.
     python -m tritonforge.tasks.image.loadtest          # the report as JSON (EfficientNet-Lite0)
 
 The task's load tests live beside it: its Locust users (:data:`LOCUSTFILE`, :data:`USERS` by
-protocol) and its bench cell (:mod:`.bench`: images/s served vs in-process).
+protocol), its bench cell (:mod:`.bench`: images/s served vs in-process) and what ``make perf``
+sends (:func:`perf_items`: photos).
 """
 
 from __future__ import annotations
@@ -36,6 +37,24 @@ USERS = {
     "grpc": ["ImageGrpcUser"],
     "both": ["ImageHttpUser", "ImageGrpcUser"],
 }
+
+# make perf's photos (perf_analyzer input data): the sample photos up to this size, so that the
+# input file stays small (each one is in it, base64)
+PERF_MAX_PHOTO_BYTES = 256 * 1024
+
+
+def perf_items() -> list[bytes]:
+    """What ``make perf`` sends as this task's BYTES inputs: encoded sample photos (the smaller
+    ones: :data:`PERF_MAX_PHOTO_BYTES`), never text (``loadtest.perf_analyzer.inputs``)."""
+    from tritonforge.tasks.image.samples import sample_photos
+
+    sizes = {name: path.stat().st_size for name, path in sample_photos().items()}
+    return [
+        sample_photos()[name].read_bytes()
+        for name in sorted(sizes, key=sizes.__getitem__)
+        if sizes[name] <= PERF_MAX_PHOTO_BYTES
+    ]
+
 
 Classifier = Callable[[np.ndarray], np.ndarray]
 """``[batch, C, H, W]`` float32 pixels -> ``[batch, classes]`` logits."""
