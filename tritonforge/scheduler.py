@@ -204,7 +204,7 @@ class Scheduler:
 
     def submit(self, seq: Generation) -> None:
         """Queue ``seq``; :class:`StageUnavailableError` when the queue is full or closed, or
-        its slot is predicted past ``queue_timeout_s`` (:meth:`check_admission`)."""
+        its slot is predicted past ``admit_budget_s(queue_timeout_s)`` (:meth:`check_admission`)."""
         with self.cond:
             self._refuse_if_full(seq.rank)
             seq.queued_s = self.clock()
@@ -225,8 +225,11 @@ class Scheduler:
     def predicted_wait_s(self, rank: int = DEFAULT_RANK) -> float:
         """Seconds a sequence of queue ``rank`` queued now would wait for a slot
         (:func:`predicted_wait_s`): behind the queued ones of the same or a more urgent rank."""
-        queued = [Queued(s.params.max_new_tokens, len(s.prompt_ids)) for s in self.waiting]
-        queued = [q for q, s in zip(queued, self.waiting, strict=True) if s.rank <= rank]
+        queued = [
+            Queued(s.params.max_new_tokens, len(s.prompt_ids))
+            for s in self.waiting
+            if s.rank <= rank
+        ]
         return predicted_wait_s(
             self._running_left(), queued, self.max_running, self.rate, self._busy_s()
         )

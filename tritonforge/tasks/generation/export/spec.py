@@ -24,9 +24,8 @@ class GenerationServing:
     default_max_new_tokens: int = 64
     max_running: int = 16  # sequences decoded together (in-flight batch)
     max_queue: int = 64  # admitted requests waiting for a slot; the excess gets UNAVAILABLE
-    # a request predicted to wait past 80% of this is refused at once (queue_forecast); one
-    # still waiting for a slot twice this long gets UNAVAILABLE "queued longer than ...": an
-    # answer or a clean refusal in bounded time, whatever floods came first
+    # a request still waiting for a slot this long gets UNAVAILABLE "queued longer than ...":
+    # an answer or a clean refusal in bounded time, whatever floods came first
     queue_timeout_s: float = 10.0
     intra_op_threads: int = 2
     # Every variant is its own Triton model (own scheduler, own per-model metrics): the default
