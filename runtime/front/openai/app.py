@@ -19,7 +19,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,17 +31,15 @@ from aiohttp import web
 
 from tritonforge.queue_forecast import retry_after_s
 from tritonforge.runtime.errors import FrontError
-from tritonforge.runtime.front import stream as front_stream
-from tritonforge.runtime.front import stream_end
 from tritonforge.runtime.front.body import INFLATE_WBITS, inflate, json_depth, read_body
 from tritonforge.runtime.front.guard import (
     QUEUE_PRIORITY_KEY,
     USAGE_KEY,
     note_usage,
-    set_queue_priority,
 )
 from tritonforge.runtime.front.openai import api
 from tritonforge.runtime.front.openai.api import OpenAIError, ServedModel
+from tritonforge.runtime.front.session import StreamRefusedError, StreamSession
 from tritonforge.runtime.front.settings import OpenAISettings
 
 if TYPE_CHECKING:
@@ -62,27 +60,6 @@ class _Generator:
 
     tokenizer: Tokenizer
     template: str | None
-
-
-@dataclass
-class _Slot:
-    """A streamed completion's place among the front's open streams (the same
-    :class:`~runtime.front.guard.Admission` as the v2 SSE and gRPC streams): :meth:`end`, called
-    on drain or when the supervisor ends a crashed model's streams, records why and cancels the
-    upstream call; the stream then ends with an error event saying so. A non-streamed
-    completion holds no slot: its ``token`` only tracks it (:meth:`Admission.track`), and it
-    ends with a 503 saying why."""
-
-    token: int | None = None
-    call: Any = None
-    reason: str | None = None
-    what: str = "stream"  # what the last message says ended
-    answered: bool = False  # the final response came: the call is left to close (stream_end)
-
-    def end(self, reason: str) -> None:
-        self.reason = self.reason or reason
-        if self.call is not None:
-            self.call.cancel()
 
 
 class OpenAIFront:
@@ -320,40 +297,41 @@ class OpenAIFront:
         if not req.stream or req.tools:
             routes = api.generation_routes()  # n choices, logprobs, tool calls
             return await routes.respond(self, request, req, gen, prompt_tokens, chat, rid)
-        slot = await self._open_slot(req.model, req.stream)
-        try:
-            call = slot.call = self._start(req, rid, request.get(QUEUE_PRIORITY_KEY))
-            if slot.reason is not None:  # ended while the prompt was counted
-                call.cancel()
-            first = await self._next(call, mid, slot)  # errors before any text: a real status
-            return await self._stream(request, req, slot, first, gen, prompt_tokens, chat, rid)
-        finally:
-            if slot.call is not None:
-                stream_end.end_call(slot.call, slot.answered and slot.reason is None)
-            self.http.admission.close_stream(slot.token)
+        async with self.session(request, req.model, stream=True) as session:
+            self.start(session, req, rid)
+            first = await self.next_chunk(session, mid)  # errors before any text: a real status
+            return await self._stream(request, req, session, first, gen, prompt_tokens, chat, rid)
 
-    async def _open_slot(self, model: ServedModel, stream: bool) -> _Slot:
-        """A streamed completion: a slot among ``model``'s open streams (its bound, shared with
-        the v2 SSE and gRPC streams to it: :class:`~runtime.front.guard.Admission`); 503 in
-        OpenAI's shape past it. A non-streamed one holds no slot but is tracked, so that the
-        supervisor (a crashed stub) and the drain end it with a 503 saying why."""
-        admission = self.http.admission
-        slot = _Slot()
-        if not stream:
-            slot.what = "request"
-            slot.token = admission.track(slot.end, model.triton_model)
-            return slot
-        await self.http.stream_capacity(model.triton_model)
-        slot.token = admission.open_stream(slot.end, model.triton_model)
-        if slot.token is None:
-            raise OpenAIError(admission.full_message(model.triton_model), 503, None, "overloaded")
-        return slot
+    @contextlib.asynccontextmanager
+    async def session(
+        self, request: web.BaseRequest, model: ServedModel, stream: bool
+    ) -> AsyncIterator[StreamSession]:
+        """A completion's :class:`StreamSession`: streamed, a slot among ``model``'s open streams
+        (its bound, shared with the v2 SSE and gRPC streams to it), 503 in OpenAI's shape past
+        it; non-streamed, no slot but tracked, so that the supervisor (a crashed stub) and the
+        drain end it with a 503 saying why. The tenant's priority goes on its request."""
+        session = StreamSession(
+            self.http.admission,
+            model.triton_model,
+            self.http.limits.request_timeout_s,
+            capacity=self.http.stream_capacity if stream else None,
+            priority=request.get(QUEUE_PRIORITY_KEY),
+            slot=stream,
+        )
+        try:
+            await session.__aenter__()
+        except StreamRefusedError as e:
+            raise OpenAIError(str(e), 503, None, "overloaded") from e
+        try:
+            yield session
+        finally:
+            session.close()
 
     async def _stream(
         self,
         request: web.BaseRequest,
         req: api.GenerationRequest,
-        slot: _Slot,
+        session: StreamSession,
         first: api.StreamChunk,
         gen: _Generator,
         prompt_tokens: int,
@@ -404,7 +382,7 @@ class OpenAIFront:
                     await response.write(event(None, chunk.finish_reason))
                     break
                 try:
-                    chunk = await self._next(slot.call, mid, slot)
+                    chunk = await self.next_chunk(session, mid)
                 except OpenAIError as e:  # mid-stream: the status is already sent
                     await response.write(api.sse(e.body()))
                     chunk = None
@@ -420,7 +398,7 @@ class OpenAIFront:
             await response.write(api.SSE_DONE)
             await response.write_eof()
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            stream_end.end_call(slot.call, slot.answered)  # the client went away: free its slot
+            session.client_left()  # the client went away: free its slot
         return response
 
     @staticmethod
@@ -428,27 +406,28 @@ class OpenAIFront:
         """Tokens of ``text`` by the served tokenizer (no special tokens added)."""
         return len(gen.tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
 
-    def _start(self, req: api.GenerationRequest, rid: str, priority: int | None) -> Any:
+    def start(self, session: StreamSession, req: api.GenerationRequest, rid: str) -> None:
+        """Open ``req``'s generate call in ``session`` (with the tenant's priority)."""
         message = api.generate_request(
             req.model.triton_model, req.prompt, req.parameters, req.stop, rid
         )
-        set_queue_priority(message, priority)  # the tenant's (never the client's)
-        return front_stream.start_stream(self.channel(), message)
+        session.start(self.channel(), message)
 
-    async def _next(self, call: Any, model: str, slot: _Slot | None = None) -> api.StreamChunk:
-        """The next chunk of ``call``; a call the front ended (``slot.end``: drain, a crashed
-        stub) is a 503 saying why, like the v2 streams' last event."""
-        timeout_s = self.http.limits.request_timeout_s
+    async def next_chunk(self, session: StreamSession, model: str) -> api.StreamChunk:
+        """The next chunk of ``session``'s call; a call the front ended (drain, a crashed stub)
+        is a 503 saying why, like the v2 streams' last event."""
         try:
-            message = await front_stream.next_response(call, timeout_s)
+            message = await session.read()
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if slot is None or slot.reason is None or (task is not None and task.cancelling()):
+            if session.reason is None or (task is not None and task.cancelling()):
                 raise
-            raise OpenAIError(f"{slot.reason}: {slot.what} ended", 503) from None
+            what = "stream" if session.slot else "request"
+            raise OpenAIError(f"{session.reason}: {what} ended", 503) from None
         except TimeoutError as e:
             raise OpenAIError(
-                f"{model}: no output from tritonserver within request_timeout_s={timeout_s:g}",
+                f"{model}: no output from tritonserver within "
+                f"request_timeout_s={session.timeout_s:g}",
                 503,
             ) from e
         except grpc.aio.AioRpcError as e:
@@ -458,8 +437,8 @@ class OpenAIFront:
         if message is None:
             raise OpenAIError(f"{model}: the stream ended without a final response", 500)
         chunk = api.stream_chunk(message, model)
-        if slot is not None and chunk.finish_reason is not None:
-            slot.answered = True
+        if chunk.finish_reason is not None:
+            session.answered = True
         return chunk
 
 

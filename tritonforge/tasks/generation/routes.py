@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from tritonforge.runtime.errors import OpenAIError
-from tritonforge.runtime.front import stream_end
-from tritonforge.runtime.front.guard import QUEUE_PRIORITY_KEY, note_usage
+from tritonforge.runtime.front.guard import note_usage
 from tritonforge.runtime.front.openai import api
 from tritonforge.tasks.generation import tools as tool_calls
 from tritonforge.tasks.generation.structured import (
@@ -153,29 +152,18 @@ async def collect(
 ) -> Choice | None:
     """Choice ``index``: its text, finish reason and token logprobs (None: the client went
     away). Each call holds its own tracked slot (drain and a crashed stub end it with a 503)."""
-    slot = await front._open_slot(req.model, False)
     mid = req.model.id
-    try:
-        call = slot.call = front._start(
-            replace(req, parameters=row_parameters(req.parameters, index)),
-            rid,
-            request.get(QUEUE_PRIORITY_KEY),
-        )
-        if slot.reason is not None:  # ended while the prompt was counted
-            call.cancel()
-        chunk = await front._next(call, mid, slot)  # errors before any text: a real status
+    async with front.session(request, req.model, stream=False) as session:
+        front.start(session, replace(req, parameters=row_parameters(req.parameters, index)), rid)
+        chunk = await front.next_chunk(session, mid)  # errors before any text: a real status
         parts, entries = [chunk.text], chunk_entries(chunk)
         while chunk.finish_reason is None:
             if request.transport is None or request.transport.is_closing():
-                return None  # gone: the finally cancels the call
-            chunk = await front._next(call, mid, slot)
+                return None  # gone: the session's end cancels the call
+            chunk = await front.next_chunk(session, mid)
             parts.append(chunk.text)
             entries += chunk_entries(chunk)
         return "".join(parts), chunk.finish_reason, entries
-    finally:
-        if slot.call is not None:
-            stream_end.end_call(slot.call, slot.answered and slot.reason is None)
-        front.http.admission.close_stream(slot.token)
 
 
 async def gather_all(coros: list[Coroutine[Any, Any, Any]]) -> list[Any]:
