@@ -7,7 +7,9 @@ Every request goes through Triton, never a second copy of a model: embeddings ar
 HTTP thread). Bodies get the v2 limits (``max_body_bytes`` as sent and inflated,
 ``max_json_depth``). A client that goes away cancels its generation (the gRPC call is
 cancelled, which frees the decoding slot). Parsing and response shapes live in
-:mod:`~runtime.front.openai.api`; this module only moves bytes.
+:mod:`~runtime.front.openai.catalog`, ``.requests``, ``.responses`` and ``.upstream``; a
+completion's lifecycle in :class:`~runtime.front.session.StreamSession`; this module only moves
+bytes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,15 +32,52 @@ import numpy as np
 from aiohttp import web
 
 from tritonforge.queue_forecast import retry_after_s
-from tritonforge.runtime.errors import FrontError
+from tritonforge.runtime.errors import FrontError, OpenAIError
 from tritonforge.runtime.front.body import INFLATE_WBITS, inflate, json_depth, read_body
 from tritonforge.runtime.front.guard import (
     QUEUE_PRIORITY_KEY,
     USAGE_KEY,
     note_usage,
 )
-from tritonforge.runtime.front.openai import api
-from tritonforge.runtime.front.openai.api import OpenAIError, ServedModel
+from tritonforge.runtime.front.openai.catalog import (
+    GENERATION,
+    ServedModel,
+    catalog,
+    generation_routes,
+    model_card,
+    models_list,
+    resolve,
+    task_handlers,
+)
+from tritonforge.runtime.front.openai.requests import (
+    GenerationRequest,
+    bearer_token,
+    check_prompt_tokens,
+    parse_chat,
+    parse_completion,
+    parse_embeddings,
+    parse_json,
+)
+from tritonforge.runtime.front.openai.responses import (
+    SSE_DONE,
+    chat_chunk,
+    embeddings_response,
+    new_id,
+    now,
+    sse,
+    text_completion,
+    usage,
+)
+from tritonforge.runtime.front.openai.upstream import (
+    StreamChunk,
+    embedding_infer_body,
+    embedding_outputs,
+    generate_request,
+    stream_chunk,
+    token_counts,
+    triton_error,
+    upstream_errors,
+)
 from tritonforge.runtime.front.session import StreamRefusedError, StreamSession
 from tritonforge.runtime.front.settings import OpenAISettings
 
@@ -81,7 +120,7 @@ class OpenAIFront:
     @staticmethod
     def owns(path: str) -> bool:
         """``/v1`` and the tasks' own routes (e.g. ``/rerank``)."""
-        return path == PREFIX or path.startswith(PREFIX + "/") or path in api.task_handlers()
+        return path == PREFIX or path.startswith(PREFIX + "/") or path in task_handlers()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
@@ -95,7 +134,7 @@ class OpenAIFront:
                 f"{PREFIX}/embeddings": self._embeddings,
                 f"{PREFIX}/chat/completions": self._chat,
                 f"{PREFIX}/completions": self._completions,
-                **{p: functools.partial(h, self) for p, h in api.task_handlers().items()},
+                **{p: functools.partial(h, self) for p, h in task_handlers().items()},
             }
             route = routes.get(path)
             if route is None:
@@ -120,7 +159,7 @@ class OpenAIFront:
         key = self.settings.api_key
         if key is None:
             return
-        given = api.bearer_token(request.headers.get("Authorization"))
+        given = bearer_token(request.headers.get("Authorization"))
         if given is None or not hmac.compare_digest(given.encode(), key.encode()):
             raise OpenAIError(
                 "a valid API key is required: send 'Authorization: Bearer <key>' (the key "
@@ -144,7 +183,7 @@ class OpenAIFront:
                 f"{self.http.limits.max_json_depth} allowed",
                 400,
             )
-        return api.parse_json(body)
+        return parse_json(body)
 
     # -- the catalog ---------------------------------------------------------------------
     async def models(self) -> dict[str, ServedModel]:
@@ -158,7 +197,7 @@ class OpenAIFront:
                 configs = [
                     await self._triton_json("GET", f"/v2/models/{name}/config") for name in ready
                 ]
-                self._models, self._versions = api.catalog(configs), ready
+                self._models, self._versions = catalog(configs), ready
                 self._fetched_s = time.monotonic()
         return self._models
 
@@ -170,20 +209,20 @@ class OpenAIFront:
         silent = (
             f"no answer from tritonserver within request_timeout_s={limits.request_timeout_s:g}"
         )
-        with _upstream_errors(silent):
+        with upstream_errors(silent):
             async with self.http.session().request(
                 method, f"http://triton{path}", json=payload, timeout=timeout, headers=IDENTITY
             ) as r:
                 data = await r.read()
                 if r.status != 200:
-                    raise _triton_error(r.status, data, path)
+                    raise triton_error(r.status, data, path)
                 return json.loads(data)
 
     async def _models_route(self, model_id: str) -> web.Response:
         models = await self.models()
-        created = api.now()
+        created = now()
         if not model_id:
-            return web.json_response(api.models_list(models, created))
+            return web.json_response(models_list(models, created))
         if model_id not in models:
             raise OpenAIError(
                 f"model {model_id[:64]!r} is not served; models: {sorted(models)}",
@@ -191,7 +230,7 @@ class OpenAIFront:
                 "model",
                 "model_not_found",
             )
-        return web.json_response(api.model_card(models[model_id], created))
+        return web.json_response(model_card(models[model_id], created))
 
     def _version_dir(self, model: str) -> Path:
         return self.settings.model_repository / model / self._versions.get(model, "1")
@@ -232,22 +271,22 @@ class OpenAIFront:
 
     # -- embeddings ----------------------------------------------------------------------
     async def _embeddings(self, request: web.BaseRequest, body: dict[str, Any]) -> web.Response:
-        req = api.parse_embeddings(body, await self.models())
+        req = parse_embeddings(body, await self.models())
         m = req.model
         tokens = 0
         if m.tokenizer_model:  # off the loop: tokenizing up to max_body_bytes of text takes a while
             tokenizer = self._embedding_tokenizer(m)
             encoded = await asyncio.to_thread(tokenizer.encode, req.texts)
-            tokens = api.token_counts(encoded["attention_mask"])
+            tokens = token_counts(encoded["attention_mask"])
         vectors = await self._infer_embeddings(m, req.texts)
         return web.json_response(
-            api.embeddings_response(m.id, vectors, req.encoding_format, tokens),
+            embeddings_response(m.id, vectors, req.encoding_format, tokens),
             headers={"X-Triton-Model": m.triton_model},
         )
 
     async def _infer_embeddings(self, m: ServedModel, texts: list[str]) -> np.ndarray:
-        data, length = await self.infer(m.triton_model, api.embedding_infer_body(m, texts))
-        return api.embedding_outputs(data, length, m.output)
+        data, length = await self.infer(m.triton_model, embedding_infer_body(m, texts))
+        return embedding_outputs(data, length, m.output)
 
     async def infer(self, model: str, payload: Any) -> tuple[bytes, str | None]:
         """One v2 ``infer`` of ``model`` (JSON ``payload``) over the upstream: the body and its
@@ -257,7 +296,7 @@ class OpenAIFront:
             total=limits.request_timeout_s, connect=limits.queue_timeout_s
         )
         path = f"/v2/models/{model}/infer"
-        with _upstream_errors(self.http.timeout_message()):
+        with upstream_errors(self.http.timeout_message()):
             async with self.http.session().post(
                 f"http://triton{path}",
                 data=json.dumps(payload).encode(),
@@ -266,36 +305,36 @@ class OpenAIFront:
             ) as r:
                 data = await r.read()
                 if r.status != 200:
-                    raise _triton_error(r.status, data, model)
+                    raise triton_error(r.status, data, model)
                 return data, r.headers.get("Inference-Header-Content-Length")
 
     # -- completions ---------------------------------------------------------------------
     async def _chat(self, request: web.BaseRequest, body: dict[str, Any]) -> web.StreamResponse:
-        model = api.resolve(await self.models(), body, api.GENERATION)
+        model = resolve(await self.models(), body, GENERATION)
         gen = self._generator(model)
         vocab = gen.tokenizer.get_vocab_size()
-        req = await asyncio.to_thread(api.parse_chat, body, {model.id: model}, gen.template, vocab)
+        req = await asyncio.to_thread(parse_chat, body, {model.id: model}, gen.template, vocab)
         return await self._generate(request, req, gen, chat=True)
 
     async def _completions(
         self, request: web.BaseRequest, body: dict[str, Any]
     ) -> web.StreamResponse:
-        model = api.resolve(await self.models(), body, api.GENERATION)
+        model = resolve(await self.models(), body, GENERATION)
         gen = self._generator(model)
         vocab = gen.tokenizer.get_vocab_size()
-        req = await asyncio.to_thread(api.parse_completion, body, {model.id: model}, vocab)
+        req = await asyncio.to_thread(parse_completion, body, {model.id: model}, vocab)
         return await self._generate(request, req, gen, chat=False)
 
     async def _generate(
-        self, request: web.BaseRequest, req: api.GenerationRequest, gen: _Generator, chat: bool
+        self, request: web.BaseRequest, req: GenerationRequest, gen: _Generator, chat: bool
     ) -> web.StreamResponse:
         # The same ids as the generate model's own (GenerateEngine.prompt_ids), off the loop.
         prompt_tokens = await asyncio.to_thread(self._count, gen, req.prompt)
-        api.check_prompt_tokens(prompt_tokens, req.model, "messages" if chat else "prompt")
-        rid = api.new_id("chatcmpl" if chat else "cmpl")
+        check_prompt_tokens(prompt_tokens, req.model, "messages" if chat else "prompt")
+        rid = new_id("chatcmpl" if chat else "cmpl")
         mid = req.model.id
         if not req.stream or req.tools:
-            routes = api.generation_routes()  # n choices, logprobs, tool calls
+            routes = generation_routes()  # n choices, logprobs, tool calls
             return await routes.respond(self, request, req, gen, prompt_tokens, chat, rid)
         async with self.session(request, req.model, stream=True) as session:
             self.start(session, req, rid)
@@ -330,15 +369,15 @@ class OpenAIFront:
     async def _stream(
         self,
         request: web.BaseRequest,
-        req: api.GenerationRequest,
+        req: GenerationRequest,
         session: StreamSession,
-        first: api.StreamChunk,
+        first: StreamChunk,
         gen: _Generator,
         prompt_tokens: int,
         chat: bool,
         rid: str,
     ) -> web.StreamResponse:
-        created, mid, usage_on = api.now(), req.model.id, req.include_usage
+        created, mid, usage_on = now(), req.model.id, req.include_usage
         response = web.StreamResponse(
             status=200,
             headers={
@@ -356,26 +395,26 @@ class OpenAIFront:
                 delta = {} if text is None else {"content": text}
                 if role:
                     delta = {"role": "assistant", "content": ""}
-                out = api.chat_chunk(rid, created, mid, delta, finish, None, usage_on)
+                out = chat_chunk(rid, created, mid, delta, finish, None, usage_on)
             else:
-                out = api.text_completion(rid, created, mid, text or "", finish, None)
+                out = text_completion(rid, created, mid, text or "", finish, None)
                 if usage_on:
                     out["usage"] = None
             if lp is not None:
                 out["choices"][0]["logprobs"] = lp
-            return api.sse(out)
+            return sse(out)
 
         parts: list[str] = []
         try:
             if chat:
                 await response.write(event(None, role=True))
-            chunk: api.StreamChunk | None = first
+            chunk: StreamChunk | None = first
             while chunk is not None:
                 if chunk.text or chunk.outputs:
                     lp = None
                     if req.logprobs:  # completions' offsets count from the text so far
                         at = len("".join(parts))
-                        lp = api.generation_routes().stream_logprobs(gen, chunk, chat, at)
+                        lp = generation_routes().stream_logprobs(gen, chunk, chat, at)
                     parts.append(chunk.text)
                     await response.write(event(chunk.text, lp=lp))
                 if chunk.finish_reason is not None:
@@ -384,18 +423,18 @@ class OpenAIFront:
                 try:
                     chunk = await self.next_chunk(session, mid)
                 except OpenAIError as e:  # mid-stream: the status is already sent
-                    await response.write(api.sse(e.body()))
+                    await response.write(sse(e.body()))
                     chunk = None
             if usage_on or USAGE_KEY in request:
                 completion = _charged(request, prompt_tokens, gen, "".join(parts))
             if usage_on:
-                use = api.usage(prompt_tokens, completion)
+                use = usage(prompt_tokens, completion)
                 if chat:
-                    final = api.chat_chunk(rid, created, mid, None, None, use, True)
+                    final = chat_chunk(rid, created, mid, None, None, use, True)
                 else:
-                    final = {**api.text_completion(rid, created, mid, "", None, use), "choices": []}
-                await response.write(api.sse(final))
-            await response.write(api.SSE_DONE)
+                    final = {**text_completion(rid, created, mid, "", None, use), "choices": []}
+                await response.write(sse(final))
+            await response.write(SSE_DONE)
             await response.write_eof()
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             session.client_left()  # the client went away: free its slot
@@ -406,14 +445,14 @@ class OpenAIFront:
         """Tokens of ``text`` by the served tokenizer (no special tokens added)."""
         return len(gen.tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
 
-    def start(self, session: StreamSession, req: api.GenerationRequest, rid: str) -> None:
+    def start(self, session: StreamSession, req: GenerationRequest, rid: str) -> None:
         """Open ``req``'s generate call in ``session`` (with the tenant's priority)."""
-        message = api.generate_request(
+        message = generate_request(
             req.model.triton_model, req.prompt, req.parameters, req.stop, rid
         )
         session.start(self.channel(), message)
 
-    async def next_chunk(self, session: StreamSession, model: str) -> api.StreamChunk:
+    async def next_chunk(self, session: StreamSession, model: str) -> StreamChunk:
         """The next chunk of ``session``'s call; a call the front ended (drain, a crashed stub)
         is a 503 saying why, like the v2 streams' last event."""
         try:
@@ -436,37 +475,15 @@ class OpenAIFront:
             raise OpenAIError(f"{model}: {code.name}: {e.details() or ''}"[:300], status) from e
         if message is None:
             raise OpenAIError(f"{model}: the stream ended without a final response", 500)
-        chunk = api.stream_chunk(message, model)
+        chunk = stream_chunk(message, model)
         if chunk.finish_reason is not None:
             session.answered = True
         return chunk
 
 
-@contextlib.contextmanager
-def _upstream_errors(timeout_message: str) -> Iterator[None]:
-    """A silent or unreachable tritonserver, within the block, as a 503 :class:`OpenAIError`."""
-    try:
-        yield
-    except TimeoutError as e:
-        raise OpenAIError(timeout_message, 503) from e
-    except (aiohttp.ClientError, OSError) as e:
-        raise OpenAIError(
-            f"tritonserver not reachable (restarting?): {type(e).__name__}", 503
-        ) from e
-
-
 def _error(e: OpenAIError) -> web.Response:
     headers = {"Retry-After": str(retry_after_s(str(e)))} if e.status == 503 else None
     return web.json_response(e.body(), status=e.status, headers=headers)
-
-
-def _triton_error(status: int, data: bytes, where: str) -> OpenAIError:
-    try:
-        message = str(json.loads(data).get("error", ""))
-    except (ValueError, AttributeError):
-        message = data[:200].decode("utf-8", "replace")
-    mapped = status if status in (400, 404, 413, 429, 503) else 500
-    return OpenAIError(f"{where}: {message[:300]}", mapped)
 
 
 def _charged(request: web.BaseRequest, prompt_tokens: int, gen: _Generator, text: str) -> int:
