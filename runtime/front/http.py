@@ -18,6 +18,7 @@ import aiohttp
 import grpc
 from aiohttp import web
 
+from tritonforge.errors import shown
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front import degrade_headers, sse_relay
 from tritonforge.runtime.front.body import (
@@ -42,15 +43,11 @@ from tritonforge.runtime.front.guard import (
     admin_ok,
     check_model_name,
     parse_header_length,
-    shown,
 )
 from tritonforge.runtime.front.session import prioritized_body
 from tritonforge.runtime.front.settings import FrontLimits
-from tritonforge.runtime.front.sse import sse_event
 from tritonforge.runtime.front.sse_relay import DRAIN_NOT_FOUND
 from tritonforge.runtime.front.sse_relay import unavailable as _unavailable
-
-__all__ = ["HOP_BY_HOP", "HTTP_RESTRICTED", "STREAM_PATH_SUFFIX", "HttpFront", "sse_event"]
 
 if TYPE_CHECKING:
     from tritonforge.runtime.front.openai.app import OpenAIFront
