@@ -19,6 +19,7 @@ from aiohttp import web
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
+from tritonforge.errors import shown
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front.guard import (
     LENGTH_HEADER,
@@ -26,7 +27,6 @@ from tritonforge.runtime.front.guard import (
     VERSION_PARAMETER,
     parse_header_length,
     parse_version,
-    shown,
 )
 
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)

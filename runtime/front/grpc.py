@@ -24,11 +24,12 @@ from tritonforge.runtime.front.guard import (
     check_model_name,
     set_queue_priority,
 )
+from tritonforge.runtime.front.session import StreamRefusedError, StreamSession
 from tritonforge.runtime.front.settings import FrontLimits
+from tritonforge.runtime.front.stream import GRPC_SERVICE
 
 log = logging.getLogger(__name__)
 
-GRPC_SERVICE = "/inference.GRPCInferenceService/"
 GRPC_STREAMING = {f"{GRPC_SERVICE}ModelStreamInfer"}
 TRACEPARENT_KEY = "traceparent"  # W3C trace context (gRPC metadata key)
 _UPSTREAM_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
@@ -142,9 +143,9 @@ class GrpcFront(grpc.GenericRpcHandler):
         self.served = served
         self._channel: grpc.aio.Channel | None = None
         self._channel_target = ""
-        # the tenants' gate (runtime.tenants.grpc.admit_call; None: no tenants) and the metadata
-        # that never goes upstream
-        self.admit: Callable[[Any], Awaitable[None]] | None = None
+        # the tenants' gate (runtime.tenants.grpc.admit_call: the tenant's priority; None: no
+        # tenants) and the metadata that never goes upstream
+        self.admit: Callable[[Any], Awaitable[int | None]] | None = None
         # the tenants' model check per request message (runtime.tenants.grpc.check_model)
         self.may_call: Callable[[Any, str], None] | None = None
         self.hidden = ("user-agent", *self.admin_headers)
@@ -207,17 +208,22 @@ class GrpcFront(grpc.GenericRpcHandler):
                 f"{self.admission.draining}; retry on another replica",
             )
 
-    async def _checked_message(self, message: bytes, context: Any) -> str:
-        """The model a request message goes to, once it passed the checks (a ``queue_priority``
-        parameter is the server's: refused)."""
+    async def _checked_message(
+        self, message: bytes, context: Any, priority: int | None
+    ) -> tuple[str, bytes]:
+        """The model a request message goes to and the message to send upstream, once it passed
+        the checks: the tenant's ``priority`` is put on it as ``queue_priority`` (the server's:
+        a client-sent one is refused)."""
         request = check_infer_message(message)
         check_model_name(request.model_name, "model_name")
-        set_queue_priority(request, None)
+        set_queue_priority(request, priority)
         if self.may_call is not None:
             self.may_call(context, request.model_name)
         if VERSION_PARAMETER in request.parameters and self.pins is not None:
             await self.pins(request.model_name, f"request parameter {VERSION_PARAMETER!r}")
-        return str(request.model_name)
+        if priority is not None and priority > 0:
+            message = request.SerializeToString()
+        return str(request.model_name), message
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method
@@ -244,21 +250,32 @@ class GrpcFront(grpc.GenericRpcHandler):
     async def _stream(
         self, method: str, requests: AsyncIterator[bytes], context: Any
     ) -> AsyncGenerator[bytes, None]:
+        """A ``ModelStreamInfer`` passthrough in a :class:`StreamSession` (slot, the models its
+        messages name, the tenant's priority, the end); its responses are relayed as they come,
+        with no per-response timeout (a client may keep a stream open between requests)."""
         await self._refuse_when_draining(context)
         metadata = await self._metadata(method, context)
-        ended: list[str] = []
-        calls: list[Any] = []
+        priority = await self._tenant(method, context)
+        session = StreamSession(
+            self.admission, None, self.limits.request_timeout_s, capacity=self.served
+        )
+        relay = self._relay(method, requests, context, metadata, priority, session)
+        try:
+            async with session, contextlib.aclosing(relay) as out:
+                async for response in out:
+                    yield response
+        except StreamRefusedError as e:  # no slot: the session never opened
+            await self._abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
 
-        def end(reason: str) -> None:
-            ended.append(reason)
-            for call in calls:
-                call.cancel()
-
-        token = self.admission.open_stream(end)
-        if token is None:
-            await self._abort(
-                context, grpc.StatusCode.UNAVAILABLE, self.admission.full_message(None)
-            )
+    async def _relay(
+        self,
+        method: str,
+        requests: AsyncIterator[bytes],
+        context: Any,
+        metadata: tuple[tuple[str, str], ...],
+        priority: int | None,
+        session: StreamSession,
+    ) -> AsyncGenerator[bytes, None]:
         bad: list[tuple[grpc.StatusCode, str]] = []
         # requests sent upstream and not yet finally answered: a client that leaves with none
         # gets its call closed, not cancelled (stream_end: Triton 2.51 leaks a cancel that
@@ -269,23 +286,21 @@ class GrpcFront(grpc.GenericRpcHandler):
         async def checked() -> AsyncIterator[bytes]:
             async for message in _until(requests, client_done):
                 try:
-                    model = await self._checked_message(message, context)
-                    if self.served is not None:
-                        await self.served(model)
-                    if not self.admission.stream_model(token, model):
-                        raise FrontError(self.admission.full_message(model), 503)
+                    model, message = await self._checked_message(message, context, priority)
+                    await session.add_model(model)
                 except FrontError as e:
                     bad.append((_status_code(e), str(e)))
-                    for call in calls:
-                        call.cancel()
+                    if session.call is not None:
+                        session.call.cancel()
                     return
                 open_requests[0] += 1
                 yield message
 
-        call = self.channel().stream_stream(method)(
-            checked(), metadata=metadata, timeout=context.time_remaining()
+        call = session.attach(
+            self.channel().stream_stream(method)(
+                checked(), metadata=metadata, timeout=context.time_remaining()
+            )
         )
-        calls.append(call)
         try:
             try:
                 while (response := await _read(call)) is not grpc.aio.EOF:
@@ -295,8 +310,8 @@ class GrpcFront(grpc.GenericRpcHandler):
             except (grpc.aio.AioRpcError, asyncio.CancelledError) as e:
                 if bad:
                     await self._abort(context, *bad[0])
-                if ended:
-                    yield _goodbye(ended[0])
+                if session.reason is not None:
+                    yield _goodbye(session.reason)
                     return
                 if isinstance(e, asyncio.CancelledError):
                     raise
@@ -307,14 +322,15 @@ class GrpcFront(grpc.GenericRpcHandler):
             # a client that cancelled or timed out mid-request: Triton cancels the request; one
             # whose requests were all answered: its call is half-closed and left to close
             client_done.set()
-            stream_end.end_call(call, not open_requests[0] and not bad and not ended)
-            self.admission.close_stream(token)
+            session.answered = not open_requests[0] and not bad
+            session.close()
 
     async def _unary(self, method: str, request: bytes, context: Any) -> bytes:
         metadata = await self._metadata(method, context)
         if method == GRPC_INFER:
+            priority = await self._tenant(method, context)
             try:
-                await self._checked_message(request, context)
+                _, request = await self._checked_message(request, context, priority)
             except FrontError as e:
                 await self._abort(context, _status_code(e), str(e))
         remaining = context.time_remaining()
@@ -346,6 +362,13 @@ class GrpcFront(grpc.GenericRpcHandler):
             await self._abort(context, code, details)
             raise  # unreachable: abort raises
 
+    async def _tenant(self, method: str, context: Any) -> int | None:
+        """The caller's tenant priority (None: none, or no tenants); aborts a call the tenants'
+        gate refuses (no or unknown key, past a rate or quota)."""
+        if self.admit is None or not (method == GRPC_INFER or method in GRPC_STREAMING):
+            return None
+        return await self.admit(context)
+
     async def _metadata(self, method: str, context: Any) -> tuple[tuple[str, str], ...]:
         """The caller's metadata minus reserved keys and the admin key; aborts the call with
         PERMISSION_DENIED when a restricted method lacks the key."""
@@ -354,8 +377,6 @@ class GrpcFront(grpc.GenericRpcHandler):
             for k, v in context.invocation_metadata() or ()
             if not k.startswith((":", "grpc-")) and k not in self.hidden
         )
-        if self.admit is not None and (method == GRPC_INFER or method in GRPC_STREAMING):
-            await self.admit(context)
         if method in GRPC_RESTRICTED and self.admin_key is not None:
             given = dict(context.invocation_metadata() or ())
             if not any(admin_ok(given.get(h), self.admin_key) for h in self.admin_headers):

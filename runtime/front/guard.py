@@ -21,11 +21,9 @@ from typing import Any
 
 from aiohttp import web
 
-from tritonforge.errors import ECHO_BYTES, shown
+from tritonforge.errors import shown
 from tritonforge.generation import QUEUE_PRIORITY_PARAMETER
 from tritonforge.runtime.errors import FrontError
-
-__all__ = ["ECHO_BYTES", "shown"]
 
 _ASCII_DIGITS = re.compile(r"[0-9]+")
 MAX_LENGTH_DIGITS = 12  # a length above 10**12 bytes is never within a bounded body

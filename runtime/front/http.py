@@ -18,6 +18,7 @@ import aiohttp
 import grpc
 from aiohttp import web
 
+from tritonforge.errors import shown
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front import degrade_headers, sse_relay
 from tritonforge.runtime.front.body import (
@@ -33,6 +34,7 @@ from tritonforge.runtime.front.body import (
 from tritonforge.runtime.front.capacity import StreamCapacity
 from tritonforge.runtime.front.guard import (
     LENGTH_HEADER,
+    QUEUE_PRIORITY_KEY,
     VERSION_HEADER,
     VERSION_PARAMETER,
     Admission,
@@ -41,14 +43,11 @@ from tritonforge.runtime.front.guard import (
     admin_ok,
     check_model_name,
     parse_header_length,
-    shown,
 )
+from tritonforge.runtime.front.session import prioritized_body
 from tritonforge.runtime.front.settings import FrontLimits
-from tritonforge.runtime.front.sse import sse_event
 from tritonforge.runtime.front.sse_relay import DRAIN_NOT_FOUND
 from tritonforge.runtime.front.sse_relay import unavailable as _unavailable
-
-__all__ = ["HOP_BY_HOP", "HTTP_RESTRICTED", "STREAM_PATH_SUFFIX", "HttpFront", "sse_event"]
 
 if TYPE_CHECKING:
     from tritonforge.runtime.front.openai.app import OpenAIFront
@@ -255,6 +254,7 @@ class HttpFront:
         if model is not None and request.path.endswith("/infer"):
             await self._check_pins(request, model, body)
         body, headers = _with_parameters(request, body, headers)
+        body, headers = _with_priority(request, body, headers)
         if request.path.endswith(STREAM_PATH_SUFFIX):
             return await sse_relay.forward_stream(self, request, headers, body)
         self.admission.short += 1
@@ -392,6 +392,19 @@ def _with_parameters(
         body, length = add_parameters(body, length, asked)
         headers = _with_length(headers, length)
     return body, headers
+
+
+def _with_priority(
+    request: web.BaseRequest, body: bytes, headers: dict[str, str]
+) -> tuple[bytes, dict[str, str]]:
+    """A non-streamed ``/infer`` or ``/generate`` with the tenant's queue priority
+    (:func:`~runtime.front.session.prioritized_body`; streams get it from their session)."""
+    generate = request.path.endswith(GENERATE_PATH_SUFFIX)
+    if not (generate or request.path.endswith("/infer")) or _model_of(request.path) is None:
+        return body, headers
+    length = next((v for k, v in headers.items() if k.lower() == LENGTH_HEADER.lower()), None)
+    out, new_length = prioritized_body(generate, body, length, request.get(QUEUE_PRIORITY_KEY))
+    return (body, headers) if out is body else (out, _with_length(headers, new_length))
 
 
 def _with_length(headers: dict[str, str], length: str | None) -> dict[str, str]:

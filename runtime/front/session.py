@@ -25,6 +25,7 @@ Adding a stream kind means a relay that opens a session: nothing else changes
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
@@ -32,10 +33,17 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2
 
+from tritonforge.generation import QUEUE_PRIORITY_PARAMETER
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front import stream as front_stream
 from tritonforge.runtime.front import stream_end
-from tritonforge.runtime.front.guard import Admission, set_queue_priority
+from tritonforge.runtime.front.body import add_parameters
+from tritonforge.runtime.front.guard import (
+    LENGTH_HEADER,
+    Admission,
+    parse_header_length,
+    set_queue_priority,
+)
 
 Capacity = Callable[[str], Awaitable[object]]
 Charge = Callable[[int, int], None]
@@ -162,3 +170,35 @@ class StreamSession:
     def note_usage(self, prompt_tokens: int, completion_tokens: int) -> None:
         """The tokens charged to the tenant when the session ends."""
         self.usage = [prompt_tokens, completion_tokens]
+
+
+def prioritized_body(
+    generate: bool, body: bytes, header_length: str | None, priority: int | None
+) -> tuple[bytes, str | None]:
+    """A non-streamed v2 request (``/infer``, or Triton's ``/generate`` JSON when ``generate``)
+    with the tenant's ``priority`` as its ``queue_priority`` parameter, and its new
+    ``Inference-Header-Content-Length`` (None for plain JSON). The parameter is the server's: a
+    body that sets it is refused (400 naming it). A body that is not a JSON object is left as it
+    came (the front's JSON checks and Triton answer it)."""
+    split = parse_header_length(header_length, len(body), LENGTH_HEADER) if header_length else None
+    try:
+        header = json.loads(body[:split] if split is not None else body or b"{}")
+    except ValueError:
+        return body, header_length
+    if not isinstance(header, dict):
+        return body, header_length
+    nested = header.get("parameters")
+    if (generate and QUEUE_PRIORITY_PARAMETER in header) or (
+        isinstance(nested, dict) and QUEUE_PRIORITY_PARAMETER in nested
+    ):
+        raise FrontError(
+            f"request parameter {QUEUE_PRIORITY_PARAMETER!r} is set by the server from the "
+            f"tenant's priority; leave it out",
+            400,
+        )
+    if priority is None or priority <= 0:
+        return body, header_length
+    if not generate:
+        return add_parameters(body, header_length, {QUEUE_PRIORITY_PARAMETER: priority})
+    header[QUEUE_PRIORITY_PARAMETER] = priority
+    return json.dumps(header, separators=(",", ":")).encode(), None

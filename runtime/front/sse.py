@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+from tritonforge.errors import shown
 from tritonforge.queue_forecast import retry_after_s
 from tritonforge.runtime.errors import FrontError
-from tritonforge.runtime.front.guard import shown
 from tritonforge.runtime.front.openai.upstream import unbytes
 from tritonforge.runtime.front.stream_end import FINAL_PARAMETER
 

@@ -13,6 +13,7 @@ import aiohttp
 import grpc
 from aiohttp import web
 
+from tritonforge.errors import shown
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front import sse as front_sse
 from tritonforge.runtime.front import stream as front_stream
@@ -22,7 +23,6 @@ from tritonforge.runtime.front.guard import (
     VERSION_HEADER,
     Admission,
     parse_version,
-    shown,
 )
 from tritonforge.runtime.front.session import StreamRefusedError, StreamSession
 

@@ -13,9 +13,9 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2
 
-from tritonforge.runtime.front.grpc import GRPC_SERVICE
 from tritonforge.stream_errors import says_invalid, says_unavailable
 
+GRPC_SERVICE = "/inference.GRPCInferenceService/"  # Triton's (KServe v2) gRPC service
 STREAM_METHOD = f"{GRPC_SERVICE}ModelStreamInfer"
 METADATA_METHOD = f"{GRPC_SERVICE}ModelMetadata"
 EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"

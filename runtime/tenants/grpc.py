@@ -22,16 +22,18 @@ _CODES = {
 }
 
 
-async def admit_call(gate: TenantGate, context: Any) -> None:
-    """Admit one gRPC inference call by its tenant key, else abort it (see the docstring)."""
+async def admit_call(gate: TenantGate, context: Any) -> int | None:
+    """Admit one gRPC inference call by its tenant key, else abort it (see the docstring); the
+    tenant's priority (what the relay puts on each request as ``queue_priority``)."""
     key = dict(context.invocation_metadata() or ()).get(TENANT_METADATA)
     try:
-        gate.admit(key, None)
+        return gate.admit(key, None).tenant.priority
     except TenantRefusedError as e:
         details = str(e)
         if e.status == 429:
             details += f"; retry after {max(1, math.ceil(e.retry_after_s))} s"
         await context.abort(_CODES.get(e.status, grpc.StatusCode.PERMISSION_DENIED), details)
+        raise  # unreachable: abort raises
 
 
 def check_model(gate: TenantGate, context: Any, model: str) -> None:

@@ -5,8 +5,9 @@ Gated: ``/v1/*`` (key: ``Authorization: Bearer <key>``; a refusal in OpenAI's er
 server metadata and the admin APIs are not gated. A refusal past a limit is 429 with
 ``Retry-After``; an unknown or revoked key 401; a model the tenant may not call 403. A tenant's
 ``priority`` becomes the request's ``X-Priority`` (Triton's request priority, where the model's
-batcher has levels) unless the request set one, and the ``queue_priority`` of its generate streams
-(v2 SSE, ``/v1``: the generate model's queue order; the client cannot set it). A ``/v1`` answer is
+batcher has levels; a client's own is overwritten) and the ``queue_priority`` of its requests on
+every path (v2 ``infer``/``generate``/SSE, ``/v1``; gRPC in :mod:`.grpc`: the generate model's
+queue order, put on by the stream session; a client-sent one is refused). A ``/v1`` answer is
 charged its prompt and completion tokens, streamed or not. ``GET`` :data:`USAGE_PATH` (with the admin key)
 answers every tenant's usage as JSON; ``/metrics`` carries the same counters. Without a tenants
 file nothing here runs: the front behaves exactly as before.
@@ -147,7 +148,8 @@ class TenantHttp:
         self, request: web.BaseRequest, state: TenantState, openai: bool
     ) -> web.BaseRequest:
         priority = state.tenant.priority
-        if openai or priority is None or PRIORITY_HEADER in request.headers:
+        if openai or priority is None:
             return request
-        headers = {**request.headers, PRIORITY_HEADER: str(priority)}
+        headers = request.headers.copy()
+        headers[PRIORITY_HEADER] = str(priority)  # replaces a client's, whatever its case
         return request.clone(headers=headers)

@@ -22,7 +22,7 @@ from tritonforge.client.generate import GenerateClient
 from tritonforge.client.sync import EmbeddingClient
 from tritonforge.generation import render_chat
 from tritonforge.pipelines import repository_configs
-from tritonforge.runtime.front.openai import api as openai_api
+from tritonforge.runtime.front.openai.catalog import EMBEDDING, GENERATION, catalog
 from tritonforge.runtime.serving import EmbeddedServer
 from tritonforge.text import served_tokenizer
 
@@ -35,9 +35,9 @@ TEXTS = ["The cat sat on the mat.", "Triton serves models.", "héllo wörld"]
 # and int8; the default is int8, which runs "What is the capital of France?" past 64 tokens).
 QUESTION = "What is 2+2?"
 LONG = "Explain how a bicycle works."  # runs past a dozen tokens ("length")
-CATALOG = openai_api.catalog(repository_configs(PIPELINE_REPOSITORY))
-EMBEDDING_IDS = [m for m, s in CATALOG.items() if s.kind == openai_api.EMBEDDING]
-GENERATOR = next((m for m, s in CATALOG.items() if s.kind == openai_api.GENERATION), "")
+CATALOG = catalog(repository_configs(PIPELINE_REPOSITORY))
+EMBEDDING_IDS = [m for m, s in CATALOG.items() if s.kind == EMBEDDING]
+GENERATOR = next((m for m, s in CATALOG.items() if s.kind == GENERATION), "")
 
 
 @pytest.fixture(scope="module")

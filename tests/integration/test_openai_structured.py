@@ -17,13 +17,13 @@ import pytest
 
 from tests.conftest import PIPELINE_REPOSITORY
 from tritonforge.pipelines import generator_from_repository, repository_configs
-from tritonforge.runtime.front.openai import api as openai_api
+from tritonforge.runtime.front.openai.catalog import EMBEDDING, catalog
 from tritonforge.runtime.serving import EmbeddedServer
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.integration
 KEY = "not-checked"
-CATALOG = openai_api.catalog(repository_configs(PIPELINE_REPOSITORY))
+CATALOG = catalog(repository_configs(PIPELINE_REPOSITORY))
 MAX_TOKENS = 96  # the longest instance below is ~60 tokens; a grammar row ends at its end
 # concurrent requests: under the model's max_running (16), so none waits for a slot (the
 # queue forecast refuses a request whose slot is further than queue_timeout_s)
@@ -375,7 +375,7 @@ def test_tokenize_and_detokenize_in_vllms_shape(pipeline_server: EmbeddedServer)
         timeout=60,
     ).json()
     assert chat["count"] > out["count"]  # the chat template's own tokens
-    embedder = next(m for m, s in CATALOG.items() if s.kind == openai_api.EMBEDDING)
+    embedder = next(m for m, s in CATALOG.items() if s.kind == EMBEDDING)
     enc = requests.post(f"{url}/tokenize", json={"model": embedder, "prompt": "hi"}, timeout=60)
     assert enc.status_code == 200 and enc.json()["count"] == 3  # [CLS] hi [SEP]
     bad = requests.post(f"{url}/detokenize", json={"model": model, "tokens": [-1]}, timeout=60)

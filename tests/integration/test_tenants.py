@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.integration.reliability import MINIMAL, linked_repository, text_inputs
 from tritonforge.pipelines import repository_configs
-from tritonforge.runtime.front.openai import api as openai_api
+from tritonforge.runtime.front.openai.catalog import EMBEDDING, catalog
 from tritonforge.runtime.serving import serving
 from tritonforge.runtime.tenants.grpc import TENANT_METADATA
 from tritonforge.runtime.tenants.http import TENANT_HEADER, USAGE_PATH
@@ -46,8 +46,8 @@ INFER = {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data
 
 def test_two_tenants_limits_revocation_and_usage(tmp_path: Path) -> None:
     repo = linked_repository(tmp_path / "repo", MINIMAL)
-    catalog = openai_api.catalog(repository_configs(repo))
-    embedding = next(m for m, s in catalog.items() if s.kind == openai_api.EMBEDDING)
+    served = catalog(repository_configs(repo))
+    embedding = next(m for m, s in served.items() if s.kind == EMBEDDING)
     path = tmp_path / "tenants.toml"
     path.write_text(TENANTS)
     with serving(repo, tenants_file=path) as server:

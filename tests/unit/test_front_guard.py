@@ -126,7 +126,8 @@ def test_pins_are_honoured_where_declared_and_refused_elsewhere_naming_where() -
 
 def test_front_helpers_find_the_model_the_pin_and_write_sse_like_triton() -> None:
     from tritonforge.runtime.front.body import json_has_version
-    from tritonforge.runtime.front.http import _model_of, sse_event
+    from tritonforge.runtime.front.http import _model_of
+    from tritonforge.runtime.front.sse import sse_event
 
     assert _model_of("/v2/models/classify/versions/1/infer") == "classify"
     assert _model_of("/v2/health/ready") is None

@@ -7,6 +7,7 @@ from the session alone."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import grpc
@@ -16,7 +17,11 @@ from tritonclient.grpc import service_pb2
 from tritonforge.generation import QUEUE_PRIORITY_PARAMETER
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front.guard import Admission
-from tritonforge.runtime.front.session import StreamRefusedError, StreamSession
+from tritonforge.runtime.front.session import (
+    StreamRefusedError,
+    StreamSession,
+    prioritized_body,
+)
 
 MODEL = "generate"
 
@@ -234,3 +239,28 @@ def test_capacity_is_read_before_the_slot() -> None:
     with pytest.raises(StreamRefusedError, match="its bound is 1"):
         run(two())
     assert read == [MODEL, MODEL] and admission.idle()
+
+
+def test_non_streamed_bodies_carry_the_tenants_priority_and_refuse_a_clients() -> None:
+    infer = json.dumps({"inputs": [], "parameters": {"x": 1}}).encode()
+    body, length = prioritized_body(False, infer, None, 2)
+    assert json.loads(body)["parameters"] == {"x": 1, QUEUE_PRIORITY_PARAMETER: 2}
+    assert length is None
+    binary = infer + b"\x00\x01"
+    body, length = prioritized_body(False, binary, str(len(infer)), 3)
+    assert length is not None and body.endswith(b"\x00\x01")
+    assert json.loads(body[: int(length)])["parameters"][QUEUE_PRIORITY_PARAMETER] == 3
+    assert prioritized_body(False, infer, None, None) == (infer, None)  # no tenants: as it came
+    generate = json.dumps({"text_input": "hi", "max_tokens": 4}).encode()
+    body, _ = prioritized_body(True, generate, None, 1)
+    assert json.loads(body)[QUEUE_PRIORITY_PARAMETER] == 1
+    forged = [
+        (False, {"inputs": [], "parameters": {QUEUE_PRIORITY_PARAMETER: 1}}),
+        (True, {"text_input": "hi", QUEUE_PRIORITY_PARAMETER: 1}),
+        (True, {"text_input": "hi", "parameters": {QUEUE_PRIORITY_PARAMETER: 1}}),
+    ]
+    for generate_kind, doc in forged:
+        for priority in (None, 5):
+            with pytest.raises(FrontError, match=QUEUE_PRIORITY_PARAMETER) as refused:
+                prioritized_body(generate_kind, json.dumps(doc).encode(), None, priority)
+            assert refused.value.status == 400

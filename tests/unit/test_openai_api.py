@@ -18,8 +18,39 @@ from tritonforge.generation import (
     render_chat,
     render_prompt,
 )
-from tritonforge.runtime.front.openai import api
-from tritonforge.runtime.front.openai.api import OpenAIError
+from tritonforge.runtime.errors import OpenAIError
+from tritonforge.runtime.front.openai.catalog import (
+    EMBEDDING,
+    GENERATION,
+    ServedModel,
+    catalog,
+    is_generator,
+    models_list,
+    resolve,
+)
+from tritonforge.runtime.front.openai.requests import (
+    bearer_token,
+    check_prompt_tokens,
+    parse_chat,
+    parse_completion,
+    parse_embeddings,
+)
+from tritonforge.runtime.front.openai.responses import (
+    chat_chunk,
+    chat_completion,
+    embeddings_response,
+    sse,
+    upstream_error,
+    usage,
+)
+from tritonforge.runtime.front.openai.upstream import (
+    StreamChunk,
+    bytes_tensor,
+    embedding_outputs,
+    generate_request,
+    stream_chunk,
+    unbytes,
+)
 
 TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -82,8 +113,8 @@ CONFIGS = [
 
 
 @pytest.fixture
-def models() -> dict[str, api.ServedModel]:
-    return api.catalog(CONFIGS)
+def models() -> dict[str, ServedModel]:
+    return catalog(CONFIGS)
 
 
 def _refused(exc: pytest.ExceptionInfo[OpenAIError], status: int, param: str | None) -> str:
@@ -95,42 +126,42 @@ def _refused(exc: pytest.ExceptionInfo[OpenAIError], status: int, param: str | N
 
 
 def test_catalog_has_a_model_per_embedding_variant_and_the_generator(
-    models: dict[str, api.ServedModel],
+    models: dict[str, ServedModel],
 ) -> None:
     assert sorted(models) == ["embed", "embed-int8", "generate"]  # no classifier
     assert models["embed-int8"].triton_model == "embed_int8"
     assert models["embed"].dim == 384 and models["embed"].tokenizer_model == "tokenizer"
-    assert models["generate"].kind == api.GENERATION
-    listed = api.models_list(models, 0)
+    assert models["generate"].kind == GENERATION
+    listed = models_list(models, 0)
     assert [m["id"] for m in listed["data"]] == sorted(models)
     assert all(m["object"] == "model" for m in listed["data"])
 
 
 def test_a_non_decoupled_model_with_the_same_tensors_is_not_a_generator() -> None:
-    assert api.is_generator(GENERATE)
-    assert not api.is_generator({**GENERATE, "model_transaction_policy": {}})
+    assert is_generator(GENERATE)
+    assert not is_generator({**GENERATE, "model_transaction_policy": {}})
 
 
 def test_triton_name_resolves_and_unknown_or_wrong_kind_is_404(
-    models: dict[str, api.ServedModel],
+    models: dict[str, ServedModel],
 ) -> None:
-    assert api.resolve(models, {"model": "embed_int8"}, api.EMBEDDING).id == "embed-int8"
+    assert resolve(models, {"model": "embed_int8"}, EMBEDDING).id == "embed-int8"
     with pytest.raises(OpenAIError) as e:
-        api.resolve(models, {"model": "classify"}, api.EMBEDDING)
+        resolve(models, {"model": "classify"}, EMBEDDING)
     assert "embed-int8" in _refused(e, 404, "model")
     assert e.value.code == "model_not_found"
     with pytest.raises(OpenAIError) as e:
-        api.resolve(models, {"model": "generate"}, api.EMBEDDING)
+        resolve(models, {"model": "generate"}, EMBEDDING)
     assert "a generation model, not embedding" in _refused(e, 404, "model")
     with pytest.raises(OpenAIError) as e:
-        api.resolve(models, {}, api.EMBEDDING)
+        resolve(models, {}, EMBEDDING)
     _refused(e, 400, "model")
 
 
-def test_embeddings_accept_a_string_or_a_list(models: dict[str, api.ServedModel]) -> None:
-    one = api.parse_embeddings({"model": "embed", "input": "hi"}, models)
+def test_embeddings_accept_a_string_or_a_list(models: dict[str, ServedModel]) -> None:
+    one = parse_embeddings({"model": "embed", "input": "hi"}, models)
     assert one.texts == ["hi"] and one.encoding_format == "float"
-    many = api.parse_embeddings(
+    many = parse_embeddings(
         {"model": "embed", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 384},
         models,
     )
@@ -151,20 +182,20 @@ def test_embeddings_accept_a_string_or_a_list(models: dict[str, api.ServedModel]
     ],
 )
 def test_bad_embedding_requests_name_the_field(
-    models: dict[str, api.ServedModel], body: dict[str, Any], param: str, fragment: str
+    models: dict[str, ServedModel], body: dict[str, Any], param: str, fragment: str
 ) -> None:
     with pytest.raises(OpenAIError) as e:
-        api.parse_embeddings({"model": "embed", **body}, models)
+        parse_embeddings({"model": "embed", **body}, models)
     assert fragment in _refused(e, 400, param)
 
 
 def test_base64_is_little_endian_float32_as_the_openai_client_decodes() -> None:
     vectors = np.array([[0.5, -1.25, 3.0]], np.float32)
-    out = api.embeddings_response("embed", vectors, "base64", 7)
+    out = embeddings_response("embed", vectors, "base64", 7)
     raw = base64.b64decode(out["data"][0]["embedding"])
     assert np.frombuffer(raw, dtype="<f4").tolist() == [0.5, -1.25, 3.0]
     assert out["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
-    floats = api.embeddings_response("embed", vectors, "float", 7)
+    floats = embeddings_response("embed", vectors, "float", 7)
     assert floats["data"][0] == {"object": "embedding", "index": 0, "embedding": [0.5, -1.25, 3.0]}
 
 
@@ -175,9 +206,9 @@ def test_one_user_message_renders_like_the_generate_models_own_template() -> Non
 
 
 def test_chat_maps_sampling_onto_the_generate_parameters(
-    models: dict[str, api.ServedModel],
+    models: dict[str, ServedModel],
 ) -> None:
-    req = api.parse_chat(
+    req = parse_chat(
         {
             "model": "generate",
             "messages": [
@@ -242,16 +273,16 @@ def test_chat_maps_sampling_onto_the_generate_parameters(
     ],
 )
 def test_bad_chat_requests_name_the_field(
-    models: dict[str, api.ServedModel], extra: dict[str, Any], param: str
+    models: dict[str, ServedModel], extra: dict[str, Any], param: str
 ) -> None:
     body = {"model": "generate", "messages": [{"role": "user", "content": "Hi"}], **extra}
     with pytest.raises(OpenAIError) as e:
-        api.parse_chat(body, models, TEMPLATE)
+        parse_chat(body, models, TEMPLATE)
     _refused(e, 400, param)
 
 
 def test_structured_fields_and_n_become_request_parameters(
-    models: dict[str, api.ServedModel],
+    models: dict[str, ServedModel],
 ) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
     body = {
@@ -264,50 +295,50 @@ def test_structured_fields_and_n_become_request_parameters(
         "top_logprobs": 2,
         "n": 3,
     }
-    req = api.parse_chat(body, models, TEMPLATE, vocab_size=100)
+    req = parse_chat(body, models, TEMPLATE, vocab_size=100)
     assert req.n == 3 and req.logprobs
     assert json.loads(req.parameters["response_format"]) == fmt
     assert json.loads(req.parameters["logit_bias"]) == {"7": -100}
     assert req.parameters["presence_penalty"] == 0.5 and req.parameters["top_logprobs"] == 2
     with pytest.raises(OpenAIError) as e:
-        api.parse_chat({**body, "logit_bias": {"100": 1}}, models, TEMPLATE, vocab_size=100)
+        parse_chat({**body, "logit_bias": {"100": 1}}, models, TEMPLATE, vocab_size=100)
     _refused(e, 400, "logit_bias.100")
-    plain = api.parse_completion({"model": "generate", "prompt": "a", "logprobs": 2}, models)
+    plain = parse_completion({"model": "generate", "prompt": "a", "logprobs": 2}, models)
     assert plain.logprobs and plain.parameters["logprobs"] == 2
     for bad, param in (({"logprobs": True}, "logprobs"), ({"top_logprobs": 1}, "top_logprobs")):
         with pytest.raises(OpenAIError) as e:
-            api.parse_completion({"model": "generate", "prompt": "a", **bad}, models)
+            parse_completion({"model": "generate", "prompt": "a", **bad}, models)
         _refused(e, 400, param)
 
 
-def test_completion_takes_the_prompt_as_is(models: dict[str, api.ServedModel]) -> None:
-    req = api.parse_completion({"model": "generate", "prompt": ["Once upon"]}, models)
+def test_completion_takes_the_prompt_as_is(models: dict[str, ServedModel]) -> None:
+    req = parse_completion({"model": "generate", "prompt": ["Once upon"]}, models)
     assert req.prompt == "Once upon" and req.parameters == {"chat_template": False}
     with pytest.raises(OpenAIError) as e:
-        api.parse_completion({"model": "generate", "prompt": ["a", "b"]}, models)
+        parse_completion({"model": "generate", "prompt": ["a", "b"]}, models)
     _refused(e, 400, "prompt")
 
 
 def test_a_prompt_past_max_prompt_tokens_is_context_length_exceeded(
-    models: dict[str, api.ServedModel],
+    models: dict[str, ServedModel],
 ) -> None:
-    api.check_prompt_tokens(100, models["generate"], "messages")
+    check_prompt_tokens(100, models["generate"], "messages")
     with pytest.raises(OpenAIError) as e:
-        api.check_prompt_tokens(101, models["generate"], "messages")
+        check_prompt_tokens(101, models["generate"], "messages")
     _refused(e, 400, "messages")
     assert e.value.code == "context_length_exceeded"
 
 
 def test_chunks_and_completions_have_openais_shape() -> None:
-    chunk = api.chat_chunk("id", 1, "generate", {"content": "x"}, None, None, True)
+    chunk = chat_chunk("id", 1, "generate", {"content": "x"}, None, None, True)
     assert chunk["object"] == "chat.completion.chunk" and chunk["usage"] is None
     assert chunk["choices"][0]["delta"] == {"content": "x"}
-    final = api.chat_chunk("id", 1, "generate", None, None, api.usage(3, 2), True)
+    final = chat_chunk("id", 1, "generate", None, None, usage(3, 2), True)
     assert final["choices"] == [] and final["usage"]["total_tokens"] == 5
-    assert "usage" not in api.chat_chunk("id", 1, "generate", {}, "stop")
-    whole = api.chat_completion("id", 1, "generate", "Hello", "length", api.usage(3, 2))
+    assert "usage" not in chat_chunk("id", 1, "generate", {}, "stop")
+    whole = chat_completion("id", 1, "generate", "Hello", "length", usage(3, 2))
     assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
-    assert api.sse({"a": 1}) == b'data: {"a":1}\n\n'
+    assert sse({"a": 1}) == b'data: {"a":1}\n\n'
 
 
 @pytest.mark.parametrize(
@@ -325,15 +356,13 @@ def test_chunks_and_completions_have_openais_shape() -> None:
     ],
 )
 def test_in_stream_errors_get_the_v2_status(message: str, status: int) -> None:
-    assert api.upstream_error(message, "generate").status == status
+    assert upstream_error(message, "generate").status == status
 
 
 def test_generate_request_and_stream_response_round_trip() -> None:
-    request = api.generate_request(
-        "generate", "héllo", {"max_tokens": 4, "top_p": 0.5}, ["\n"], "r1"
-    )
+    request = generate_request("generate", "héllo", {"max_tokens": 4, "top_p": 0.5}, ["\n"], "r1")
     assert [t.name for t in request.inputs] == [TEXT_INPUT, "stop"]
-    assert api.unbytes(request.raw_input_contents[0]) == ["héllo"]
+    assert unbytes(request.raw_input_contents[0]) == ["héllo"]
     assert request.parameters["max_tokens"].int64_param == 4
     assert request.parameters["top_p"].double_param == 0.5
     assert request.parameters["triton_enable_empty_final_response"].bool_param
@@ -341,11 +370,11 @@ def test_generate_request_and_stream_response_round_trip() -> None:
     for name, value in ((TEXT_OUTPUT, "wörld"), (FINISH_REASON, "length")):
         out = response.infer_response.outputs.add()
         out.name, out.datatype = name, "BYTES"
-        response.infer_response.raw_output_contents.append(api.bytes_tensor([value]))
-    assert api.stream_chunk(response, "generate") == api.StreamChunk("wörld", "length")
+        response.infer_response.raw_output_contents.append(bytes_tensor([value]))
+    assert stream_chunk(response, "generate") == StreamChunk("wörld", "length")
     failed = service_pb2.ModelStreamInferResponse(error_message="generate: overloaded")
     with pytest.raises(OpenAIError) as e:
-        api.stream_chunk(failed, "generate")
+        stream_chunk(failed, "generate")
     assert e.value.status == 503
 
 
@@ -363,10 +392,10 @@ def test_embedding_outputs_read_the_binary_part() -> None:
             ]
         }
     ).encode()
-    out = api.embedding_outputs(header + values.tobytes(), str(len(header)), "embedding")
+    out = embedding_outputs(header + values.tobytes(), str(len(header)), "embedding")
     assert out.tolist() == [[0, 1, 2], [3, 4, 5]]
     with pytest.raises(OpenAIError):
-        api.embedding_outputs(header + values.tobytes(), str(len(header)), "missing")
+        embedding_outputs(header + values.tobytes(), str(len(header)), "missing")
 
 
 @pytest.mark.parametrize(
@@ -380,7 +409,7 @@ def test_embedding_outputs_read_the_binary_part() -> None:
     ],
 )
 def test_bearer_token(header: str | None, token: str | None) -> None:
-    assert api.bearer_token(header) == token
+    assert bearer_token(header) == token
 
 
 def test_the_bls_versions_and_split_are_discovered() -> None:

@@ -27,7 +27,7 @@ from tests.unit.test_openai_api import GENERATE
 from tritonforge.generation import TEXT_OUTPUT
 from tritonforge.runtime.front.app import Front
 from tritonforge.runtime.front.grpc import GRPC_SERVICE
-from tritonforge.runtime.front.openai import api
+from tritonforge.runtime.front.openai.upstream import bytes_tensor
 from tritonforge.runtime.front.settings import FrontLimits, OpenAISettings
 from tritonforge.runtime.launcher.settings import free_port
 
@@ -54,7 +54,7 @@ class Generator(grpc.GenericRpcHandler):
         chunk = service_pb2.ModelStreamInferResponse()
         out = chunk.infer_response.outputs.add()
         out.name, out.datatype = TEXT_OUTPUT, "BYTES"
-        chunk.infer_response.raw_output_contents.append(api.bytes_tensor(["x"]))
+        chunk.infer_response.raw_output_contents.append(bytes_tensor(["x"]))
         self.chunk = chunk.SerializeToString()
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:

@@ -7,7 +7,9 @@ Every request goes through Triton, never a second copy of a model: embeddings ar
 HTTP thread). Bodies get the v2 limits (``max_body_bytes`` as sent and inflated,
 ``max_json_depth``). A client that goes away cancels its generation (the gRPC call is
 cancelled, which frees the decoding slot). Parsing and response shapes live in
-:mod:`~runtime.front.openai.api`; this module only moves bytes.
+:mod:`~runtime.front.openai.catalog`, ``.requests``, ``.responses`` and ``.upstream``; a
+completion's lifecycle in :class:`~runtime.front.session.StreamSession`; this module only moves
+bytes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,18 +32,53 @@ import numpy as np
 from aiohttp import web
 
 from tritonforge.queue_forecast import retry_after_s
-from tritonforge.runtime.errors import FrontError
-from tritonforge.runtime.front import stream as front_stream
-from tritonforge.runtime.front import stream_end
+from tritonforge.runtime.errors import FrontError, OpenAIError
 from tritonforge.runtime.front.body import INFLATE_WBITS, inflate, json_depth, read_body
 from tritonforge.runtime.front.guard import (
     QUEUE_PRIORITY_KEY,
     USAGE_KEY,
     note_usage,
-    set_queue_priority,
 )
-from tritonforge.runtime.front.openai import api
-from tritonforge.runtime.front.openai.api import OpenAIError, ServedModel
+from tritonforge.runtime.front.openai.catalog import (
+    GENERATION,
+    ServedModel,
+    catalog,
+    generation_routes,
+    model_card,
+    models_list,
+    resolve,
+    task_handlers,
+)
+from tritonforge.runtime.front.openai.requests import (
+    GenerationRequest,
+    bearer_token,
+    check_prompt_tokens,
+    parse_chat,
+    parse_completion,
+    parse_embeddings,
+    parse_json,
+)
+from tritonforge.runtime.front.openai.responses import (
+    SSE_DONE,
+    chat_chunk,
+    embeddings_response,
+    new_id,
+    now,
+    sse,
+    text_completion,
+    usage,
+)
+from tritonforge.runtime.front.openai.upstream import (
+    StreamChunk,
+    embedding_infer_body,
+    embedding_outputs,
+    generate_request,
+    stream_chunk,
+    token_counts,
+    triton_error,
+    upstream_errors,
+)
+from tritonforge.runtime.front.session import StreamRefusedError, StreamSession
 from tritonforge.runtime.front.settings import OpenAISettings
 
 if TYPE_CHECKING:
@@ -64,27 +101,6 @@ class _Generator:
     template: str | None
 
 
-@dataclass
-class _Slot:
-    """A streamed completion's place among the front's open streams (the same
-    :class:`~runtime.front.guard.Admission` as the v2 SSE and gRPC streams): :meth:`end`, called
-    on drain or when the supervisor ends a crashed model's streams, records why and cancels the
-    upstream call; the stream then ends with an error event saying so. A non-streamed
-    completion holds no slot: its ``token`` only tracks it (:meth:`Admission.track`), and it
-    ends with a 503 saying why."""
-
-    token: int | None = None
-    call: Any = None
-    reason: str | None = None
-    what: str = "stream"  # what the last message says ended
-    answered: bool = False  # the final response came: the call is left to close (stream_end)
-
-    def end(self, reason: str) -> None:
-        self.reason = self.reason or reason
-        if self.call is not None:
-            self.call.cancel()
-
-
 class OpenAIFront:
     """Handles ``/v1`` for :class:`~runtime.front.http.HttpFront` (which owns the port and limits)."""
 
@@ -104,7 +120,7 @@ class OpenAIFront:
     @staticmethod
     def owns(path: str) -> bool:
         """``/v1`` and the tasks' own routes (e.g. ``/rerank``)."""
-        return path == PREFIX or path.startswith(PREFIX + "/") or path in api.task_handlers()
+        return path == PREFIX or path.startswith(PREFIX + "/") or path in task_handlers()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
@@ -118,7 +134,7 @@ class OpenAIFront:
                 f"{PREFIX}/embeddings": self._embeddings,
                 f"{PREFIX}/chat/completions": self._chat,
                 f"{PREFIX}/completions": self._completions,
-                **{p: functools.partial(h, self) for p, h in api.task_handlers().items()},
+                **{p: functools.partial(h, self) for p, h in task_handlers().items()},
             }
             route = routes.get(path)
             if route is None:
@@ -143,7 +159,7 @@ class OpenAIFront:
         key = self.settings.api_key
         if key is None:
             return
-        given = api.bearer_token(request.headers.get("Authorization"))
+        given = bearer_token(request.headers.get("Authorization"))
         if given is None or not hmac.compare_digest(given.encode(), key.encode()):
             raise OpenAIError(
                 "a valid API key is required: send 'Authorization: Bearer <key>' (the key "
@@ -167,7 +183,7 @@ class OpenAIFront:
                 f"{self.http.limits.max_json_depth} allowed",
                 400,
             )
-        return api.parse_json(body)
+        return parse_json(body)
 
     # -- the catalog ---------------------------------------------------------------------
     async def models(self) -> dict[str, ServedModel]:
@@ -181,7 +197,7 @@ class OpenAIFront:
                 configs = [
                     await self._triton_json("GET", f"/v2/models/{name}/config") for name in ready
                 ]
-                self._models, self._versions = api.catalog(configs), ready
+                self._models, self._versions = catalog(configs), ready
                 self._fetched_s = time.monotonic()
         return self._models
 
@@ -193,20 +209,20 @@ class OpenAIFront:
         silent = (
             f"no answer from tritonserver within request_timeout_s={limits.request_timeout_s:g}"
         )
-        with _upstream_errors(silent):
+        with upstream_errors(silent):
             async with self.http.session().request(
                 method, f"http://triton{path}", json=payload, timeout=timeout, headers=IDENTITY
             ) as r:
                 data = await r.read()
                 if r.status != 200:
-                    raise _triton_error(r.status, data, path)
+                    raise triton_error(r.status, data, path)
                 return json.loads(data)
 
     async def _models_route(self, model_id: str) -> web.Response:
         models = await self.models()
-        created = api.now()
+        created = now()
         if not model_id:
-            return web.json_response(api.models_list(models, created))
+            return web.json_response(models_list(models, created))
         if model_id not in models:
             raise OpenAIError(
                 f"model {model_id[:64]!r} is not served; models: {sorted(models)}",
@@ -214,7 +230,7 @@ class OpenAIFront:
                 "model",
                 "model_not_found",
             )
-        return web.json_response(api.model_card(models[model_id], created))
+        return web.json_response(model_card(models[model_id], created))
 
     def _version_dir(self, model: str) -> Path:
         return self.settings.model_repository / model / self._versions.get(model, "1")
@@ -255,22 +271,22 @@ class OpenAIFront:
 
     # -- embeddings ----------------------------------------------------------------------
     async def _embeddings(self, request: web.BaseRequest, body: dict[str, Any]) -> web.Response:
-        req = api.parse_embeddings(body, await self.models())
+        req = parse_embeddings(body, await self.models())
         m = req.model
         tokens = 0
         if m.tokenizer_model:  # off the loop: tokenizing up to max_body_bytes of text takes a while
             tokenizer = self._embedding_tokenizer(m)
             encoded = await asyncio.to_thread(tokenizer.encode, req.texts)
-            tokens = api.token_counts(encoded["attention_mask"])
+            tokens = token_counts(encoded["attention_mask"])
         vectors = await self._infer_embeddings(m, req.texts)
         return web.json_response(
-            api.embeddings_response(m.id, vectors, req.encoding_format, tokens),
+            embeddings_response(m.id, vectors, req.encoding_format, tokens),
             headers={"X-Triton-Model": m.triton_model},
         )
 
     async def _infer_embeddings(self, m: ServedModel, texts: list[str]) -> np.ndarray:
-        data, length = await self.infer(m.triton_model, api.embedding_infer_body(m, texts))
-        return api.embedding_outputs(data, length, m.output)
+        data, length = await self.infer(m.triton_model, embedding_infer_body(m, texts))
+        return embedding_outputs(data, length, m.output)
 
     async def infer(self, model: str, payload: Any) -> tuple[bytes, str | None]:
         """One v2 ``infer`` of ``model`` (JSON ``payload``) over the upstream: the body and its
@@ -280,7 +296,7 @@ class OpenAIFront:
             total=limits.request_timeout_s, connect=limits.queue_timeout_s
         )
         path = f"/v2/models/{model}/infer"
-        with _upstream_errors(self.http.timeout_message()):
+        with upstream_errors(self.http.timeout_message()):
             async with self.http.session().post(
                 f"http://triton{path}",
                 data=json.dumps(payload).encode(),
@@ -289,78 +305,79 @@ class OpenAIFront:
             ) as r:
                 data = await r.read()
                 if r.status != 200:
-                    raise _triton_error(r.status, data, model)
+                    raise triton_error(r.status, data, model)
                 return data, r.headers.get("Inference-Header-Content-Length")
 
     # -- completions ---------------------------------------------------------------------
     async def _chat(self, request: web.BaseRequest, body: dict[str, Any]) -> web.StreamResponse:
-        model = api.resolve(await self.models(), body, api.GENERATION)
+        model = resolve(await self.models(), body, GENERATION)
         gen = self._generator(model)
         vocab = gen.tokenizer.get_vocab_size()
-        req = await asyncio.to_thread(api.parse_chat, body, {model.id: model}, gen.template, vocab)
+        req = await asyncio.to_thread(parse_chat, body, {model.id: model}, gen.template, vocab)
         return await self._generate(request, req, gen, chat=True)
 
     async def _completions(
         self, request: web.BaseRequest, body: dict[str, Any]
     ) -> web.StreamResponse:
-        model = api.resolve(await self.models(), body, api.GENERATION)
+        model = resolve(await self.models(), body, GENERATION)
         gen = self._generator(model)
         vocab = gen.tokenizer.get_vocab_size()
-        req = await asyncio.to_thread(api.parse_completion, body, {model.id: model}, vocab)
+        req = await asyncio.to_thread(parse_completion, body, {model.id: model}, vocab)
         return await self._generate(request, req, gen, chat=False)
 
     async def _generate(
-        self, request: web.BaseRequest, req: api.GenerationRequest, gen: _Generator, chat: bool
+        self, request: web.BaseRequest, req: GenerationRequest, gen: _Generator, chat: bool
     ) -> web.StreamResponse:
         # The same ids as the generate model's own (GenerateEngine.prompt_ids), off the loop.
         prompt_tokens = await asyncio.to_thread(self._count, gen, req.prompt)
-        api.check_prompt_tokens(prompt_tokens, req.model, "messages" if chat else "prompt")
-        rid = api.new_id("chatcmpl" if chat else "cmpl")
+        check_prompt_tokens(prompt_tokens, req.model, "messages" if chat else "prompt")
+        rid = new_id("chatcmpl" if chat else "cmpl")
         mid = req.model.id
         if not req.stream or req.tools:
-            routes = api.generation_routes()  # n choices, logprobs, tool calls
+            routes = generation_routes()  # n choices, logprobs, tool calls
             return await routes.respond(self, request, req, gen, prompt_tokens, chat, rid)
-        slot = await self._open_slot(req.model, req.stream)
-        try:
-            call = slot.call = self._start(req, rid, request.get(QUEUE_PRIORITY_KEY))
-            if slot.reason is not None:  # ended while the prompt was counted
-                call.cancel()
-            first = await self._next(call, mid, slot)  # errors before any text: a real status
-            return await self._stream(request, req, slot, first, gen, prompt_tokens, chat, rid)
-        finally:
-            if slot.call is not None:
-                stream_end.end_call(slot.call, slot.answered and slot.reason is None)
-            self.http.admission.close_stream(slot.token)
+        async with self.session(request, req.model, stream=True) as session:
+            self.start(session, req, rid)
+            first = await self.next_chunk(session, mid)  # errors before any text: a real status
+            return await self._stream(request, req, session, first, gen, prompt_tokens, chat, rid)
 
-    async def _open_slot(self, model: ServedModel, stream: bool) -> _Slot:
-        """A streamed completion: a slot among ``model``'s open streams (its bound, shared with
-        the v2 SSE and gRPC streams to it: :class:`~runtime.front.guard.Admission`); 503 in
-        OpenAI's shape past it. A non-streamed one holds no slot but is tracked, so that the
-        supervisor (a crashed stub) and the drain end it with a 503 saying why."""
-        admission = self.http.admission
-        slot = _Slot()
-        if not stream:
-            slot.what = "request"
-            slot.token = admission.track(slot.end, model.triton_model)
-            return slot
-        await self.http.stream_capacity(model.triton_model)
-        slot.token = admission.open_stream(slot.end, model.triton_model)
-        if slot.token is None:
-            raise OpenAIError(admission.full_message(model.triton_model), 503, None, "overloaded")
-        return slot
+    @contextlib.asynccontextmanager
+    async def session(
+        self, request: web.BaseRequest, model: ServedModel, stream: bool
+    ) -> AsyncIterator[StreamSession]:
+        """A completion's :class:`StreamSession`: streamed, a slot among ``model``'s open streams
+        (its bound, shared with the v2 SSE and gRPC streams to it), 503 in OpenAI's shape past
+        it; non-streamed, no slot but tracked, so that the supervisor (a crashed stub) and the
+        drain end it with a 503 saying why. The tenant's priority goes on its request."""
+        session = StreamSession(
+            self.http.admission,
+            model.triton_model,
+            self.http.limits.request_timeout_s,
+            capacity=self.http.stream_capacity if stream else None,
+            priority=request.get(QUEUE_PRIORITY_KEY),
+            slot=stream,
+        )
+        try:
+            await session.__aenter__()
+        except StreamRefusedError as e:
+            raise OpenAIError(str(e), 503, None, "overloaded") from e
+        try:
+            yield session
+        finally:
+            session.close()
 
     async def _stream(
         self,
         request: web.BaseRequest,
-        req: api.GenerationRequest,
-        slot: _Slot,
-        first: api.StreamChunk,
+        req: GenerationRequest,
+        session: StreamSession,
+        first: StreamChunk,
         gen: _Generator,
         prompt_tokens: int,
         chat: bool,
         rid: str,
     ) -> web.StreamResponse:
-        created, mid, usage_on = api.now(), req.model.id, req.include_usage
+        created, mid, usage_on = now(), req.model.id, req.include_usage
         response = web.StreamResponse(
             status=200,
             headers={
@@ -378,49 +395,49 @@ class OpenAIFront:
                 delta = {} if text is None else {"content": text}
                 if role:
                     delta = {"role": "assistant", "content": ""}
-                out = api.chat_chunk(rid, created, mid, delta, finish, None, usage_on)
+                out = chat_chunk(rid, created, mid, delta, finish, None, usage_on)
             else:
-                out = api.text_completion(rid, created, mid, text or "", finish, None)
+                out = text_completion(rid, created, mid, text or "", finish, None)
                 if usage_on:
                     out["usage"] = None
             if lp is not None:
                 out["choices"][0]["logprobs"] = lp
-            return api.sse(out)
+            return sse(out)
 
         parts: list[str] = []
         try:
             if chat:
                 await response.write(event(None, role=True))
-            chunk: api.StreamChunk | None = first
+            chunk: StreamChunk | None = first
             while chunk is not None:
                 if chunk.text or chunk.outputs:
                     lp = None
                     if req.logprobs:  # completions' offsets count from the text so far
                         at = len("".join(parts))
-                        lp = api.generation_routes().stream_logprobs(gen, chunk, chat, at)
+                        lp = generation_routes().stream_logprobs(gen, chunk, chat, at)
                     parts.append(chunk.text)
                     await response.write(event(chunk.text, lp=lp))
                 if chunk.finish_reason is not None:
                     await response.write(event(None, chunk.finish_reason))
                     break
                 try:
-                    chunk = await self._next(slot.call, mid, slot)
+                    chunk = await self.next_chunk(session, mid)
                 except OpenAIError as e:  # mid-stream: the status is already sent
-                    await response.write(api.sse(e.body()))
+                    await response.write(sse(e.body()))
                     chunk = None
             if usage_on or USAGE_KEY in request:
                 completion = _charged(request, prompt_tokens, gen, "".join(parts))
             if usage_on:
-                use = api.usage(prompt_tokens, completion)
+                use = usage(prompt_tokens, completion)
                 if chat:
-                    final = api.chat_chunk(rid, created, mid, None, None, use, True)
+                    final = chat_chunk(rid, created, mid, None, None, use, True)
                 else:
-                    final = {**api.text_completion(rid, created, mid, "", None, use), "choices": []}
-                await response.write(api.sse(final))
-            await response.write(api.SSE_DONE)
+                    final = {**text_completion(rid, created, mid, "", None, use), "choices": []}
+                await response.write(sse(final))
+            await response.write(SSE_DONE)
             await response.write_eof()
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            stream_end.end_call(slot.call, slot.answered)  # the client went away: free its slot
+            session.client_left()  # the client went away: free its slot
         return response
 
     @staticmethod
@@ -428,27 +445,28 @@ class OpenAIFront:
         """Tokens of ``text`` by the served tokenizer (no special tokens added)."""
         return len(gen.tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
 
-    def _start(self, req: api.GenerationRequest, rid: str, priority: int | None) -> Any:
-        message = api.generate_request(
+    def start(self, session: StreamSession, req: GenerationRequest, rid: str) -> None:
+        """Open ``req``'s generate call in ``session`` (with the tenant's priority)."""
+        message = generate_request(
             req.model.triton_model, req.prompt, req.parameters, req.stop, rid
         )
-        set_queue_priority(message, priority)  # the tenant's (never the client's)
-        return front_stream.start_stream(self.channel(), message)
+        session.start(self.channel(), message)
 
-    async def _next(self, call: Any, model: str, slot: _Slot | None = None) -> api.StreamChunk:
-        """The next chunk of ``call``; a call the front ended (``slot.end``: drain, a crashed
-        stub) is a 503 saying why, like the v2 streams' last event."""
-        timeout_s = self.http.limits.request_timeout_s
+    async def next_chunk(self, session: StreamSession, model: str) -> StreamChunk:
+        """The next chunk of ``session``'s call; a call the front ended (drain, a crashed stub)
+        is a 503 saying why, like the v2 streams' last event."""
         try:
-            message = await front_stream.next_response(call, timeout_s)
+            message = await session.read()
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if slot is None or slot.reason is None or (task is not None and task.cancelling()):
+            if session.reason is None or (task is not None and task.cancelling()):
                 raise
-            raise OpenAIError(f"{slot.reason}: {slot.what} ended", 503) from None
+            what = "stream" if session.slot else "request"
+            raise OpenAIError(f"{session.reason}: {what} ended", 503) from None
         except TimeoutError as e:
             raise OpenAIError(
-                f"{model}: no output from tritonserver within request_timeout_s={timeout_s:g}",
+                f"{model}: no output from tritonserver within "
+                f"request_timeout_s={session.timeout_s:g}",
                 503,
             ) from e
         except grpc.aio.AioRpcError as e:
@@ -457,37 +475,15 @@ class OpenAIFront:
             raise OpenAIError(f"{model}: {code.name}: {e.details() or ''}"[:300], status) from e
         if message is None:
             raise OpenAIError(f"{model}: the stream ended without a final response", 500)
-        chunk = api.stream_chunk(message, model)
-        if slot is not None and chunk.finish_reason is not None:
-            slot.answered = True
+        chunk = stream_chunk(message, model)
+        if chunk.finish_reason is not None:
+            session.answered = True
         return chunk
-
-
-@contextlib.contextmanager
-def _upstream_errors(timeout_message: str) -> Iterator[None]:
-    """A silent or unreachable tritonserver, within the block, as a 503 :class:`OpenAIError`."""
-    try:
-        yield
-    except TimeoutError as e:
-        raise OpenAIError(timeout_message, 503) from e
-    except (aiohttp.ClientError, OSError) as e:
-        raise OpenAIError(
-            f"tritonserver not reachable (restarting?): {type(e).__name__}", 503
-        ) from e
 
 
 def _error(e: OpenAIError) -> web.Response:
     headers = {"Retry-After": str(retry_after_s(str(e)))} if e.status == 503 else None
     return web.json_response(e.body(), status=e.status, headers=headers)
-
-
-def _triton_error(status: int, data: bytes, where: str) -> OpenAIError:
-    try:
-        message = str(json.loads(data).get("error", ""))
-    except (ValueError, AttributeError):
-        message = data[:200].decode("utf-8", "replace")
-    mapped = status if status in (400, 404, 413, 429, 503) else 500
-    return OpenAIError(f"{where}: {message[:300]}", mapped)
 
 
 def _charged(request: web.BaseRequest, prompt_tokens: int, gen: _Generator, text: str) -> int:

@@ -4,11 +4,13 @@ encoding)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import numpy as np
 
 from tritonforge.generation import FINISH_REASON, TEXT_INPUT, TEXT_OUTPUT
@@ -127,3 +129,26 @@ def stream_chunk(message: Any, model: str) -> StreamChunk:
     if final is not None and final.bool_param:
         raise OpenAIError(f"{model}: the final response carried no {FINISH_REASON}", 500)
     return StreamChunk(text, None, others)
+
+
+@contextlib.contextmanager
+def upstream_errors(timeout_message: str) -> Iterator[None]:
+    """A silent or unreachable tritonserver, within the block, as a 503 :class:`OpenAIError`."""
+    try:
+        yield
+    except TimeoutError as e:
+        raise OpenAIError(timeout_message, 503) from e
+    except (aiohttp.ClientError, OSError) as e:
+        raise OpenAIError(
+            f"tritonserver not reachable (restarting?): {type(e).__name__}", 503
+        ) from e
+
+
+def triton_error(status: int, data: bytes, where: str) -> OpenAIError:
+    """A v2 error answer of tritonserver (``status``, body ``data``) as an :class:`OpenAIError`."""
+    try:
+        message = str(json.loads(data).get("error", ""))
+    except (ValueError, AttributeError):
+        message = data[:200].decode("utf-8", "replace")
+    mapped = status if status in (400, 404, 413, 429, 503) else 500
+    return OpenAIError(f"{where}: {message[:300]}", mapped)

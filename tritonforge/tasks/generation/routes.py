@@ -17,9 +17,19 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from tritonforge.runtime.errors import OpenAIError
-from tritonforge.runtime.front import stream_end
-from tritonforge.runtime.front.guard import QUEUE_PRIORITY_KEY, note_usage
-from tritonforge.runtime.front.openai import api
+from tritonforge.runtime.front.guard import note_usage
+from tritonforge.runtime.front.openai.catalog import GENERATION
+from tritonforge.runtime.front.openai.requests import GenerationRequest, parse_messages
+from tritonforge.runtime.front.openai.responses import (
+    SSE_DONE,
+    chat_chunk,
+    chat_completion,
+    now,
+    sse,
+    text_completion,
+    usage,
+)
+from tritonforge.runtime.front.openai.upstream import StreamChunk
 from tritonforge.tasks.generation import tools as tool_calls
 from tritonforge.tasks.generation.structured import (
     LOGPROBS_OUTPUT,
@@ -112,7 +122,7 @@ Choice = tuple[str, str, list[TokenLogprob]]  # text, finish reason, token logpr
 async def respond(
     front: OpenAIFront,
     request: web.BaseRequest,
-    req: api.GenerationRequest,
+    req: GenerationRequest,
     gen: _Generator,
     prompt_tokens: int,
     chat: bool,
@@ -124,11 +134,11 @@ async def respond(
     done = [r for r in rows if r is not None]
     if len(done) < len(rows):
         return web.Response(status=499)  # gone: each call was cancelled
-    created, mid = api.now(), req.model.id
+    created, mid = now(), req.model.id
     completion = sum(front._count(gen, text) for text, _, _ in done)
     note_usage(request, prompt_tokens, completion)  # the tenant's account
-    use = api.usage(prompt_tokens, completion)
-    build = api.chat_completion if chat else api.text_completion
+    use = usage(prompt_tokens, completion)
+    build = chat_completion if chat else text_completion
     out = build(rid, created, mid, done[0][0], done[0][1], use)
     out["choices"] = [
         _choice_body(
@@ -149,33 +159,22 @@ async def respond(
 
 
 async def collect(
-    front: OpenAIFront, request: web.BaseRequest, req: api.GenerationRequest, index: int, rid: str
+    front: OpenAIFront, request: web.BaseRequest, req: GenerationRequest, index: int, rid: str
 ) -> Choice | None:
     """Choice ``index``: its text, finish reason and token logprobs (None: the client went
     away). Each call holds its own tracked slot (drain and a crashed stub end it with a 503)."""
-    slot = await front._open_slot(req.model, False)
     mid = req.model.id
-    try:
-        call = slot.call = front._start(
-            replace(req, parameters=row_parameters(req.parameters, index)),
-            rid,
-            request.get(QUEUE_PRIORITY_KEY),
-        )
-        if slot.reason is not None:  # ended while the prompt was counted
-            call.cancel()
-        chunk = await front._next(call, mid, slot)  # errors before any text: a real status
+    async with front.session(request, req.model, stream=False) as session:
+        front.start(session, replace(req, parameters=row_parameters(req.parameters, index)), rid)
+        chunk = await front.next_chunk(session, mid)  # errors before any text: a real status
         parts, entries = [chunk.text], chunk_entries(chunk)
         while chunk.finish_reason is None:
             if request.transport is None or request.transport.is_closing():
-                return None  # gone: the finally cancels the call
-            chunk = await front._next(call, mid, slot)
+                return None  # gone: the session's end cancels the call
+            chunk = await front.next_chunk(session, mid)
             parts.append(chunk.text)
             entries += chunk_entries(chunk)
         return "".join(parts), chunk.finish_reason, entries
-    finally:
-        if slot.call is not None:
-            stream_end.end_call(slot.call, slot.answered and slot.reason is None)
-        front.http.admission.close_stream(slot.token)
 
 
 async def gather_all(coros: list[Coroutine[Any, Any, Any]]) -> list[Any]:
@@ -190,7 +189,7 @@ async def gather_all(coros: list[Coroutine[Any, Any, Any]]) -> list[Any]:
         raise
 
 
-def chunk_entries(chunk: api.StreamChunk) -> list[TokenLogprob]:
+def chunk_entries(chunk: StreamChunk) -> list[TokenLogprob]:
     """The token logprobs a generate response carried (none when not asked)."""
     try:
         return [e for raw in chunk.outputs.get(LOGPROBS_OUTPUT, []) for e in entries_from_json(raw)]
@@ -199,7 +198,7 @@ def chunk_entries(chunk: api.StreamChunk) -> list[TokenLogprob]:
 
 
 def stream_logprobs(
-    gen: _Generator, chunk: api.StreamChunk, chat: bool, text_offset: int
+    gen: _Generator, chunk: StreamChunk, chat: bool, text_offset: int
 ) -> dict[str, Any]:
     """A streamed chunk's ``logprobs`` object (``text_offset``: the text streamed before it)."""
     return choice_logprobs(gen.tokenizer, chunk_entries(chunk), chat, text_offset)
@@ -222,8 +221,8 @@ def tool_messages(raw: Any, tools: tool_calls.Tools | None) -> Any:
 
 
 def with_tools(
-    req: api.GenerationRequest, body: Mapping[str, Any], tools: tool_calls.Tools | None
-) -> api.GenerationRequest:
+    req: GenerationRequest, body: Mapping[str, Any], tools: tool_calls.Tools | None
+) -> GenerationRequest:
     """``req`` with tool calling on: a forced call (``required`` or a named function) is the
     grammar the output follows; ``auto`` leaves the output free (a call when it parses as one)."""
     if tools is None:
@@ -255,7 +254,7 @@ def _choice_body(
 
 async def _stream_whole(
     request: web.BaseRequest,
-    req: api.GenerationRequest,
+    req: GenerationRequest,
     out: dict[str, Any],
     rid: str,
 ) -> web.StreamResponse:
@@ -275,17 +274,13 @@ async def _stream_whole(
     elif message["content"]:
         deltas.append({"content": message["content"]})
     for delta in deltas:
-        await response.write(
-            api.sse(api.chat_chunk(rid, created, mid, delta, None, None, usage_on))
-        )
-    end = api.chat_chunk(rid, created, mid, {}, choice["finish_reason"], None, usage_on)
+        await response.write(sse(chat_chunk(rid, created, mid, delta, None, None, usage_on)))
+    end = chat_chunk(rid, created, mid, {}, choice["finish_reason"], None, usage_on)
     end["choices"][0]["logprobs"] = choice["logprobs"]
-    await response.write(api.sse(end))
+    await response.write(sse(end))
     if usage_on:
-        await response.write(
-            api.sse(api.chat_chunk(rid, created, mid, None, None, out["usage"], True))
-        )
-    await response.write(api.SSE_DONE)
+        await response.write(sse(chat_chunk(rid, created, mid, None, None, out["usage"], True)))
+    await response.write(SSE_DONE)
     await response.write_eof()
     return response
 
@@ -293,7 +288,7 @@ async def _stream_whole(
 def _text_model(models: Mapping[str, ServedModel], body: Mapping[str, Any]) -> ServedModel:
     """The text model ``body["model"]`` names (the only one when it names none): a generator, or
     any catalog model with a served tokenizer stage (an embedder, a reranker: whichever task's)."""
-    text = {k: m for k, m in models.items() if m.kind == api.GENERATION or m.tokenizer_model}
+    text = {k: m for k, m in models.items() if m.kind == GENERATION or m.tokenizer_model}
     name = body.get("model")
     if name is None and len(text) == 1:
         return next(iter(text.values()))
@@ -304,7 +299,7 @@ def _text_model(models: Mapping[str, ServedModel], body: Mapping[str, Any]) -> S
 
 async def _tokenizer(front: OpenAIFront, model: ServedModel) -> tuple[Any, Any, int]:
     """``(tokenizers.Tokenizer, generation metadata or None, the prompt limit)``."""
-    if model.kind != api.GENERATION:  # its tokenizer stage's (the BERT tokenizer discovery)
+    if model.kind != GENERATION:  # its tokenizer stage's (the BERT tokenizer discovery)
         tok = await asyncio.to_thread(front._embedding_tokenizer, model)
         return tok.tokenizer, None, tok.max_length
     gen = front._generator(model)
@@ -335,7 +330,7 @@ async def tokenize(front: OpenAIFront, request: web.BaseRequest, body: Any) -> w
         template = (meta or {}).get("chat_template")
         if not template:
             raise OpenAIError(f"model {model.id!r} has no chat template", 400, "messages")
-        prompt = render_chat(api.parse_messages(body["messages"]), template)
+        prompt = render_chat(parse_messages(body["messages"]), template)
     elif isinstance(body.get("prompt"), str):
         prompt = str(body["prompt"])
     else:

@@ -64,7 +64,7 @@ class OpenAIEmbeddingsUser(base.JsonHttpUser):
     path = "/v1/embeddings"
 
     def setup(self) -> None:
-        from tritonforge.runtime.front.openai.api import embedding_model_id
+        from tritonforge.runtime.front.openai.catalog import embedding_model_id
 
         self.pipeline, self.model, _, _ = target(self.environment, embedding.NAME)
         variant = next((v for v, m in self.pipeline.ensembles.items() if m == self.model), None)
