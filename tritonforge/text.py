@@ -145,6 +145,22 @@ class TextTokenizer:
         """The underlying ``tokenizers.Tokenizer`` (``/tokenize`` spells texts with it)."""
         return self._tokenizer
 
+    def lengths(self, texts: Sequence[str]) -> list[int]:
+        """Each text's token count after truncation (its padding not counted)."""
+        return [sum(e.attention_mask) for e in self._tokenizer.encode_batch(list(texts))]
+
+    def encode_by_length(
+        self, texts: Sequence[str], batch: int
+    ) -> tuple[list[int], list[dict[str, np.ndarray]]]:
+        """``(order, batches)``: ``texts`` tokenized in batches of ``batch`` rows of similar
+        length (:func:`length_sorted_batches`), ``order`` the index into ``texts`` of each row of
+        the batches laid end to end. Padding each batch to its longest then costs little."""
+        groups = length_sorted_batches(self.lengths(texts), batch)
+        return (
+            [i for g in groups for i in g],
+            [self.encode([texts[i] for i in g]) for g in groups],
+        )
+
     def encode(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         """Tokenize ``texts`` as one batch: int64 ``[len(texts), longest]`` per output name."""
         if not texts:
@@ -154,6 +170,15 @@ class TextTokenizer:
             name: np.array([getattr(e, _ENCODING_FIELDS[name]) for e in encodings], dtype=np.int64)
             for name in self.outputs
         }
+
+
+def length_sorted_batches(lengths: Sequence[int], batch: int) -> list[list[int]]:
+    """Indices of ``lengths`` ordered by length (ties: by index, so the order is deterministic),
+    cut into batches of ``batch``: each batch holds rows of similar length."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    return [order[i : i + batch] for i in range(0, len(order), batch)]
 
 
 def split_tokens(

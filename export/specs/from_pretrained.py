@@ -82,9 +82,15 @@ def _token_rows(lengths: Sequence[int], rng: np.random.Generator, info: Checkpoi
     return {name: full[name] for name in info.input_names}
 
 
-def _corpus(texts: TextsFn, tokenizer: Callable[[], TextTokenizer], batch: int) -> list[Inputs]:
+def _corpus(
+    texts: TextsFn, tokenizer: Callable[[], TextTokenizer], batch: int, by_length: bool = False
+) -> list[Inputs]:
+    """``texts`` tokenized in batches of ``batch``, in their order or (``by_length``) grouped by
+    token count, which pads far less (a gate's figures are per row, so the order is free)."""
     tok = tokenizer()
     sentences = texts()
+    if by_length:
+        return tok.encode_by_length(sentences, batch)[1]
     return [tok.encode(sentences[i : i + batch]) for i in range(0, len(sentences), batch)]
 
 
@@ -183,6 +189,8 @@ def pipeline_from_pretrained(
     normalize: bool | None = None,
     calibration_texts: TextsFn | None = None,
     evaluation_texts: TextsFn | None = None,
+    evaluation_batch: int = 8,
+    evaluation_by_length: bool = False,
     corpus_source: tuple[str, str] | None = None,
     export_name: str | None = None,
     gate: QualityGate | None = None,
@@ -200,6 +208,8 @@ def pipeline_from_pretrained(
     directory's name. The int8 corpora default to the project's generic English sentences.
     ``pipeline`` passes :class:`PipelineSpec` fields (``stage_prefix``, ``tokenizer``, ``bls``...);
     ``export_name`` names the encoder export in logs and reports (default ``name``).
+    ``evaluation_by_length`` batches the gate's held-out texts (``evaluation_batch`` rows) by
+    token count: a large held-out set then costs about its real tokens, not its padding.
     """
     directory = Path(directory)
     info = inspect_checkpoint(directory, normalize)
@@ -227,7 +237,7 @@ def pipeline_from_pretrained(
         benchmark_lengths=(min(64, length),) * 8,
         calibration=partial(_corpus, calibration, tokenizer, 8),
         calibration_source=sources[0],
-        evaluation=partial(_corpus, evaluation, tokenizer, 8),
+        evaluation=partial(_corpus, evaluation, tokenizer, evaluation_batch, evaluation_by_length),
         evaluation_source=sources[1],
         quality_gate=gate or default_gate,
         quantization=_quantization(keep_fp32, keep_fp32_by_target),

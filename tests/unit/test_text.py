@@ -14,6 +14,7 @@ from tritonforge.text import (
     decode_texts,
     l2_normalize,
     l2_normalize_rows,
+    length_sorted_batches,
     mean_pool,
     nearest_neighbours,
     rowwise_cosine,
@@ -162,3 +163,27 @@ def test_pad_to_multiple_of_rounds_each_request_up_and_stays_masked() -> None:
     assert parts[0]["input_ids"].shape == parts[2]["input_ids"].shape == (1, 8)
     with pytest.raises(ValueError, match="must be >= 1 and divide max_length"):
         TextTokenizer(TOKENIZER_JSON, max_length=30, pad_to_multiple_of=8)
+
+
+# -- batching held-out sets by length ------------------------------------------------------------
+def test_length_sorted_batches_order_by_length_then_index() -> None:
+    assert length_sorted_batches([5, 2, 9, 2, 7], 2) == [[1, 3], [0, 4], [2]]
+    assert length_sorted_batches([], 4) == []
+    with pytest.raises(ValueError, match="batch"):
+        length_sorted_batches([1], 0)
+
+
+def test_encode_by_length_keeps_every_row_and_pads_less(tokenizer: TextTokenizer) -> None:
+    texts = ["a much longer sentence than the others here", "hi", "a mid sized one", "yo", "ok"]
+    order, batches = tokenizer.encode_by_length(texts, 2)
+    assert sorted(order) == list(range(len(texts)))
+    assert tokenizer.lengths(texts) == [
+        int(m.sum()) for m in tokenizer.encode(texts)["attention_mask"]
+    ]
+    rows = [row for b in batches for row in b["input_ids"].tolist()]
+    for index, row in zip(order, rows, strict=True):  # each row is its text, unpadded prefix
+        alone = tokenizer.encode([texts[index]])["input_ids"][0].tolist()
+        assert row[: len(alone)] == alone and not any(row[len(alone) :])
+    padded = sum(b["input_ids"].size for b in batches)
+    in_order = sum(tokenizer.encode(texts[i : i + 2])["input_ids"].size for i in range(0, 5, 2))
+    assert padded < in_order
