@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 
 from tritonforge.decoder import OrtDecoder
-from tritonforge.errors import InvalidInputError
+from tritonforge.errors import InvalidInputError, ModelConfigError
 from tritonforge.generation import check_variant, queue_priority, render_prompt, with_bos
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import VARIANT_KEY, VARIANT_PARAMETER
 from tritonforge.sampling import GenerationLimits, parse_sampling
 from tritonforge.scheduler import ErrorFn, Generation, OutputFn, Scheduler, queue_rank
-from tritonforge.text_stream import TextStream
+from tritonforge.text_stream import StreamInterval, TextStream
 
 # the full-batch warm-up's tokens: enough decode steps that its prefill weighs little in the
 # measured seconds per token (4 made the first forecast ~6x too long on a busy host)
@@ -65,6 +65,13 @@ class GenerateEngine:
             max_new_tokens_limit=config.param("max_new_tokens_limit", kind=int),
             default_max_new_tokens=config.param("default_max_new_tokens", kind=int),
         )
+        try:
+            interval = StreamInterval(
+                config.param("stream_interval_rows", 0, int),
+                config.param("stream_interval_max_tokens", 1, int),
+            )
+        except ValueError as e:  # absent (exported before it): one token per response, as then
+            raise ModelConfigError(f"model {config.name!r}: parameters.{e}") from e
         self.scheduler = Scheduler(
             self.decoder,
             self.decoder.empty_past,
@@ -76,6 +83,7 @@ class GenerateEngine:
             on_step=on_step,
             layout=self.decoder.layout,
             kv_headroom=self.decoder.kv_headroom,
+            stream_interval=interval,
         )
         self.seeds = np.random.SeedSequence()
 

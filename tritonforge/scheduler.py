@@ -35,7 +35,7 @@ from tritonforge.queue_forecast import (
     retry_hint,
 )
 from tritonforge.sampling import SamplingParams, sample_next
-from tritonforge.text_stream import TextStream
+from tritonforge.text_stream import PendingText, StreamInterval, TextStream
 
 # The ``finish_reason`` values of the generate convention.
 FINISH_LENGTH, FINISH_STOP = "length", "stop"
@@ -89,6 +89,7 @@ class Generation:
     processing: RowProcessing | None = None  # None: today's path, untouched
     admitted_s: float = 0.0  # ... when it got a slot (its prefill began)
     priority: int = 0  # 1 is the most urgent (Triton's convention); 0: the default, after all
+    pending: PendingText = field(default_factory=PendingText)  # decoded, not sent yet
 
     @property
     def rank(self) -> int:
@@ -98,7 +99,7 @@ class Generation:
     def finish(self, text: str, reason: str) -> None:
         if not self.finished:
             self.finished = True
-            self.on_output(self, text, reason)
+            self.on_output(self, self.pending.take() + text, reason)
 
     def fail(self, error: ServingError) -> None:
         if not self.finished:
@@ -133,6 +134,7 @@ class Scheduler:
         layout: str = LEFT,
         kv_headroom: int = 0,
         rate: ServiceRate | None = None,
+        stream_interval: StreamInterval | None = None,
     ) -> None:
         """``name``: the model serving (its config's name), which every message names.
         ``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
@@ -146,7 +148,8 @@ class Scheduler:
         ``layout``: the
         step's cache layout (``kv_batch.LEFT`` or ``RIGHT``, ``OrtDecoder.layout``);
         ``kv_headroom``: free columns a right-padded batch keeps for a step that writes in
-        place (``OrtDecoder.kv_headroom``; 0: none)."""
+        place (``OrtDecoder.kv_headroom``; 0: none). ``stream_interval``: tokens per streamed
+        response by running rows (None: one token per response)."""
         if queue_timeout_s is not None and queue_timeout_s <= 0:
             raise ValueError(f"queue_timeout_s must be > 0, got {queue_timeout_s}")
         self.name = name
@@ -170,6 +173,7 @@ class Scheduler:
         self.rate = rate or ServiceRate()
         self.prefilling: list[Generation] = []  # admitted, in their prefill call
         self.prefill_ends_s = 0.0  # the clock when the prefill under way should end (forecast)
+        self.stream_interval = stream_interval or StreamInterval()
 
     # -- producer side -------------------------------------------------------------------
     def check_admission(self, rank: int = DEFAULT_RANK) -> None:
@@ -450,16 +454,19 @@ class Scheduler:
         logits, presents = self.step_fn(b.last[:, None], mask, b.positions[:, None], b.past)
         b.advance(presents, mask)
         self.batch_sizes.append(len(b))
+        per_response = self.stream_interval.tokens(size)
         for i, seq in enumerate(b.rows):
-            b.last[i] = self._emit(seq, logits[i, -1])
+            b.last[i] = self._emit(seq, logits[i, -1], per_response)
         b.remove([i for i, s in enumerate(b.rows) if s.finished])
         self.rate.observe_step(self.clock() - started_s, size)
 
     def _finished(self, seq: Generation) -> None:
         self.rate.observe_finish(len(seq.tokens), seq.params.max_new_tokens)
 
-    def _emit(self, seq: Generation, logits: np.ndarray) -> int:
-        """Sample, record and stream one token; finish the sequence when it is done."""
+    def _emit(self, seq: Generation, logits: np.ndarray, per_response: int = 1) -> int:
+        """Sample, record and stream one token (sent with the text pending once
+        ``per_response`` tokens are: :class:`StreamInterval`); finish the sequence when it is
+        done (its last response carries everything pending)."""
         if seq.processing is None:
             token = sample_next(logits, seq.params, seq.rng)
         else:
@@ -477,6 +484,8 @@ class Scheduler:
         elif len(seq.tokens) >= seq.params.max_new_tokens:
             seq.finish(chunk + seq.stream.finish(), FINISH_LENGTH)
             self._finished(seq)
-        elif chunk:
-            seq.on_output(seq, chunk, None)
+        else:
+            text = seq.pending.add(chunk, per_response)
+            if text is not None:
+                seq.on_output(seq, text, None)
         return token

@@ -4,6 +4,7 @@ a stop string (:class:`TextStream`, over :func:`stop_split`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -61,3 +62,53 @@ class TextStream:
         chunk = text[self.sent : max(end, self.sent)]
         self.sent = max(end, self.sent)
         return chunk
+
+
+@dataclass(frozen=True)
+class StreamInterval:
+    """How many tokens one streamed response carries while ``running`` rows decode together
+    (vLLM's ``--stream-interval``, adaptive): a response costs about the same whatever it
+    carries (the stub's response, Triton's gRPC stream, the client), so under load several
+    tokens share one. ``rows_per_token`` rows per token in a response (0: one token per
+    response, always), at most ``max_tokens``; the first token always goes alone at once (TTFT)
+    and the last response carries whatever is pending with the finish reason."""
+
+    rows_per_token: int = 0
+    max_tokens: int = 1
+
+    def __post_init__(self) -> None:
+        if self.rows_per_token < 0 or self.max_tokens < 1:
+            raise ValueError(
+                f"stream_interval_rows must be >= 0 and stream_interval_max_tokens >= 1, got "
+                f"{self.rows_per_token} and {self.max_tokens}"
+            )
+
+    def tokens(self, running: int) -> int:
+        """Tokens per response at ``running`` rows: ``ceil(running / rows_per_token)`` within
+        ``[1, max_tokens]``."""
+        if self.rows_per_token == 0:
+            return 1
+        return max(1, min(self.max_tokens, -(-running // self.rows_per_token)))
+
+
+@dataclass
+class PendingText:
+    """Text decoded but not sent yet, and the tokens it covers (:class:`StreamInterval`)."""
+
+    text: str = ""
+    tokens: int = 0
+    sent_any: bool = False
+
+    def add(self, chunk: str, per_response: int) -> str | None:
+        """Add one token's ``chunk``; the text to send now (None: keep it pending). A token that
+        decodes to no text yet (a partial character, a held-back stop prefix) still counts."""
+        self.text += chunk
+        self.tokens += 1
+        if not self.text or (self.sent_any and self.tokens < per_response):
+            return None
+        return self.take()
+
+    def take(self) -> str:
+        """Everything pending (sent now: the count restarts)."""
+        text, self.text, self.tokens, self.sent_any = self.text, "", 0, True
+        return text

@@ -28,6 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from tritonforge.loadtest.bench.generate_cells import (
+    Cell,
+    Timing,
+    chunk_tokens,
+    median_cells,
+    token_gaps_ms,
+)
 from tritonforge.loadtest.bench.services import baseline_service
 from tritonforge.loadtest.errors import StreamError
 from tritonforge.logs import run_main
@@ -49,34 +56,6 @@ PROMPTS = (
     "Give me advice for a job interview.",
     "Describe the water cycle.",
 )
-
-
-@dataclass
-class Timing:
-    """One request: seconds from submit to the first chunk and to each later chunk, tokens."""
-
-    first_s: float = float("nan")
-    end_s: float = float("nan")
-    chunk_s: list[float] = field(default_factory=list)
-    tokens: int = 0
-    error: str | None = None
-
-
-@dataclass
-class Cell:
-    target: str
-    concurrency: int
-    requests: int
-    failures: int
-    window_s: float
-    tokens_per_s: float
-    ttft_p50_ms: float
-    ttft_p99_ms: float
-    itl_p50_ms: float
-    latency_p50_ms: float
-    latency_p99_ms: float
-    itl_p99_ms: float = float("nan")  # over every gap between chunks of every request
-    round: int = 0
 
 
 StreamFn = Callable[[str, int], Iterator[str]]
@@ -112,6 +91,7 @@ def run_cell(
                 t.end_s = time.perf_counter() - start
                 t.first_s = t.chunk_s[0] if t.chunk_s else t.end_s
                 t.tokens = count_tokens("".join(text))
+                t.chunk_tokens = chunk_tokens(text, count_tokens)
                 if texts is not None:
                     with lock:
                         texts.setdefault(prompt, "".join(text))
@@ -130,6 +110,7 @@ def run_cell(
     ok = [t for t in timings if t.error is None]
     itl = [(t.end_s - t.first_s) / (t.tokens - 1) * 1000 for t in ok if t.tokens > 1]
     gaps = [(b - a) * 1000 for t in ok for a, b in zip(t.chunk_s, t.chunk_s[1:], strict=False)]
+    per_token = [g for t in ok for g in token_gaps_ms(t.chunk_s, t.chunk_tokens)]
 
     def pct(values: Sequence[float], q: float) -> float:
         return float(np.percentile(values, q)) if values else float("nan")
@@ -146,33 +127,9 @@ def run_cell(
         itl_p50_ms=pct(itl, 50),
         latency_p50_ms=pct([t.end_s * 1000 for t in ok], 50),
         latency_p99_ms=pct([t.end_s * 1000 for t in ok], 99),
-        itl_p99_ms=pct(gaps, 99),
+        itl_p99_ms=pct(per_token, 99),
+        chunk_gap_p99_ms=pct(gaps, 99),
     )
-
-
-def median_cells(cells: Sequence[Cell]) -> list[Cell]:
-    """One cell per (target, concurrency): the median of each figure over the rounds."""
-    groups: dict[tuple[str, int], list[Cell]] = {}
-    for c in cells:
-        groups.setdefault((c.target, c.concurrency), []).append(c)
-    out = []
-    for (target, conc), group in groups.items():
-        values = {
-            k: float(np.median([getattr(c, k) for c in group]))
-            for k in asdict(group[0])
-            if k not in ("target", "concurrency", "requests", "failures", "round")
-        }
-        out.append(
-            Cell(
-                target=target,
-                concurrency=conc,
-                requests=sum(c.requests for c in group),
-                failures=sum(c.failures for c in group),
-                round=len(group),
-                **values,
-            )
-        )
-    return out
 
 
 # -- targets ----------------------------------------------------------------------------------

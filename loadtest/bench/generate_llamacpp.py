@@ -1,7 +1,4 @@
-"""Served generation vs llama.cpp, side by side (issue 20 item 1; the generation section of
-``make bench``).
-
-One run, interleaved rounds (every round measures every target, so a load swing on the shared
+"""Served generation vs llama.cpp, side by side (the generation section of ``make bench``). One run, interleaved rounds (every round measures every target, so a load swing on the shared
 machine hits all alike), the same 8 prompts rendered through the chat template and sent as the
 same token ids, greedy, ``--max-tokens`` new tokens:
 
@@ -14,7 +11,8 @@ same token ids, greedy, ``--max-tokens`` new tokens:
 Token counts: our decoders stop at EOS, so each row reports its tokens per request; the bench
 says whether every row emitted the same count (``same_token_counts``). Tokens are counted by
 re-tokenizing the streamed text with our tokenizer on every side. Per cell: decode tok/s (one
-stream: 1000 / median inter-token ms), aggregate tok/s, TTFT p50, p99 inter-token latency.
+stream: 1000 / median inter-token ms, from each request's tokens over its time after the first),
+aggregate tok/s, TTFT p50, p99 inter-token latency (a chunk of k tokens after g ms: k of g / k).
 Beside each row: greedy agreement with our fp32 output (mean common-prefix fraction of its
 tokens, and identical outputs; each prompt's first output in round 0, 1 stream first: fp32 is
 batch-invariant, so its reference is its alone output) and held-out perplexity where computable. Ratios vs
@@ -69,9 +67,10 @@ class Goal:
 
 GOALS = (
     Goal("single-stream decode tok/s >= 1.0x", 1, "decode_tok_s", 1.0, True),
-    Goal("8 streams aggregate tok/s >= 1.2x", 8, "tokens_per_s", 1.2, True),
-    Goal("16 streams aggregate tok/s >= 1.2x", 16, "tokens_per_s", 1.2, True),
+    Goal("8 streams aggregate tok/s >= 1.5x", 8, "tokens_per_s", 1.5, True),
+    Goal("16 streams aggregate tok/s >= 1.5x", 16, "tokens_per_s", 1.5, True),
     Goal("16 streams TTFT p50 <= 0.8x", 16, "ttft_p50_ms", 0.8, False),
+    Goal("16 streams inter-token p99 <= 1.0x", 16, "itl_p99_ms", 1.0, False),  # tokens per gap
 )
 
 

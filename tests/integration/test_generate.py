@@ -90,6 +90,22 @@ def test_batching_invariance_concurrent_streams(pipeline_server: EmbeddedServer)
     assert together[:3] == alone
 
 
+def test_streams_under_load_carry_every_token_in_order(pipeline_server: EmbeddedServer) -> None:
+    """8 concurrent streams (the stream interval sends several tokens per response when many
+    rows run: config ``stream_interval_*``) over gRPC and SSE give each prompt the text it gets
+    alone, with exactly one final response."""
+    prompts = [p * (1 + i % 3) for i, p in enumerate(PROMPTS * 2)]
+    g, h = grpc_client(pipeline_server), http_client(pipeline_server)
+    alone = [g.generate(p, stream=False, max_tokens=12) for p in prompts]
+    for c in (g, h):
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            streams = list(pool.map(lambda p, c=c: list(c.stream(p, max_tokens=12)), prompts))
+        for chunks, want in zip(streams, alone, strict=True):
+            assert "".join(x.text for x in chunks) == want
+            assert [x.finish_reason is not None for x in chunks].count(True) == 1
+            assert chunks[-1].finish_reason in ("length", "stop")
+
+
 def test_async_iterators_over_both_protocols(pipeline_server: EmbeddedServer) -> None:
     async def collect(url: str, protocol: str) -> tuple[str, str | None]:
         c = AsyncGenerateClient(url, protocol=protocol, timeout_s=120)

@@ -105,6 +105,8 @@ def generate_config(spec: DecoderSpec, variant: str, int8: bool) -> TritonConfig
         "max_queue": s.max_queue,
         "queue_timeout_s": f"{s.queue_timeout_s:g}",
         "intra_op_threads": s.intra_op_threads,
+        "stream_interval_rows": s.stream_interval_rows,
+        "stream_interval_max_tokens": s.stream_interval_max_tokens,
         "warmup_prompt": s.warmup_prompt,
         TASK_KEY: "generation",
         ROLE_KEY: GENERATOR_ROLE,

@@ -28,6 +28,11 @@ class GenerationServing:
     # an answer or a clean refusal in bounded time, whatever floods came first
     queue_timeout_s: float = 10.0
     intra_op_threads: int = 2
+    # the stream interval (text_stream.StreamInterval): one streamed response carries
+    # ceil(running rows / stream_interval_rows) tokens, at most stream_interval_max_tokens (0
+    # rows: one token per response); measured: docs/performance.md, "Latest run: generation"
+    stream_interval_rows: int = 4
+    stream_interval_max_tokens: int = 4
     # Every variant is its own Triton model (own scheduler, own per-model metrics): the default
     # variant is ``model_name``, any other ``<model_name>_<variant>`` (pipelines.generator_name).
     variants: tuple[str, ...] = ("fp32", "int8")
