@@ -181,8 +181,13 @@ def prioritized_body(
     body that sets it is refused (400 naming it). A body that is not a JSON object is left as it
     came (the front's JSON checks and Triton answer it)."""
     split = parse_header_length(header_length, len(body), LENGTH_HEADER) if header_length else None
+    text = body[:split] if split is not None else body
+    if (priority is None or priority <= 0) and not (
+        QUEUE_PRIORITY_PARAMETER.encode() in text or b"\\u" in text  # a key spelt with escapes
+    ):
+        return body, header_length  # nothing to add, nothing to refuse: no parse on the hot path
     try:
-        header = json.loads(body[:split] if split is not None else body or b"{}")
+        header = json.loads(text or b"{}")
     except ValueError:
         return body, header_length
     if not isinstance(header, dict):

@@ -264,3 +264,12 @@ def test_non_streamed_bodies_carry_the_tenants_priority_and_refuse_a_clients() -
             with pytest.raises(FrontError, match=QUEUE_PRIORITY_PARAMETER) as refused:
                 prioritized_body(generate_kind, json.dumps(doc).encode(), None, priority)
             assert refused.value.status == 400
+
+
+def test_a_client_priority_spelt_with_escapes_is_refused_too() -> None:
+    escaped = b'{"inputs": [], "parameters": {"queue\\u005fpriority": 1}}'
+    assert json.loads(escaped)["parameters"] == {QUEUE_PRIORITY_PARAMETER: 1}
+    with pytest.raises(FrontError, match=QUEUE_PRIORITY_PARAMETER):
+        prioritized_body(False, escaped, None, None)
+    plain = b'{"inputs": [], "parameters": {"x": 1}}'
+    assert prioritized_body(False, plain, None, None) == (plain, None)
