@@ -474,11 +474,10 @@ def test_the_client_asks_a_versioned_bls_for_model_version() -> None:
 def test_tokenize_takes_any_catalog_model_with_a_served_tokenizer() -> None:
     """/tokenize and /detokenize: a generator, or any model whose pipeline has a tokenizer
     stage (an embedder, a reranker), never one without a tokenizer to read."""
-    from tritonforge.runtime.front.openai.catalog import ServedModel
     from tritonforge.tasks.generation.routes import _text_model
 
     models = {
-        "embed": ServedModel("embed", api.EMBEDDING, "embed", "embed", tokenizer_model="tok"),
+        "embed": ServedModel("embed", EMBEDDING, "embed", "embed", tokenizer_model="tok"),
         "rerank": ServedModel("rerank", "rerank", "rerank", "rerank", tokenizer_model="r_tok"),
         "other": ServedModel("other", "rerank", "other", "other"),
     }
