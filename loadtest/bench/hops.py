@@ -145,10 +145,19 @@ class Subject:
     encoder_model: str
     encoder_config: Any
     tokenizer: TextTokenizer
+    steps: tuple[str, ...] = ()  # every model the ensemble calls (a postprocess too)
 
     @property
     def models(self) -> list[str]:
-        return [self.ensemble, self.tokenizer_model, self.encoder_model]
+        return list(
+            dict.fromkeys([self.ensemble, self.tokenizer_model, self.encoder_model, *self.steps])
+        )
+
+
+def ensemble_steps(repo: Path, ensemble: str) -> tuple[str, ...]:
+    """The models an ensemble's ``ensemble_scheduling`` calls, in order (its config is the contract)."""
+    steps = load_model_config(repo, ensemble).raw.get("ensemble_scheduling", {}).get("step", [])
+    return tuple(str(s["model_name"]) for s in steps)
 
 
 def subject(args: argparse.Namespace) -> Subject:
@@ -171,6 +180,7 @@ def subject(args: argparse.Namespace) -> Subject:
         encoder_model=encoder_model,
         encoder_config=load_model_config(repo, encoder_model),
         tokenizer=served_tokenizer(repo / tokenizer_model, pad_to_multiple_of=pad_to),
+        steps=ensemble_steps(repo, pipeline.ensembles[args.variant]),
     )
 
 

@@ -112,7 +112,9 @@ def chart(rows: list[dict[str, Any]], inproc: list[dict[str, Any]], path: Path) 
         ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=8)
         ax.set_title(title)
         ax.legend(fontsize=8)
-    ax_l.set_yscale("log")
+    # a log axis needs one positive latency: a run whose cells all failed plots NaN bars
+    if any(r["p99_ms"] > 0 for r in rows):
+        ax_l.set_yscale("log")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -39,3 +39,23 @@ def test_report_shows_each_hop_with_its_server_cpu_and_stage_statistics() -> Non
     row = next(line for line in text.splitlines() if line.startswith("ensemble"))
     assert row.split() == ["ensemble", "front", "11.00", "11.00", "1.00", "14.00"]
     assert "infer   9.00" in text and "stub cpu  12.50" in text
+
+
+def test_hops_serves_every_model_the_ensemble_calls(tmp_path: Path) -> None:
+    """`bench.hops --pipeline-name classify` failed to start: its trimmed repository held the
+    ensemble, tokenizer and encoder only, not the postprocess step the ensemble calls."""
+    from tritonforge.loadtest.bench.hops import Subject, ensemble_steps
+
+    steps = ("tok", "enc", "post")
+    step_text = "".join(
+        f'step {{ model_name: "{m}" model_version: -1 input_map {{ key: "a" value: "a" }} '
+        f'output_map {{ key: "b" value: "b" }} }}\n'
+        for m in steps
+    )
+    (tmp_path / "ens").mkdir()
+    (tmp_path / "ens" / "config.pbtxt").write_text(
+        f'name: "ens"\nplatform: "ensemble"\nmax_batch_size: 8\nensemble_scheduling {{\n{step_text}}}\n'
+    )
+    assert ensemble_steps(tmp_path, "ens") == steps
+    sub = Subject(tmp_path, None, "ens", "tok", "enc", None, None, steps)  # type: ignore[arg-type]
+    assert sub.models == ["ens", "tok", "enc", "post"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from tritonforge.loadtest import corpus
 from tritonforge.loadtest.bench.aggregation import aggregate, analyse
 from tritonforge.loadtest.bench.cells import EMPTY_SUMMARY, Cell, Target
-from tritonforge.loadtest.bench.report import table
+from tritonforge.loadtest.bench.report import chart, table
 from tritonforge.loadtest.slo import (
     SloThresholds,
     ValidationError,
@@ -199,6 +200,17 @@ def test_bench_reports_a_cell_that_never_answered_as_nan() -> None:
     ens = Target("triton", "grpc", "ensemble", "fp32", "perf_analyzer")
     merged, _ = aggregate([_cell(ens, dict(EMPTY_SUMMARY), "failed: x")], [])
     assert math.isnan(merged[0].summary["p99_ms"]) and merged[0].status == "1/1 rounds: failed: x"
+
+
+def test_bench_chart_is_written_when_every_served_cell_failed(tmp_path: Path) -> None:
+    """The chart crashed ("Data cannot be log-scaled") after the table when no cell answered
+    (e.g. perf_analyzer not installed): p99 bars were all NaN on a log axis."""
+    ens = Target("triton", "grpc", "ensemble", "fp32", "perf_analyzer")
+    merged, ip = aggregate([_cell(ens, dict(EMPTY_SUMMARY), "failed: x")], [])
+    rows, _ = analyse(merged, ip)
+    path = tmp_path / "bench.png"
+    chart(rows, ip, path)
+    assert path.stat().st_size > 0
 
 
 def test_bench_process_never_imports_locust() -> None:
