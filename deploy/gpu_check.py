@@ -254,14 +254,28 @@ def onnx_encoders(repository: Path) -> list[str]:
     ]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="ONNX encoders on GPU vs CPU: parity and latency.")
+def check_parser(
+    description: str, models_help: str, batch: int, seq_len: int, iterations: int
+) -> argparse.ArgumentParser:
+    """The GPU checks' shared options (repository, models, batch shape, iterations, min cosine)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
-    parser.add_argument("--models", nargs="+", help="default: every ONNX encoder (discovered)")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--models", nargs="+", help=models_help)
+    parser.add_argument("--batch", type=int, default=batch)
+    parser.add_argument("--seq-len", type=int, default=seq_len)
+    parser.add_argument("--iterations", type=int, default=iterations)
     parser.add_argument("--min-cosine", type=float, default=DEFAULT_MIN_COSINE)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = check_parser(
+        "ONNX encoders on GPU vs CPU: parity and latency.",
+        "default: every ONNX encoder (discovered)",
+        batch=32,
+        seq_len=128,
+        iterations=50,
+    )
     parser.add_argument("--min-cosine-int8", type=float, default=DEFAULT_MIN_COSINE_INT8)
     args = parser.parse_args(argv)
     try:

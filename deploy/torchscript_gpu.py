@@ -16,7 +16,6 @@ max |diff|, min cosine and p50/p95 latency. Exit codes: 0 every model passes, 1 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -27,13 +26,13 @@ from typing import Any
 import numpy as np
 
 from tritonforge.deploy.gpu_check import (
-    DEFAULT_MIN_COSINE,
     EXIT_NO_GPU,
     EXIT_OK,
     EXIT_PARITY,
     GpuCheckError,
     Latency,
     Parity,
+    check_parser,
     latency,
     parity,
 )
@@ -217,13 +216,13 @@ def check_model(model_dir: Path, batch: int, seq_len: int, iterations: int) -> l
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="TorchScript models on CUDA vs CPU: parity.")
-    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
-    parser.add_argument("--models", nargs="+", help="default: every pytorch-backend model")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--iterations", type=int, default=20)
-    parser.add_argument("--min-cosine", type=float, default=DEFAULT_MIN_COSINE)
+    parser = check_parser(
+        "TorchScript models on CUDA vs CPU: parity.",
+        "default: every pytorch-backend model",
+        batch=8,
+        seq_len=64,
+        iterations=20,
+    )
     args = parser.parse_args(argv)
     import torch
 
