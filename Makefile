@@ -81,9 +81,10 @@ test-unit: $(STAMP)  ## unit tests only (no server)
 test-integration: $(STAMP)  ## integration tests only (real embedded Triton)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
-bench: export  ## throughput/latency tables: in-process limit vs FastAPI vs Triton pipelines (Locust + perf_analyzer); generation vs llama.cpp and ONNX Runtime GenAI; embed vs Infinity
+bench: export  ## throughput/latency tables: in-process limit vs FastAPI vs Triton pipelines (Locust + perf_analyzer); each task's section (rerank, images: served vs in-process); generation vs llama.cpp and ONNX Runtime GenAI; embed vs Infinity
 	@$(PY) -m tritonforge.loadtest.perf_analyzer.tool path >/dev/null 2>&1 || $(PY) -m tritonforge.loadtest.perf_analyzer.tool install
 	$(TF) bench --model-repository $(REPO) $(if $(URL),--url $(URL)) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
+	$(PY) -m tritonforge.loadtest.bench.sections --model-repository $(REPO) $(if $(GRPC_URL),--grpc-url $(GRPC_URL))
 	$(PY) -m tritonforge.loadtest.bench.generate --model-repository $(REPO)
 	@$(MAKE) --no-print-directory llamacpp || echo "==> llama.cpp could not be built: the next section reports ours only"
 	$(PY) -m tritonforge.loadtest.bench.generate_llamacpp --model-repository $(REPO)

@@ -43,6 +43,13 @@ USERS = {
 PERF_MAX_PHOTO_BYTES = 256 * 1024
 
 
+def bench_section(client: Any, repository: Path) -> list[dict[str, Any]]:
+    """``make bench``'s image section: :func:`.bench.bench_section`."""
+    from tritonforge.tasks.image.loadtest.bench import bench_section as run
+
+    return run(client, repository)
+
+
 def perf_items() -> list[bytes]:
     """What ``make perf`` sends as this task's BYTES inputs: encoded sample photos (the smaller
     ones: :data:`PERF_MAX_PHOTO_BYTES`), never text (``loadtest.perf_analyzer.inputs``)."""

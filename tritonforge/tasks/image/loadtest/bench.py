@@ -82,3 +82,18 @@ def bench_cell(
     if fastapi is not None:
         cell["served_over_fastapi"] = round(rates["served"] / rates["fastapi_pytorch"], 3)
     return cell
+
+
+def bench_section(client: Any, repository: Path, runs: int = 3) -> list[dict[str, Any]]:
+    """``make bench``'s image section (``loadtest.bench.sections``): the default CNN's ensemble
+    and BLS over the sample photos, served vs in-process; ``[]`` when it is not exported."""
+    from tritonforge.tasks.image.samples import sample_photos
+    from tritonforge.tasks.image.spec import EFFICIENTNET_LITE0
+
+    spec = EFFICIENTNET_LITE0
+    graph = repository / spec.model / "1" / "model.onnx"
+    if not graph.is_file():
+        return []
+    reference = OrtImageClassifier(graph, spec.preprocessing)
+    images = [path.read_bytes() for path in sample_photos().values()]
+    return [bench_cell(client, reference, images, route=r, runs=runs) for r in ("ensemble", "bls")]

@@ -59,3 +59,16 @@ def bench_cell(
         "in_process_documents_per_s": round(len(documents) / local_s, 2),
         "served_over_in_process": round(local_s / served_s, 3),
     }
+
+
+def bench_section(client: Any, repository: Path, runs: int = 5) -> list[dict[str, Any]]:
+    """``make bench``'s rerank section (``loadtest.bench.sections``): the default reranker's
+    ensemble and BLS, served vs in-process (:func:`bench_cell`); ``[]`` when it is not exported."""
+    from tritonforge.tasks.rerank.export import OrtReranker, package_dir
+    from tritonforge.tasks.rerank.spec import MS_MARCO_MINILM
+
+    spec = MS_MARCO_MINILM
+    if not (repository / spec.ensemble / "config.pbtxt").is_file():
+        return []
+    reference = OrtReranker(package_dir(spec), spec)
+    return [bench_cell(client, reference, runs=runs, route=r) for r in ("ensemble", "bls")]
