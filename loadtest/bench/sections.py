@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.write_text(json.dumps(cells, indent=2) + "\n")
     for cell in cells:
         print(json.dumps(cell))
-    print(f"==> {len(cells)} cells from {len(sections)} task sections -> {args.out}")
+    log.info("==> %d cells from %d task sections -> %s", len(cells), len(sections), args.out)
     return 1 if any(c.get("cell") == "failed" for c in cells) else 0
 
 
