@@ -18,6 +18,7 @@ from tritonforge.generation import check_variant, queue_priority, render_prompt,
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import VARIANT_KEY, VARIANT_PARAMETER
+from tritonforge.prefill_plan import check_chunk_tokens
 from tritonforge.sampling import GenerationLimits, parse_sampling
 from tritonforge.scheduler import ErrorFn, Generation, OutputFn, Scheduler, queue_rank
 from tritonforge.text_stream import StreamInterval, TextStream
@@ -70,6 +71,7 @@ class GenerateEngine:
                 config.param("stream_interval_rows", 0, int),
                 config.param("stream_interval_max_tokens", 1, int),
             )
+            chunk_tokens = check_chunk_tokens(config.param("prefill_chunk_tokens", 0, int))
         except ValueError as e:  # absent (exported before it): one token per response, as then
             raise ModelConfigError(f"model {config.name!r}: parameters.{e}") from e
         self.scheduler = Scheduler(
@@ -84,6 +86,7 @@ class GenerateEngine:
             layout=self.decoder.layout,
             kv_headroom=self.decoder.kv_headroom,
             stream_interval=interval,
+            prefill_chunk_tokens=chunk_tokens,  # absent (exported before it): whole prefills
         )
         self.seeds = np.random.SeedSequence()
 
@@ -136,11 +139,17 @@ class GenerateEngine:
         """Short generations on the calling thread (before :meth:`start`): one alone, then a
         full batch (``max_running``), so that the scheduler's queue forecast
         (:mod:`tritonforge.queue_forecast`) knows a full step's time before the first flood."""
-        for batch, max_tokens in ((1, 2), (self.scheduler.max_running, WARMUP_FULL_TOKENS)):
-            for _ in range(batch):
-                seq = self.build(text, {"max_tokens": max_tokens}, lambda *_: None, lambda *_: None)
-                self.scheduler.submit(seq)
-            self.scheduler.run_until_idle()
+        # never refused by its own forecast (a busy host's first prefill made it refuse the
+        # full batch, and the model failed to load): what it measures is that forecast
+        timeout_s, self.scheduler.queue_timeout_s = self.scheduler.queue_timeout_s, None
+        try:
+            for batch, max_tokens in ((1, 2), (self.scheduler.max_running, WARMUP_FULL_TOKENS)):
+                for _ in range(batch):
+                    seq = self.build(text, {"max_tokens": max_tokens}, *[lambda *_: None] * 2)
+                    self.scheduler.submit(seq)
+                self.scheduler.run_until_idle()
+        finally:
+            self.scheduler.queue_timeout_s = timeout_s
         self.scheduler.rate.forget_share()  # the warm-up's prompt stops early: not the traffic's
 
     def start(self) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from tritonforge.errors import ServingError, StageUnavailableError
 from tritonforge.kv_batch import LEFT, Batch, new_batch
+from tritonforge.prefill_plan import Partial, check_chunk_tokens
 from tritonforge.queue_forecast import (
     Queued,
     ServiceRate,
@@ -35,6 +36,7 @@ from tritonforge.queue_forecast import (
     retry_hint,
 )
 from tritonforge.sampling import SamplingParams, sample_next
+from tritonforge.scheduler_prefill import PrefillSteps
 from tritonforge.text_stream import PendingText, StreamInterval, TextStream
 
 # The ``finish_reason`` values of the generate convention.
@@ -112,7 +114,7 @@ def queue_rank(priority: int) -> int:
     return priority if priority > 0 else DEFAULT_RANK
 
 
-class Scheduler:
+class Scheduler(PrefillSteps):
     """In-flight batching over a step function. :meth:`submit` queues a sequence (bounded);
     each :meth:`step` admits waiting sequences into free slots (prefilled together), decodes one
     token for every running sequence, sends the new text, and retires finished or cancelled ones.
@@ -135,6 +137,7 @@ class Scheduler:
         kv_headroom: int = 0,
         rate: ServiceRate | None = None,
         stream_interval: StreamInterval | None = None,
+        prefill_chunk_tokens: int | None = None,
     ) -> None:
         """``name``: the model serving (its config's name), which every message names.
         ``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
@@ -149,7 +152,9 @@ class Scheduler:
         step's cache layout (``kv_batch.LEFT`` or ``RIGHT``, ``OrtDecoder.layout``);
         ``kv_headroom``: free columns a right-padded batch keeps for a step that writes in
         place (``OrtDecoder.kv_headroom``; 0: none). ``stream_interval``: tokens per streamed
-        response by running rows (None: one token per response)."""
+        response by running rows (None: one token per response). ``prefill_chunk_tokens``: at
+        most that many prompt tokens prefilled between two decode steps (chunked prefill,
+        :mod:`tritonforge.prefill_plan`; None or 0: whole prefills, as before)."""
         if queue_timeout_s is not None and queue_timeout_s <= 0:
             raise ValueError(f"queue_timeout_s must be > 0, got {queue_timeout_s}")
         self.name = name
@@ -174,6 +179,8 @@ class Scheduler:
         self.prefilling: list[Generation] = []  # admitted, in their prefill call
         self.prefill_ends_s = 0.0  # the clock when the prefill under way should end (forecast)
         self.stream_interval = stream_interval or StreamInterval()
+        self.chunk_tokens = check_chunk_tokens(prefill_chunk_tokens)
+        self.partial: Partial | None = None  # a prompt prefilled in chunks, under way
 
     # -- producer side -------------------------------------------------------------------
     def check_admission(self, rank: int = DEFAULT_RANK) -> None:
@@ -223,6 +230,7 @@ class Scheduler:
             *list(self.batch.rows),
             *(j[0] for j in list(self.joining)),
             *list(self.prefilling),
+            *([p.seq] if (p := self.partial) is not None else []),
         ]
         return [s.params.max_new_tokens - len(s.tokens) for s in running]
 
@@ -240,12 +248,15 @@ class Scheduler:
 
     def _busy_s(self) -> float:
         """Seconds the prefill under way is still expected to take (0: none)."""
-        return max(0.0, self.prefill_ends_s - self.clock()) if self.prefilling else 0.0
+        under_way = self.prefilling or self.partial is not None
+        return max(0.0, self.prefill_ends_s - self.clock()) if under_way else 0.0
 
     def load(self) -> tuple[int, int]:
-        """``(running, waiting)``; running counts the prefilled sequences about to join."""
+        """``(running, waiting)``; running counts the prefilled sequences about to join (and
+        one prefilled in chunks)."""
         with self.cond:
-            return len(self.batch) + len(self.joining), len(self.waiting)
+            partial = self.partial is not None
+            return len(self.batch) + len(self.joining) + partial, len(self.waiting)
 
     # -- the loop ------------------------------------------------------------------------
     def start(self) -> None:
@@ -291,6 +302,8 @@ class Scheduler:
             self.thread.join(timeout=30)
         with self.cond:
             pending = [*self.waiting, *(j[0] for j in self.joining), *self.batch.rows]
+            pending += [self.partial.seq] if self.partial is not None else []
+            self.partial = None
             self.waiting.clear()
             self.joining.clear()
         self.batch = new_batch(self.layout, self.kv_headroom)
@@ -298,8 +311,8 @@ class Scheduler:
             seq.fail(StageUnavailableError(reason))
 
     def busy(self) -> bool:
-        """Whether sequences are running or about to join."""
-        return bool(self.batch.rows or self.joining)
+        """Whether sequences are running, about to join or prefilled in chunks."""
+        return bool(self.batch.rows or self.joining or self.partial is not None)
 
     def run_until_idle(self) -> None:
         """Step on the calling thread until nothing is queued or running (tests, export, bench)."""
@@ -332,6 +345,9 @@ class Scheduler:
                 self.waiting.remove(seq)
                 seq.fail(CancelledError(f"{self.name}: request cancelled"))
         cancelled = [j[0] for j in self.joining if j[0].is_cancelled()]
+        if self.partial is not None and self.partial.seq.is_cancelled():
+            cancelled.append(self.partial.seq)
+            self.partial = None
         self.joining = deque(j for j in self.joining if all(j[0] is not c for c in cancelled))
         for seq in cancelled:
             seq.fail(CancelledError(f"{self.name}: request cancelled"))
@@ -384,54 +400,6 @@ class Scheduler:
                     f"{load}; {retry_hint(1.0)}"
                 )
             )
-
-    def _admit(self) -> None:
-        """Prefill the sequences that fit (free slots, ``max_prefill_tokens`` padded tokens) in
-        one call, emit each one's first token, and queue them to join the batch (:meth:`_join`).
-
-        Prompts are right-padded (each row's tokens first, from column 0): a row's prefill then
-        computes exactly what it computes alone (left padding changes its bits, measured)."""
-        admitted: list[Generation] = []
-        with self.cond:
-            busy = len(self.batch) + len(self.joining)
-            while self.waiting and busy + len(admitted) < self.max_running:
-                width = max(len(s.prompt_ids) for s in [*admitted, self.waiting[0]])
-                if admitted and width * (len(admitted) + 1) > self.max_prefill_tokens:
-                    break
-                admitted.append(self.waiting.popleft())
-            self.prefilling = admitted  # neither waiting nor running: the forecast counts them
-        if not admitted:
-            return
-        try:
-            self._prefill(admitted)
-        finally:
-            self.prefilling = []
-
-    def _prefill(self, admitted: list[Generation]) -> None:
-        started_s = self.clock()
-        for seq in admitted:
-            seq.admitted_s = started_s
-        lengths = [len(s.prompt_ids) for s in admitted]
-        width = max(lengths)
-        self.prefill_ends_s = started_s + self.rate.prefill_s(width * len(admitted))
-        ids = np.zeros((len(admitted), width), np.int64)
-        mask = np.zeros_like(ids)
-        positions = np.tile(np.arange(width, dtype=np.int64), (len(admitted), 1))
-        for i, (seq, n) in enumerate(zip(admitted, lengths, strict=True)):
-            ids[i, :n] = seq.prompt_ids
-            mask[i, :n] = 1
-        try:
-            logits, presents = self.step_fn(ids, mask, positions, self.empty_past(len(admitted)))
-            self.rate.observe_prefill(self.clock() - started_s, width * len(admitted))
-        except Exception as e:
-            for seq in admitted:
-                seq.fail(ServingError(f"{self.name}: prefill failed ({type(e).__name__}: {e})"))
-            return
-        for i, (seq, n) in enumerate(zip(admitted, lengths, strict=True)):
-            token = self._emit(seq, logits[i, n - 1])
-            if not seq.finished:
-                row = [np.ascontiguousarray(p[i : i + 1, :, :n]) for p in presents]
-                self.joining.append((seq, row, n, token))
 
     def _join(self) -> None:
         """Move prefilled sequences into the running batch, in order, as soon as it takes them

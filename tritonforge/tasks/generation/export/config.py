@@ -107,6 +107,7 @@ def generate_config(spec: DecoderSpec, variant: str, int8: bool) -> TritonConfig
         "intra_op_threads": s.intra_op_threads,
         "stream_interval_rows": s.stream_interval_rows,
         "stream_interval_max_tokens": s.stream_interval_max_tokens,
+        "prefill_chunk_tokens": s.prefill_chunk_tokens,
         "warmup_prompt": s.warmup_prompt,
         TASK_KEY: "generation",
         ROLE_KEY: GENERATOR_ROLE,

@@ -33,6 +33,10 @@ class GenerationServing:
     # rows: one token per response); measured: docs/performance.md, "Latest run: generation"
     stream_interval_rows: int = 4
     stream_interval_max_tokens: int = 4
+    # chunked prefill (tritonforge.prefill_plan): at most this many prompt tokens prefilled
+    # between two decode steps, so a new prompt never stalls the running rows for a whole
+    # prefill (0: whole prefills); measured: docs/performance.md, "Chunked prefill"
+    prefill_chunk_tokens: int = 64
     # Every variant is its own Triton model (own scheduler, own per-model metrics): the default
     # variant is ``model_name``, any other ``<model_name>_<variant>`` (pipelines.generator_name).
     variants: tuple[str, ...] = ("fp32", "int8")

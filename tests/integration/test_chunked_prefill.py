@@ -1,0 +1,79 @@
+"""Chunked prefill on the real exported decoder (ONNX Runtime, the default variant's graph):
+the served engine in-process gives every prompt the same greedy tokens whether its prompt is
+prefilled whole or in chunks of a few tokens (batch 1 after its own cache), with rows already
+decoding and prompts of different lengths, and the decoder's last logits are bit-identical."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import PIPELINE_REPOSITORY
+from tritonforge.modelconfig import ModelConfig
+from tritonforge.prefill_plan import chunk_end, chunk_inputs
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = (
+    ("Hi", False),
+    ("What is the capital of France?", True),
+    ("Name a color.", False),
+    ("Explain how a bicycle works, in one short paragraph for a child.", True),
+    ("Count to three.", True),
+)
+
+
+@pytest.fixture(scope="module")
+def engine():  # type: ignore[no-untyped-def]
+    from tritonforge.generate_engine import GenerateEngine
+    from tritonforge.pipelines import generator_from_repository
+
+    try:
+        model_dir = PIPELINE_REPOSITORY / generator_from_repository(PIPELINE_REPOSITORY).model()
+    except (LookupError, OSError):
+        pytest.skip(reason="the generate pipeline is not exported (make export)")
+    config = ModelConfig.from_pbtxt((model_dir / "config.pbtxt").read_text())
+    engine = GenerateEngine(config, model_dir / "1")
+    yield engine
+    engine.close()
+
+
+def _tokens(engine, chunk_tokens: int | None) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """Two prompts decode first; the others arrive two steps later (rows running)."""
+    sched = engine.scheduler
+    sched.chunk_tokens = chunk_tokens
+    seqs = [
+        engine.build(text, {"max_tokens": 10, "chat_template": template}, *[lambda *_: None] * 2)
+        for text, template in PROMPTS
+    ]
+    for seq in seqs[:2]:
+        sched.submit(seq)
+    sched.step()
+    sched.step()
+    for seq in seqs[2:]:
+        sched.submit(seq)
+    sched.run_until_idle()
+    assert all(s.finished for s in seqs)
+    return [s.tokens for s in seqs]
+
+
+def test_chunked_prefill_gives_the_greedy_tokens_of_whole_prefills(engine) -> None:  # type: ignore[no-untyped-def]
+    lengths = [len(engine.prompt_ids(t, c)) for t, c in PROMPTS]
+    assert min(lengths) < 7 < 16 < max(lengths)  # some prompts are chunked, some are not
+    whole = _tokens(engine, None)
+    assert all(whole)
+    for chunk_tokens in (7, 16):
+        assert _tokens(engine, chunk_tokens) == whole, chunk_tokens
+
+
+def test_a_chunked_prefill_computes_the_whole_prefills_logits(engine) -> None:  # type: ignore[no-untyped-def]
+    decoder = engine.decoder
+    ids = engine.prompt_ids(PROMPTS[3][0], True)
+    whole, _ = decoder(*chunk_inputs(ids, 0, len(ids)), decoder.empty_past())
+    for chunk_tokens in (5, 16):
+        done, past = 0, decoder.empty_past()
+        while done < len(ids):
+            end = chunk_end(done, len(ids), chunk_tokens)
+            logits, presents = decoder(*chunk_inputs(ids, done, end), past)
+            past, done = [np.ascontiguousarray(p[:, :, :end]) for p in presents], end
+        assert np.array_equal(logits[0, -1], whole[0, -1]), chunk_tokens

@@ -1,0 +1,131 @@
+"""The scheduler's prefill steps (:class:`PrefillSteps`, a base of
+:class:`tritonforge.scheduler.Scheduler`): admit queued sequences into free slots, prefill
+them (whole, or in chunks: :mod:`tritonforge.prefill_plan`), emit each one's first token and
+queue it to join the running batch."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tritonforge.errors import ServingError
+from tritonforge.prefill_plan import (
+    Partial,
+    call_budget,
+    chunk_end,
+    chunk_inputs,
+    chunked,
+    group_inputs,
+    group_size,
+)
+from tritonforge.queue_forecast import ServiceRate
+
+if TYPE_CHECKING:
+    from tritonforge.kv_batch import Batch
+    from tritonforge.scheduler import Generation, StepFn
+
+
+class PrefillSteps:
+    """Admission and prefill over the scheduler's state (declared here, set by it)."""
+
+    name: str
+    cond: threading.Condition
+    waiting: deque[Generation]
+    batch: Batch
+    joining: deque[tuple[Generation, list[np.ndarray], int, int]]
+    max_running: int
+    max_prefill_tokens: int
+    chunk_tokens: int | None
+    partial: Partial | None
+    prefilling: list[Generation]
+    prefill_ends_s: float
+    rate: ServiceRate
+    clock: Callable[[], float]
+    step_fn: StepFn
+    empty_past: Callable[[int], list[np.ndarray]]
+
+    def _emit(self, seq: Generation, logits: np.ndarray, per_response: int = 1) -> int:
+        raise NotImplementedError  # the scheduler's: sample, record and stream one token
+
+    def _admit(self) -> None:
+        """Prefill what fits one call (:mod:`tritonforge.prefill_plan`: free slots, padded
+        tokens; with chunking, the next chunk of a prompt under way first), emit each finished
+        prompt's first token, and queue it to join the batch (:meth:`_join`)."""
+        admitted: list[Generation] = []
+        with self.cond:
+            if self.partial is None:
+                free = self.max_running - len(self.batch) - len(self.joining)
+                lengths = [len(s.prompt_ids) for s in itertools.islice(self.waiting, max(0, free))]
+                budget = call_budget(self.max_prefill_tokens, self.chunk_tokens)
+                admitted = [
+                    self.waiting.popleft() for _ in range(group_size(lengths, free, budget))
+                ]
+                if admitted and chunked(lengths[0], self.chunk_tokens):
+                    self.partial, admitted = Partial(admitted[0], self.empty_past(1)), []
+            self.prefilling = admitted  # neither waiting nor running: the forecast counts them
+        if self.partial is not None:
+            self._prefill_chunk(self.partial)
+        if not admitted:
+            return
+        try:
+            self._prefill(admitted)
+        finally:
+            self.prefilling = []
+
+    def _prefill(self, admitted: list[Generation]) -> None:
+        started_s = self.clock()
+        for seq in admitted:
+            seq.admitted_s = started_s
+        lengths = [len(s.prompt_ids) for s in admitted]
+        padded = max(lengths) * len(admitted)
+        self.prefill_ends_s = started_s + self.rate.prefill_s(padded)
+        ids, mask, positions = group_inputs([s.prompt_ids for s in admitted])
+        try:
+            logits, presents = self.step_fn(ids, mask, positions, self.empty_past(len(admitted)))
+            self.rate.observe_prefill(self.clock() - started_s, padded)
+        except Exception as e:
+            for seq in admitted:
+                self._prefill_failed(seq, e)
+            return
+        for i, (seq, n) in enumerate(zip(admitted, lengths, strict=True)):
+            self._first_token(seq, logits[i, n - 1], [p[i : i + 1] for p in presents], n)
+
+    def _prefill_chunk(self, part: Partial) -> None:
+        """The next chunk of a prompt prefilled in chunks (batch 1, after its own cache); its
+        last one gives the first token."""
+        seq, n, started_s = part.seq, len(part.seq.prompt_ids), self.clock()
+        if part.done == 0:
+            seq.admitted_s = started_s
+        self.prefill_ends_s = started_s + self.rate.prefill_s(part.left)
+        end = chunk_end(part.done, n, self.chunk_tokens)
+        try:
+            logits, presents = self.step_fn(
+                *chunk_inputs(seq.prompt_ids, part.done, end), part.past
+            )
+            self.rate.observe_prefill(self.clock() - started_s, end - part.done)
+        except Exception as e:
+            self.partial = None
+            self._prefill_failed(seq, e)
+            return
+        if end < n:
+            part.past, part.done = [np.ascontiguousarray(p[:, :, :end]) for p in presents], end
+            return
+        self.partial = None
+        self._first_token(seq, logits[0, -1], presents, n)
+
+    def _prefill_failed(self, seq: Generation, e: Exception) -> None:
+        seq.fail(ServingError(f"{self.name}: prefill failed ({type(e).__name__}: {e})"))
+
+    def _first_token(
+        self, seq: Generation, logits: np.ndarray, row: list[np.ndarray], n: int
+    ) -> None:
+        """Emit a prefilled row's first token; it joins the batch with its ``n`` columns of
+        ``row`` (batch 1) unless that ended it."""
+        token = self._emit(seq, logits)
+        if not seq.finished:
+            self.joining.append((seq, [np.ascontiguousarray(p[:, :, :n]) for p in row], n, token))
