@@ -139,16 +139,64 @@ def ensemble_steps(
     )
 
 
-def ensemble_config(
+def fused_config(
     spec: PipelineSpec, variant: str, tokenizer: ModelConfig, encoder: ModelConfig
 ) -> TritonConfig:
+    """Tokenizer + ``encoder``'s graph (+ the task's postprocess) in one Python model: its
+    parameters are the BLS's plan for one variant, its batching and instances the encoder's."""
+    serving = spec.encoder.serving
+    assert serving is not None
+    settings: dict[str, object] = {
+        **marks(spec, "fused", variant),
+        **_public(spec),
+        # read as the BLS reads its own (tritonforge.bls.build_plan): tokenizer file and
+        # settings, the one encoder whose graph and session options it runs
+        "tokenizer_model": tokenizer.name,
+        "encoder_models": f"{variant}={encoder.name}",
+        "default_variant": variant,
+    }
+    settings.update(share_of(spec.task).bls_params(spec))
+    return TritonConfig(
+        name=spec.names.fused(variant),
+        backend="python",
+        max_batch_size=spec.encoder.max_batch,
+        inputs=_text_input(spec),
+        outputs=public_outputs(spec, encoder),
+        # any two requests batch (one text input); the runner groups their tokens by shape
+        dynamic_batching=DynamicBatching.of(serving, spec.priority_levels),
+        instance_groups=(InstanceGroup(serving.instance_count),),
+        parameters=params(settings),
+    )
+
+
+def fused_steps(fused: ModelConfig) -> tuple[EnsembleStep, ...]:
+    """The ensemble's one step: the fused model, text in, every public output out."""
+    return (
+        EnsembleStep(
+            fused.name,
+            ((fused.inputs[0].name, fused.inputs[0].name),),
+            _same(o.name for o in fused.outputs),
+        ),
+    )
+
+
+def ensemble_config(
+    spec: PipelineSpec,
+    variant: str,
+    tokenizer: ModelConfig,
+    encoder: ModelConfig,
+    fused: ModelConfig | None = None,
+) -> TritonConfig:
+    """The public model of ``variant``: one step (``fused``) or tokenizer -> encoder -> ..."""
     return TritonConfig(
         name=spec.names.ensemble(variant),
         platform="ensemble",
         max_batch_size=spec.encoder.max_batch,
         inputs=_text_input(spec),
         outputs=public_outputs(spec, encoder),
-        ensemble_steps=ensemble_steps(spec, tokenizer, encoder),
+        ensemble_steps=(
+            fused_steps(fused) if fused is not None else ensemble_steps(spec, tokenizer, encoder)
+        ),
         parameters=params({**marks(spec, "ensemble", variant), **_public(spec)}),
     )
 
@@ -233,7 +281,10 @@ def generate_files(spec: PipelineSpec, repo: Path) -> dict[str, bytes]:
     for variant in variants:
         encoder = load_model_config(repo, names.encoder(variant))
         files.update(share.files_beside(spec, encoder.name))
-        ensemble = put(ensemble_config(spec, variant, tokenizer, encoder))
+        fused = None
+        if variant in spec.fused_variants():
+            fused = put(fused_config(spec, variant, tokenizer, encoder), "fused")
+        ensemble = put(ensemble_config(spec, variant, tokenizer, encoder, fused))
         files[f"{ensemble.name}/1/.keep"] = b""
     if spec.bls is not None:
         put(bls_config(spec, variants, tokenizer, fp32), "bls")
