@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from tritonforge import tasks
+from tritonforge.bls import latest_version_dir
 from tritonforge.configschema import (
     DynamicBatching,
     EnsembleStep,
@@ -32,7 +33,8 @@ from tritonforge.configschema import (
 from tritonforge.export.errors import ExportError
 from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.task_share import share_of
-from tritonforge.integrity import sha256_file, write_sidecar
+from tritonforge.fused import ENCODER_DIGEST_KEY
+from tritonforge.integrity import sha256_file, sidecar_of, write_sidecar
 from tritonforge.modelconfig import ModelConfig, TensorSpec
 from tritonforge.pipelines import (
     PIPELINE_KEY,
@@ -140,10 +142,12 @@ def ensemble_steps(
 
 
 def fused_config(
-    spec: PipelineSpec, variant: str, tokenizer: ModelConfig, encoder: ModelConfig
+    spec: PipelineSpec, variant: str, tokenizer: ModelConfig, encoder: ModelConfig, digest: str = ""
 ) -> TritonConfig:
     """Tokenizer + ``encoder``'s graph (+ the task's postprocess) in one Python model: its
-    parameters are the BLS's plan for one variant, its batching and instances the encoder's."""
+    parameters are the BLS's plan for one variant, its batching, instances and response cache
+    the encoder's. ``digest``: the sha256 of the graph it runs, so a re-exported graph changes
+    this config (the server reloads it) and a stale one refuses to load."""
     serving = spec.encoder.serving
     assert serving is not None
     settings: dict[str, object] = {
@@ -155,6 +159,8 @@ def fused_config(
         "encoder_models": f"{variant}={encoder.name}",
         "default_variant": variant,
     }
+    if digest:
+        settings[ENCODER_DIGEST_KEY] = digest
     settings.update(share_of(spec.task).bls_params(spec))
     return TritonConfig(
         name=spec.names.fused(variant),
@@ -166,7 +172,24 @@ def fused_config(
         dynamic_batching=DynamicBatching.of(serving, spec.priority_levels),
         instance_groups=(InstanceGroup(serving.instance_count),),
         parameters=params(settings),
+        # keyed by this model's version, which is the encoder's (see generate_files)
+        response_cache=spec.response_cache,
     )
+
+
+def fused_files(
+    spec: PipelineSpec, variant: str, repo: Path, tokenizer: ModelConfig, encoder: ModelConfig
+) -> tuple[TritonConfig, dict[str, bytes]]:
+    """The fused model of ``variant``: its config and ``model.py`` under the encoder's latest
+    version number (what the ensemble's encoder step answered with; a new encoder version is a
+    new fused version, so the response cache never answers from the old one's entries)."""
+    version = latest_version_dir(repo / encoder.name)
+    graph = version / (encoder.default_model_filename or "model.onnx")
+    side = sidecar_of(graph)
+    digest = side.read_text().split()[0] if side.is_file() and side.read_text().strip() else ""
+    config = fused_config(spec, variant, tokenizer, encoder, digest)
+    source = stage_source("fused").read_bytes()
+    return config, {f"{config.name}/{version.name}/model.py": source}
 
 
 def fused_steps(fused: ModelConfig) -> tuple[EnsembleStep, ...]:
@@ -283,7 +306,9 @@ def generate_files(spec: PipelineSpec, repo: Path) -> dict[str, bytes]:
         files.update(share.files_beside(spec, encoder.name))
         fused = None
         if variant in spec.fused_variants():
-            fused = put(fused_config(spec, variant, tokenizer, encoder), "fused")
+            config, model_files = fused_files(spec, variant, repo, tokenizer, encoder)
+            fused = put(config)
+            files.update(model_files)
         ensemble = put(ensemble_config(spec, variant, tokenizer, encoder, fused))
         files[f"{ensemble.name}/1/.keep"] = b""
     if spec.bls is not None:

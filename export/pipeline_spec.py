@@ -120,7 +120,7 @@ class PipelineSpec:
     # The ensembles of the variants ONNX Runtime serves (fp32, int8) run one fused model
     # (tokenizer + encoder graph + the task's postprocess, ``<prefix>fused_<variant>``) instead of
     # one step per stage: one stub hop and the tensor hand-offs fewer (docs/performance.md, "The
-    # fused first step"). Off with the response cache (the encoders' cache would be bypassed).
+    # fused first step"). With ``response_cache`` the fused model caches instead of the encoder.
     fused: bool = True
     # Triton priority levels on the queues (tokenizer, encoders, postprocess, BLS): level 1 is
     # served first, requests without a priority get the last level (bulk). 0 = no priorities.
@@ -212,7 +212,7 @@ class PipelineSpec:
 
     def fused_variants(self, variants: tuple[str, ...] | None = None) -> tuple[str, ...]:
         """The variants (of ``variants``, default all) whose ensemble runs a fused model."""
-        if not self.fused or self.response_cache:
+        if not self.fused:
             return ()
         return tuple(v for v in (self.variants if variants is None else variants) if v in FUSED)
 

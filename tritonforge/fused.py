@@ -33,6 +33,9 @@ from tritonforge.triton import pad_values_from
 FUSED_BACKEND = "onnxruntime"
 """The encoder backend a fused model can stand in for (it runs the same ONNX Runtime graph)."""
 
+ENCODER_DIGEST_KEY = "encoder_sha256"
+"""The fused model's parameter: the sha256 of the encoder graph it was generated for."""
+
 RunFn = Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]
 
 
@@ -61,6 +64,17 @@ def encoder_graph(plan: BlsPlan, repository: Path) -> EncoderGraph:
     return EncoderGraph(
         target, config, latest_version_dir(Path(repository) / target.model) / filename
     )
+
+
+def check_digest(config: ModelConfig, graph: EncoderGraph, digest: str | None) -> None:
+    """Refuse a fused model generated for another graph than the encoder's file (``digest``:
+    its verified sha256): a re-export regenerates both (:class:`ModelConfigError` otherwise)."""
+    want = config.param(ENCODER_DIGEST_KEY, "", str)
+    if want and digest != want:
+        raise ModelConfigError(
+            f"{config.name!r} was generated for another graph of {graph.target.model!r} "
+            f"(sha256 {want[:16]}…, the file is {str(digest)[:16]}…); re-run `make export`"
+        )
 
 
 @dataclass(frozen=True)

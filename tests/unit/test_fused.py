@@ -14,8 +14,16 @@ from tests.unit.conftest import stand_in_repo
 from tritonforge.batching import infer_trimmed
 from tritonforge.bls import build_plan
 from tritonforge.errors import ModelConfigError
+from tritonforge.export.pipeline_configs import write_pipeline
 from tritonforge.export.pipeline_spec import PipelineSpec
-from tritonforge.fused import FusedRunner, Member, encoder_graph
+from tritonforge.fused import (
+    ENCODER_DIGEST_KEY,
+    FusedRunner,
+    Member,
+    check_digest,
+    encoder_graph,
+)
+from tritonforge.integrity import sha256_file, write_sidecar
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.repository import load_model_config
 from tritonforge.runtime.launcher.lint import lint_repository
@@ -66,15 +74,38 @@ def test_onnx_variants_run_one_fused_step_and_torchscript_keeps_its_chain(
     assert set(embed_spec.model_names()) == {p.name for p in embed_repo.iterdir() if p.is_dir()}
 
 
-@pytest.mark.parametrize("change", [{"fused": False}, {"response_cache": True}])
-def test_no_fused_model_when_the_spec_turns_it_off_or_caches(
-    tmp_path: Path, embed_spec: PipelineSpec, change: dict[str, bool]
+def test_no_fused_model_when_the_spec_turns_it_off(
+    tmp_path: Path, embed_spec: PipelineSpec
 ) -> None:
-    spec = dataclasses.replace(embed_spec, **change)
+    spec = dataclasses.replace(embed_spec, fused=False)
     repo = stand_in_repo(tmp_path / "repo", spec)
     assert steps(repo, "embed") == ["tokenizer", "encoder_fp32"]
     assert not list(repo.glob("fused_*"))
     assert spec.fused_variants() == ()
+
+
+def test_the_fused_model_follows_the_encoders_version_digest_and_cache(
+    tmp_path: Path, embed_spec: PipelineSpec
+) -> None:
+    spec = dataclasses.replace(embed_spec, response_cache=True)
+    repo = stand_in_repo(tmp_path / "repo", spec)
+    assert (repo / "fused_fp32" / "1" / "model.py").is_file()
+    assert load_model_config(repo, "fused_fp32").raw["response_cache"]["enable"] is True
+    assert ENCODER_DIGEST_KEY not in load_model_config(repo, "fused_fp32").parameters
+    # a new encoder version (with its sidecar): a new fused version naming its graph's digest
+    (repo / "encoder_fp32" / "2").mkdir()
+    graph = repo / "encoder_fp32" / "2" / "model.onnx"
+    graph.write_bytes(b"version two")
+    write_sidecar(graph)
+    assert "fused_fp32/2/model.py" in write_pipeline(spec, repo)
+    config = load_model_config(repo, "fused_fp32")
+    assert config.parameters[ENCODER_DIGEST_KEY] == sha256_file(graph)
+    plan = build_plan(config, repo)
+    found = encoder_graph(plan, repo)
+    assert found.path == graph
+    check_digest(config, found, sha256_file(graph))
+    with pytest.raises(ModelConfigError, match="re-run `make export`"):
+        check_digest(config, found, sha256_file(repo / "encoder_fp32" / "1" / "model.onnx"))
 
 
 def test_a_fused_model_refuses_an_encoder_onnx_runtime_does_not_serve(embed_repo: Path) -> None:

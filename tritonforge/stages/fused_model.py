@@ -17,7 +17,7 @@ from tritonforge.batching import rows_alone
 from tritonforge.bls import build_plan
 from tritonforge.bls_parameters import request_top_k
 from tritonforge.errors import ServingError
-from tritonforge.fused import FusedRunner, Member, encoder_graph
+from tritonforge.fused import FusedRunner, Member, check_digest, encoder_graph
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.ort_options import session_options
@@ -33,7 +33,8 @@ class TritonPythonModel:
         graph = encoder_graph(self.plan, repository)
         settings = self.plan.tokenizer
         verify_sidecar(settings.path, required=True)  # the tokenizer model's file (make export)
-        verify_sidecar(graph.path, required=True)  # the encoder's graph (make export)
+        # the encoder's graph (make export), the one this config was generated for
+        check_digest(self.config, graph, verify_sidecar(graph.path, required=True))
         tokenizer = TextTokenizer(
             settings.path,
             settings.max_length,
