@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from tritonforge import tasks
+from tritonforge.bls import latest_version_dir
 from tritonforge.configschema import (
     DynamicBatching,
     EnsembleStep,
@@ -32,7 +33,8 @@ from tritonforge.configschema import (
 from tritonforge.export.errors import ExportError
 from tritonforge.export.pipeline_spec import PipelineSpec
 from tritonforge.export.task_share import share_of
-from tritonforge.integrity import sha256_file, write_sidecar
+from tritonforge.fused import ENCODER_DIGEST_KEY
+from tritonforge.integrity import sha256_file, sidecar_of, write_sidecar
 from tritonforge.modelconfig import ModelConfig, TensorSpec
 from tritonforge.pipelines import (
     PIPELINE_KEY,
@@ -139,16 +141,85 @@ def ensemble_steps(
     )
 
 
-def ensemble_config(
-    spec: PipelineSpec, variant: str, tokenizer: ModelConfig, encoder: ModelConfig
+def fused_config(
+    spec: PipelineSpec, variant: str, tokenizer: ModelConfig, encoder: ModelConfig, digest: str = ""
 ) -> TritonConfig:
+    """Tokenizer + ``encoder``'s graph (+ the task's postprocess) in one Python model: its
+    parameters are the BLS's plan for one variant, its batching, instances and response cache
+    the encoder's. ``digest``: the sha256 of the graph it runs, so a re-exported graph changes
+    this config (the server reloads it) and a stale one refuses to load."""
+    serving = spec.encoder.serving
+    assert serving is not None
+    settings: dict[str, object] = {
+        **marks(spec, "fused", variant),
+        **_public(spec),
+        # read as the BLS reads its own (tritonforge.bls.build_plan): tokenizer file and
+        # settings, the one encoder whose graph and session options it runs
+        "tokenizer_model": tokenizer.name,
+        "encoder_models": f"{variant}={encoder.name}",
+        "default_variant": variant,
+    }
+    if digest:
+        settings[ENCODER_DIGEST_KEY] = digest
+    settings.update(share_of(spec.task).bls_params(spec))
+    return TritonConfig(
+        name=spec.names.fused(variant),
+        backend="python",
+        max_batch_size=spec.encoder.max_batch,
+        inputs=_text_input(spec),
+        outputs=public_outputs(spec, encoder),
+        # any two requests batch (one text input); the runner groups their tokens by shape
+        dynamic_batching=DynamicBatching.of(serving, spec.priority_levels),
+        instance_groups=(InstanceGroup(serving.instance_count),),
+        parameters=params(settings),
+        # keyed by this model's version, which is the encoder's (see generate_files)
+        response_cache=spec.response_cache,
+    )
+
+
+def fused_files(
+    spec: PipelineSpec, variant: str, repo: Path, tokenizer: ModelConfig, encoder: ModelConfig
+) -> tuple[TritonConfig, dict[str, bytes]]:
+    """The fused model of ``variant``: its config and ``model.py`` under the encoder's latest
+    version number (what the ensemble's encoder step answered with; a new encoder version is a
+    new fused version, so the response cache never answers from the old one's entries)."""
+    version = latest_version_dir(repo / encoder.name)
+    graph = version / (encoder.default_model_filename or "model.onnx")
+    side = sidecar_of(graph)
+    digest = side.read_text().split()[0] if side.is_file() and side.read_text().strip() else ""
+    config = fused_config(spec, variant, tokenizer, encoder, digest)
+    source = stage_source("fused").read_bytes()
+    return config, {f"{config.name}/{version.name}/model.py": source}
+
+
+def fused_steps(fused: ModelConfig) -> tuple[EnsembleStep, ...]:
+    """The ensemble's one step: the fused model, text in, every public output out."""
+    return (
+        EnsembleStep(
+            fused.name,
+            ((fused.inputs[0].name, fused.inputs[0].name),),
+            _same(o.name for o in fused.outputs),
+        ),
+    )
+
+
+def ensemble_config(
+    spec: PipelineSpec,
+    variant: str,
+    tokenizer: ModelConfig,
+    encoder: ModelConfig,
+    fused: ModelConfig | None = None,
+) -> TritonConfig:
+    """The public model of ``variant``: one step (``fused``) or tokenizer -> encoder -> ..."""
     return TritonConfig(
         name=spec.names.ensemble(variant),
         platform="ensemble",
         max_batch_size=spec.encoder.max_batch,
         inputs=_text_input(spec),
         outputs=public_outputs(spec, encoder),
-        ensemble_steps=ensemble_steps(spec, tokenizer, encoder),
+        ensemble_steps=(
+            fused_steps(fused) if fused is not None else ensemble_steps(spec, tokenizer, encoder)
+        ),
         parameters=params({**marks(spec, "ensemble", variant), **_public(spec)}),
     )
 
@@ -233,7 +304,12 @@ def generate_files(spec: PipelineSpec, repo: Path) -> dict[str, bytes]:
     for variant in variants:
         encoder = load_model_config(repo, names.encoder(variant))
         files.update(share.files_beside(spec, encoder.name))
-        ensemble = put(ensemble_config(spec, variant, tokenizer, encoder))
+        fused = None
+        if variant in spec.fused_variants():
+            config, model_files = fused_files(spec, variant, repo, tokenizer, encoder)
+            fused = put(config)
+            files.update(model_files)
+        ensemble = put(ensemble_config(spec, variant, tokenizer, encoder, fused))
         files[f"{ensemble.name}/1/.keep"] = b""
     if spec.bls is not None:
         put(bls_config(spec, variants, tokenizer, fp32), "bls")

@@ -21,6 +21,9 @@ from tritonforge.export.errors import SpecError
 from tritonforge.export.spec import ExportSpec
 from tritonforge.pipelines import VARIANTS, StageNames
 
+FUSED = ("fp32", "int8")
+"""The variants served by ONNX Runtime (a fused model runs their graph); torchscript is not."""
+
 
 @dataclass(frozen=True)
 class TokenizerStage(QueueLimits):
@@ -114,6 +117,11 @@ class PipelineSpec:
     # their cache key holds the ensemble's version, not the encoder's, so a new encoder version
     # would be answered from the old one's entries.
     response_cache: bool = False
+    # The ensembles of the variants ONNX Runtime serves (fp32, int8) run one fused model
+    # (tokenizer + encoder graph + the task's postprocess, ``<prefix>fused_<variant>``) instead of
+    # one step per stage: one stub hop and the tensor hand-offs fewer (docs/performance.md, "The
+    # fused first step"). With ``response_cache`` the fused model caches instead of the encoder.
+    fused: bool = True
     # Triton priority levels on the queues (tokenizer, encoders, postprocess, BLS): level 1 is
     # served first, requests without a priority get the last level (bulk). 0 = no priorities.
     priority_levels: int = 2
@@ -202,6 +210,12 @@ class PipelineSpec:
         """Every version, version 1 (``encoder``) first."""
         return (ModelVersion(1, self.encoder), *self.extra_versions)
 
+    def fused_variants(self, variants: tuple[str, ...] | None = None) -> tuple[str, ...]:
+        """The variants (of ``variants``, default all) whose ensemble runs a fused model."""
+        if not self.fused:
+            return ()
+        return tuple(v for v in (self.variants if variants is None else variants) if v in FUSED)
+
     @property
     def names(self) -> StageNames:
         prefix = f"{self.name}_" if self.stage_prefix is None else self.stage_prefix
@@ -221,6 +235,7 @@ class PipelineSpec:
             from tritonforge.export.task_share import share_of
 
             out += share_of(self.task).stage_models(self)
+        out += [names.fused(v) for v in self.fused_variants(chosen)]
         out += [names.ensemble(v) for v in chosen]
         if self.bls is not None:
             out.append(names.bls())

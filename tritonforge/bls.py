@@ -83,7 +83,8 @@ class BlsPlan:
         return max((e.instances for e in self.encoders.values()), default=1)
 
 
-def _latest_version(model_dir: Path) -> Path:
+def latest_version_dir(model_dir: Path) -> Path:
+    """The highest numbered version directory of a model (what Triton serves as latest)."""
     versions = sorted(
         (p for p in model_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)
     )
@@ -94,7 +95,7 @@ def _latest_version(model_dir: Path) -> Path:
 
 def tokenizer_settings(repository: Path, tokenizer: ModelConfig) -> TokenizerSettings:
     """The tokenizer model's file and knobs, read from its config (its ``parameters``)."""
-    version = _latest_version(Path(repository) / tokenizer.name)
+    version = latest_version_dir(Path(repository) / tokenizer.name)
     return TokenizerSettings(
         model=tokenizer.name,
         path=version / tokenizer.param("tokenizer_file", kind=str),

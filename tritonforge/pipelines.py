@@ -25,7 +25,7 @@ TASK_KEY = "tritonforge.task"
 # one get the last of the pipeline's levels (PipelineSpec.priority_levels), bulk traffic.
 PRIORITY_PARAMETER = "priority"
 TOP_PRIORITY = 1
-ROLE_KEY = "tritonforge.role"  # tokenizer | encoder | postprocess | ensemble | bls
+ROLE_KEY = "tritonforge.role"  # tokenizer | encoder | fused | postprocess | ensemble | bls
 VARIANT_KEY = "tritonforge.variant"  # encoders and ensembles
 LABELS_KEY = "tritonforge.labels"  # classification: JSON list, index order
 # A pipeline's routes: how a request is orchestrated, by a Triton ensemble (one model per
@@ -64,6 +64,10 @@ class StageNames:
 
     def postprocess(self) -> str:
         return f"{self.prefix}postprocess"
+
+    def fused(self, variant: str) -> str:
+        """Tokenizer + encoder (+ postprocess) in one model: the ensemble's one step."""
+        return f"{self.prefix}fused_{variant}"
 
     def ensemble(self, variant: str) -> str:
         return self.pipeline if variant == "fp32" else f"{self.pipeline}_{variant}"

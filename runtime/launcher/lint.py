@@ -20,7 +20,9 @@ from typing import Any
 
 from tritonforge.bls import build_plan
 from tritonforge.errors import ModelConfigError
+from tritonforge.fused import encoder_graph
 from tritonforge.modelconfig import ModelConfig
+from tritonforge.pipelines import ROLE_KEY
 from tritonforge.repository import (
     feed_mapping,
     load_model_config,
@@ -169,7 +171,9 @@ def _lint(repo: Path) -> list[tuple[tuple[str, ...], str]]:
                 if "encoder_model" in cfg.parameters:
                     feed_mapping(cfg.outputs, configs[cfg.parameters["encoder_model"]], False)
                 if "encoder_models" in cfg.parameters:
-                    build_plan(cfg, repo)
+                    plan = build_plan(cfg, repo)
+                    if cfg.parameters.get(ROLE_KEY) == "fused":
+                        encoder_graph(plan, repo)  # an ONNX Runtime encoder with a version
             except ModelConfigError as e:
                 mine.append(f"{name}: {e}")
         problems += [((name,), p) for p in mine]

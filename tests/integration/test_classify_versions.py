@@ -163,11 +163,12 @@ def test_standard_model_version_on_the_encoder_and_per_version_metrics(
 
 
 def test_identical_requests_hit_the_response_cache(server: EmbeddedServer) -> None:
-    hits = metric(server, "nv_cache_num_hits_per_model", model="ab_encoder_fp32")
+    # the ensemble's one step is its fused model, which caches as the encoder would
+    hits = metric(server, "nv_cache_num_hits_per_model", model="ab_fused_fp32")
     first = infer(server, "http", "ab").as_numpy("probabilities")
     second = infer(server, "grpc", "ab").as_numpy("probabilities")
     np.testing.assert_array_equal(first, second)
-    assert metric(server, "nv_cache_num_hits_per_model", model="ab_encoder_fp32") >= hits + 1
+    assert metric(server, "nv_cache_num_hits_per_model", model="ab_fused_fp32") >= hits + 1
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
     assert re.search(r"^nv_cache_num_entries", text, re.M), "cache metrics missing"
     # entries are per version: the same input to v1 and v2 gives each version's own answer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,16 @@ def embed_spec() -> PipelineSpec:
 @pytest.fixture
 def embed_repo(tmp_path: Path, embed_spec: PipelineSpec) -> Path:
     """Stand-in encoders and artifacts plus the pipeline configs generated from the spec."""
-    root = tmp_path / "repo"
+    return stand_in_repo(tmp_path / "repo", embed_spec)
+
+
+@pytest.fixture
+def unfused_repo(tmp_path: Path, embed_spec: PipelineSpec) -> Path:
+    """:func:`embed_repo` with ``fused=False``: every ensemble runs tokenizer -> encoder."""
+    return stand_in_repo(tmp_path / "repo", dataclasses.replace(embed_spec, fused=False))
+
+
+def stand_in_repo(root: Path, spec: PipelineSpec) -> Path:
     encoders = {
         "encoder_fp32": ("onnxruntime", ONNX_INPUTS, "sentence_embedding", "model.onnx"),
         "encoder_int8": ("onnxruntime", ONNX_INPUTS, "sentence_embedding", "model.onnx"),
@@ -45,5 +55,5 @@ def embed_repo(tmp_path: Path, embed_spec: PipelineSpec) -> Path:
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(encoder_config(name, backend, inputs, output))
         (root / name / "1" / artifact).write_bytes(b"stand-in")
-    write_pipeline(embed_spec, root)
+    write_pipeline(spec, root)
     return root

@@ -10,4 +10,5 @@ repository needs nothing from a checkout. They run only inside Triton's Python s
 SOURCES = {
     "tokenizer": "tokenizer_model.py",
     "bls": "bls_model.py",
+    "fused": "fused_model.py",
 }
