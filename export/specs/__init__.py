@@ -43,9 +43,10 @@ class Entry:
     """The options of its default export; None: not exported by default."""
     prepare: tuple[str, ...] | None = None
     """``python`` arguments of CPU work the export needs and that needs nothing else (the
-    classifier's training): ``serve``/``demo`` start it at once, beside the exports queued before
-    this one, on the cores their single-threaded steps leave idle; the export then finds it done
-    or waits for it (so it must be safe to run twice at once: the training holds a lock)."""
+    classifier's training): ``serve``/``demo`` start it at once at the lowest CPU priority, beside
+    the exports queued before this one, on the cores their single-threaded steps leave idle; the
+    export then finds it done or waits for it (so it must be safe to run twice at once: the
+    training holds a lock)."""
 
     def __call__(self) -> AnySpec:
         return self.factory()

@@ -43,6 +43,8 @@ REPORT_DIR = Path(".tritonforge") / "background-exports"
 """Under the model repository's parent: each job's log and, when it fails, its failure report."""
 STOP_TIMEOUT_S = 15.0
 QUEUED, EXPORTING, LOADING = "queued", "exporting", "loading"
+PREPARE_NICE = 19
+"""The niceness of a job's prepared work (:attr:`Entry.prepare`) beside the exports."""
 
 
 # -- what can be served now ----------------------------------------------------------------------
@@ -350,6 +352,11 @@ class BackgroundExports:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 start_new_session=True,
             )
+            # the lowest CPU priority (its threads inherit it): it takes the cores the exports
+            # leave idle and never slows them (two 2-thread jobs at equal priority on 2 cores
+            # would stall each other's parallel regions)
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, process.pid, PREPARE_NICE)
             self._prepares.append(process)
             log_path = self.report_dir / f"{state.job.label}.prepare.log"
             threading.Thread(target=self._echo_to, args=(process, log_path), daemon=True).start()

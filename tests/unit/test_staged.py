@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tritonforge.runtime.cli.staged import (
+    PREPARE_NICE,
     BackgroundExports,
     ExportJob,
     dependency_order,
@@ -283,6 +284,7 @@ def test_stopping_the_background_exports_interrupts_the_prepared_work(tmp_path: 
                 break
             threading.Event().wait(0.05)
         prepared = background._prepares[0]
+        assert os.getpriority(os.PRIO_PROCESS, prepared.pid) == PREPARE_NICE  # idle cores only
         background.stop()
     finally:
         server.stop()
