@@ -334,7 +334,8 @@ class BackgroundExports:
         whose output is echoed and kept in ``<label>.prepare.log``; its export waits for it."""
         self.report_dir.mkdir(parents=True, exist_ok=True)
         for state in self.states:
-            argv = self._prepare(state.job.label)
+            named = state.job.argv[:1] == (state.job.label,)  # a spec by name, not a --name
+            argv = self._prepare(state.job.label) if named else None
             if not argv or self._stop.is_set():
                 continue
             log.info(

@@ -251,7 +251,11 @@ def test_prepared_work_runs_beside_the_exports_queued_before_its_own(tmp_path: P
     try:
         background = BackgroundExports(
             server,
-            [ExportJob(("first",)), ExportJob(("last",))],
+            [
+                ExportJob(("first",)),
+                ExportJob(("--from-pretrained", "ckpt", "--name", "last")),  # a user's: none
+                ExportJob(("last",)),
+            ],
             export_command=[sys.executable, "-c", wait],
             echo=lines.append,
             prepare=lambda label: ("-c", prepare) if label == "last" else None,
@@ -263,6 +267,7 @@ def test_prepared_work_runs_beside_the_exports_queued_before_its_own(tmp_path: P
     assert "training" in lines
     log_path = tmp_path / ".tritonforge" / "background-exports" / "last.prepare.log"
     assert log_path.read_text() == "training\n"
+    assert lines.count("training") == 1  # prepared once: by the spec's name only
 
 
 def test_stopping_the_background_exports_interrupts_the_prepared_work(tmp_path: Path) -> None:
