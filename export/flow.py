@@ -10,6 +10,7 @@ exception in any step leaves it byte-for-byte as it was.
 from __future__ import annotations
 
 import datetime
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -34,8 +35,19 @@ class Outcome:
     generated: list[str] = field(default_factory=list)
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process (all its threads) and of its finished children
+    (e.g. a model builder run as a subprocess)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 class Steps:
-    """Numbered progress lines with per-step timings (and a bar with an ETA when given one)."""
+    """Numbered progress lines with per-step timings (and a bar with an ETA when given one).
+
+    ``timings``: wall seconds per step; ``cpu_s``: CPU seconds per step (:func:`cpu_seconds`), so ``cpu_s / timings`` is how many cores the step kept busy (about 1
+    for a single-threaded step, up to the thread count otherwise; less on a shared machine).
+    """
 
     def __init__(
         self, spec: str, progress: Progress, bar: StepBar | None = None, title: str = ""
@@ -44,15 +56,18 @@ class Steps:
         self.spec, self.progress, self.bar = spec, progress, bar
         self.title = title or f"export {spec}"
         self.timings: dict[str, float] = {}
+        self.cpu_s: dict[str, float] = {}
         self.t0 = time.perf_counter()
+        self.cpu0 = cpu_seconds()
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         self.progress(f"==> [{self.title}] {name} ...")
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), cpu_seconds()
         yield
         self.timings[name] = time.perf_counter() - t
-        self.progress(f"    {name}: {self.timings[name]:.1f} s")
+        self.cpu_s[name] = cpu_seconds() - cpu
+        self.progress(f"    {name}: {self.timings[name]:.1f} s (CPU {self.cpu_s[name]:.1f} s)")
         if self.bar is not None:
             self.bar.advance(name, self.timings[name])
 
@@ -61,6 +76,10 @@ class Steps:
 
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.t0
+
+    def elapsed_cpu_s(self) -> float:
+        """CPU seconds (user + system) of this process since the steps began."""
+        return cpu_seconds() - self.cpu0
 
 
 Build = Callable[[Staging, Steps, dict[str, Any]], dict[str, Any]]
@@ -162,5 +181,7 @@ def seal(
         }
     steps.timings["total"] = steps.elapsed_s()
     report["timings_s"] = {k: round(v, 3) for k, v in steps.timings.items()}
+    steps.cpu_s["total"] = steps.elapsed_cpu_s()
+    report["cpu_s"] = {k: round(v, 3) for k, v in steps.cpu_s.items()}
     for directory in report_dirs:
         write_report(report, directory, render)

@@ -330,3 +330,32 @@ def test_native_bf16_is_false_without_cpuinfo(tmp_path: Path) -> None:
 
 def test_the_default_feature_dtype_follows_the_cpu() -> None:
     assert HyperParams().feature_dtype == ("bfloat16" if native_bf16() else "float32")
+
+
+def test_a_second_build_of_the_same_output_waits_for_the_first(
+    tmp_path: Path, tiny_corpus: Path, tiny_bert_dir: Path
+) -> None:
+    """``make run`` trains beside the other exports while the sentiment export may ask for the
+    same build: the second waits on ``.classifier.lock`` (instead of training again and deleting
+    the first's staging directory), then finds the output up to date."""
+    import fcntl
+    import threading
+
+    out = tmp_path / "classifier"
+    logs: list[str] = []
+    with open(tmp_path / ".classifier.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a first build in progress
+        worker = threading.Thread(
+            target=build,
+            args=(out, TINY_HP),
+            kwargs={"corpus_file": tiny_corpus, "base_dir": tiny_bert_dir, "log": logs.append},
+        )
+        worker.start()
+        for _ in range(600):
+            if any("waiting for it" in line for line in logs):
+                break
+            threading.Event().wait(0.05)
+        assert any("being built by another process" in line for line in logs), logs
+        assert not out.exists() and worker.is_alive()
+    worker.join(300)
+    assert (checkpoint_dir(out, 2) / "model.safetensors").is_file()

@@ -84,3 +84,24 @@ def test_shared_bar_draws_nothing_off_a_terminal(
         bar.update()
         logging.getLogger("tritonforge.loadtest.bench").info("==> round 1/1")
     assert capsys.readouterr().err == "==> round 1/1\n"
+
+
+def test_steps_record_cpu_seconds_next_to_wall_seconds() -> None:
+    """A step that computes shows its CPU seconds, one that waits shows (almost) none; both in
+    the progress line, so a step that leaves a core idle is visible in the export's log."""
+    import time
+
+    from tritonforge.export.flow import Steps
+
+    lines: list[str] = []
+    steps = Steps("x", lines.append)
+    with steps("busy"):
+        end = time.process_time() + 0.2
+        while time.process_time() < end:
+            pass
+    with steps("waiting"):
+        time.sleep(0.2)
+    assert steps.cpu_s["busy"] >= 0.2
+    assert steps.cpu_s["waiting"] < 0.1 <= steps.timings["waiting"]
+    assert any(line.strip().startswith("busy:") and "(CPU " in line for line in lines)
+    assert steps.elapsed_cpu_s() >= steps.cpu_s["busy"]

@@ -17,6 +17,7 @@ their recorded sha256, is skipped.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -201,13 +202,40 @@ def build(
     base = base_dir or base_model_dir()
     corpus = load_corpus(corpus_file)
     fp = fingerprint(corpus.path, base, hp)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out, log):
+        return _build_locked(out, hp, corpus, base, fp, force, log)
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path, log: Callable[[str], None]) -> Iterator[None]:
+    """Hold ``out``'s lock file (``.<name>.lock`` beside it): a second build of the same ``out``
+    (e.g. the sentiment export while ``make run`` trains beside the other exports) waits for the
+    first, then finds it up to date instead of training again."""
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"==> [classifier] {out} is being built by another process; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # the lock goes with the file's closing
+
+
+def _build_locked(
+    out: Path,
+    hp: HyperParams,
+    corpus: Corpus,
+    base: Path,
+    fp: dict[str, Any],
+    force: bool,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     ok, reason = up_to_date(out, fp["digest"])
     if ok and not force:
         log(f"==> [classifier] {out} is up to date ({reason}); skipped")
         report: dict[str, Any] = json.loads((out / REPORT_JSON).read_text())
         return report
     log(f"==> [classifier] building {out} ({'forced' if force else reason})")
-    out.parent.mkdir(parents=True, exist_ok=True)
     prefix = f".{out.name}-staging-"
     for stale in out.parent.glob(f"{prefix}*"):
         shutil.rmtree(stale, ignore_errors=True)
