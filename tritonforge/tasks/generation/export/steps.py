@@ -93,6 +93,8 @@ CODE = (
     # generation.py's parts (the verification decodes through the served scheduler)
     "sampling.py",
     "scheduler.py",
+    "scheduler_prefill.py",
+    "prefill_plan.py",
     "kv_batch.py",
     "text_stream.py",
     "decoder.py",
