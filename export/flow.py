@@ -10,7 +10,7 @@ exception in any step leaves it byte-for-byte as it was.
 from __future__ import annotations
 
 import datetime
-import os
+import resource
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -38,8 +38,11 @@ class Outcome:
 def cpu_seconds() -> float:
     """User + system CPU seconds of this process (all its threads) and of its finished children
     (e.g. a model builder run as a subprocess)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 class Steps:
