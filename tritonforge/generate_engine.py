@@ -20,6 +20,7 @@ from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import VARIANT_KEY, VARIANT_PARAMETER
 from tritonforge.sampling import GenerationLimits, parse_sampling
 from tritonforge.scheduler import ErrorFn, Generation, OutputFn, Scheduler, queue_rank
+from tritonforge.speculation import MAX_NGRAM_KEY, MIN_NGRAM_KEY, TOKENS_KEY, PromptLookup
 from tritonforge.text_stream import StreamInterval, TextStream
 
 # the full-batch warm-up's tokens: enough decode steps that its prefill weighs little in the
@@ -70,6 +71,12 @@ class GenerateEngine:
                 config.param("stream_interval_rows", 0, int),
                 config.param("stream_interval_max_tokens", 1, int),
             )
+            # absent (exported before it): no speculation, as then
+            lookup = PromptLookup(
+                config.param(TOKENS_KEY, 0, int),
+                config.param(MIN_NGRAM_KEY, 3, int),
+                config.param(MAX_NGRAM_KEY, 4, int),
+            )
         except ValueError as e:  # absent (exported before it): one token per response, as then
             raise ModelConfigError(f"model {config.name!r}: parameters.{e}") from e
         self.scheduler = Scheduler(
@@ -84,6 +91,7 @@ class GenerateEngine:
             layout=self.decoder.layout,
             kv_headroom=self.decoder.kv_headroom,
             stream_interval=interval,
+            lookup=lookup,
         )
         self.seeds = np.random.SeedSequence()
 

@@ -33,6 +33,13 @@ class GenerationServing:
     # rows: one token per response); measured: docs/performance.md, "Latest run: generation"
     stream_interval_rows: int = 4
     stream_interval_max_tokens: int = 4
+    # prompt-lookup speculation at one greedy row (tritonforge.speculation): at most
+    # speculation_tokens drafted per step (0: off) from the longest earlier n-gram of
+    # speculation_min_ngram .. speculation_max_ngram tokens; measured: docs/performance.md,
+    # "Prompt lookup"
+    speculation_tokens: int = 0
+    speculation_min_ngram: int = 3
+    speculation_max_ngram: int = 4
     # Every variant is its own Triton model (own scheduler, own per-model metrics): the default
     # variant is ``model_name``, any other ``<model_name>_<variant>`` (pipelines.generator_name).
     variants: tuple[str, ...] = ("fp32", "int8")
