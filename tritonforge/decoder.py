@@ -94,8 +94,8 @@ class OrtDecoder:
         self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[np.ndarray]
     ) -> tuple[np.ndarray, list[np.ndarray]]:
         """One step. A right-padded graph's decode step whose ``past`` buffers have room for the
-        new column (wider than ``mask`` minus one: :attr:`in_place`) writes it into them in
-        place and returns them as the presents (ONNX Runtime GenAI's
+        new columns (as wide as ``mask``: :attr:`in_place`; several new tokens at batch 1 only,
+        a speculative step) writes them into them in place and returns them as the presents (ONNX Runtime GenAI's
         ``past_present_share_buffer``: GroupQueryAttention shares a past and its present when
         they are one buffer, so the cache is not copied every step; measured bit-identical to
         the copying path, docs/performance.md)."""
@@ -112,7 +112,7 @@ class OrtDecoder:
         """Whether this step writes into ``past`` (see :meth:`__call__`)."""
         return (
             self.layout == RIGHT
-            and ids.shape[1] == 1
+            and (ids.shape[1] == 1 or ids.shape[0] == 1)  # several new tokens: batch 1 only
             and past[0].shape[2] >= mask.shape[1]
             and all(p.flags.c_contiguous and p.dtype == np.float32 for p in past)
         )

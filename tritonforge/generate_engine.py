@@ -21,6 +21,7 @@ from tritonforge.pipelines import VARIANT_KEY, VARIANT_PARAMETER
 from tritonforge.prefill_plan import check_chunk_tokens
 from tritonforge.sampling import GenerationLimits, parse_sampling
 from tritonforge.scheduler import ErrorFn, Generation, OutputFn, Scheduler, queue_rank
+from tritonforge.speculation import MAX_NGRAM_KEY, MIN_NGRAM_KEY, TOKENS_KEY, PromptLookup
 from tritonforge.text_stream import StreamInterval, TextStream
 
 # the full-batch warm-up's tokens: enough decode steps that its prefill weighs little in the
@@ -72,6 +73,12 @@ class GenerateEngine:
                 config.param("stream_interval_max_tokens", 1, int),
             )
             chunk_tokens = check_chunk_tokens(config.param("prefill_chunk_tokens", 0, int))
+            # absent (exported before it): no speculation, as then
+            lookup = PromptLookup(
+                config.param(TOKENS_KEY, 0, int),
+                config.param(MIN_NGRAM_KEY, 3, int),
+                config.param(MAX_NGRAM_KEY, 4, int),
+            )
         except ValueError as e:  # absent (exported before it): one token per response, as then
             raise ModelConfigError(f"model {config.name!r}: parameters.{e}") from e
         self.scheduler = Scheduler(
@@ -87,6 +94,7 @@ class GenerateEngine:
             kv_headroom=self.decoder.kv_headroom,
             stream_interval=interval,
             prefill_chunk_tokens=chunk_tokens,  # absent (exported before it): whole prefills
+            lookup=lookup,
         )
         self.seeds = np.random.SeedSequence()
 

@@ -151,16 +151,24 @@ class RightKVBatch:
         self.last = np.append(self.last, token).astype(np.int64)
         self._fit()
 
-    def step_mask(self) -> np.ndarray:
-        """Each row's columns and its new token's (the graph places it at the row's length)."""
-        return (np.arange(self.width + 1)[None] < (self.positions + 1)[:, None]).astype(np.int64)
+    def step_mask(self, tokens: int = 1) -> np.ndarray:
+        """Each row's columns and its ``tokens`` new ones' (the graph places them at the row's
+        length; several only at batch 1: ``tritonforge.speculation``)."""
+        ends = self.positions + tokens
+        return (np.arange(self.width + tokens)[None] < ends[:, None]).astype(np.int64)
 
-    def advance(self, presents: list[np.ndarray], mask: np.ndarray) -> None:
-        """After a decode step: its presents (the same buffers when written in place, else one
-        column wider) become the past."""
+    def advance(self, presents: list[np.ndarray], mask: np.ndarray, tokens: int = 1) -> None:
+        """After a decode step: its presents (the same buffers when written in place, else
+        wider) become the past, and each row keeps ``tokens`` new columns (fewer than the step
+        fed: the others are dropped, a speculative step's rejected draft)."""
         self.past = presents
-        self.positions = self.positions + 1
+        self.positions = self.positions + tokens
         self._fit()
+
+    def reserve(self, tokens: int) -> None:
+        """With ``headroom``: room for a step writing ``tokens`` new columns in place."""
+        if self.headroom and self.rows and self.past[0].shape[2] < self.width + tokens:
+            self.past = [_right_pad(p, self.width + tokens + self.headroom) for p in self.past]
 
     def remove(self, leaving: Sequence[int]) -> None:
         if not leaving:

@@ -37,6 +37,7 @@ from tritonforge.queue_forecast import (
 )
 from tritonforge.sampling import SamplingParams, sample_next
 from tritonforge.scheduler_prefill import PrefillSteps
+from tritonforge.speculation import PromptLookup, Speculator
 from tritonforge.text_stream import PendingText, StreamInterval, TextStream
 
 # The ``finish_reason`` values of the generate convention.
@@ -138,6 +139,7 @@ class Scheduler(PrefillSteps):
         rate: ServiceRate | None = None,
         stream_interval: StreamInterval | None = None,
         prefill_chunk_tokens: int | None = None,
+        lookup: PromptLookup | None = None,
     ) -> None:
         """``name``: the model serving (its config's name), which every message names.
         ``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
@@ -154,7 +156,8 @@ class Scheduler(PrefillSteps):
         place (``OrtDecoder.kv_headroom``; 0: none). ``stream_interval``: tokens per streamed
         response by running rows (None: one token per response). ``prefill_chunk_tokens``: at
         most that many prompt tokens prefilled between two decode steps (chunked prefill,
-        :mod:`tritonforge.prefill_plan`; None or 0: whole prefills, as before)."""
+        :mod:`tritonforge.prefill_plan`; None or 0: whole prefills, as before). ``lookup``:
+        prompt-lookup speculation at one greedy row (:mod:`tritonforge.speculation`; None: off)."""
         if queue_timeout_s is not None and queue_timeout_s <= 0:
             raise ValueError(f"queue_timeout_s must be > 0, got {queue_timeout_s}")
         self.name = name
@@ -181,6 +184,7 @@ class Scheduler(PrefillSteps):
         self.stream_interval = stream_interval or StreamInterval()
         self.chunk_tokens = check_chunk_tokens(prefill_chunk_tokens)
         self.partial: Partial | None = None  # a prompt prefilled in chunks, under way
+        self.speculator = Speculator(lookup or PromptLookup())
 
     # -- producer side -------------------------------------------------------------------
     def check_admission(self, rank: int = DEFAULT_RANK) -> None:
@@ -418,13 +422,16 @@ class Scheduler(PrefillSteps):
         """One token for every running sequence; its time is what each waits per token."""
         b = self.batch
         started_s, size = self.clock(), len(b)
-        mask = b.step_mask()
-        logits, presents = self.step_fn(b.last[:, None], mask, b.positions[:, None], b.past)
-        b.advance(presents, mask)
         self.batch_sizes.append(len(b))
-        per_response = self.stream_interval.tokens(size)
-        for i, seq in enumerate(b.rows):
-            b.last[i] = self._emit(seq, logits[i, -1], per_response)
+        if draft := self.speculator.draft(b):  # a lone greedy row, prompt lookup
+            self.speculator.verify(b, self.step_fn, draft, self._emit)
+        else:
+            mask = b.step_mask()
+            logits, presents = self.step_fn(b.last[:, None], mask, b.positions[:, None], b.past)
+            b.advance(presents, mask)
+            per_response = self.stream_interval.tokens(size)
+            for i, seq in enumerate(b.rows):
+                b.last[i] = self._emit(seq, logits[i, -1], per_response)
         b.remove([i for i, s in enumerate(b.rows) if s.finished])
         self.rate.observe_step(self.clock() - started_s, size)
 

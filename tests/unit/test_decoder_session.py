@@ -98,7 +98,11 @@ def test_in_place_steps_only_for_a_right_padded_decode_step_with_room(tmp_path: 
     exact = [np.zeros((1, 1, 3, 2), np.float32) for _ in right.past]
     assert right.in_place(one, mask, room) and not left.in_place(one, mask, room)
     assert not right.in_place(one, mask, exact)  # no room: a new present
-    assert not right.in_place(np.array([[3, 4]], np.int64), mask, room)  # not a decode step
+    two = np.array([[3, 4]], np.int64)  # several new tokens: in place at batch 1 only
+    assert right.in_place(two, mask, room)
+    assert not right.in_place(
+        np.repeat(two, 2, 0), np.repeat(mask, 2, 0), [np.repeat(p, 2, 0) for p in room]
+    )
     assert (right.kv_headroom > 0, left.kv_headroom) == (True, 0)
     logits, presents = right(one, mask, np.array([[3]]), room)
     assert presents[0] is room[0] and logits[0, 0, 0] == 3.0  # the same buffers come back

@@ -21,6 +21,7 @@ from tritonforge.pipelines import (
     discover_generators,
     repository_configs,
 )
+from tritonforge.speculation import MAX_NGRAM_KEY, MIN_NGRAM_KEY, TOKENS_KEY
 from tritonforge.tasks.generation.export.spec import DecoderSpec
 from tritonforge.tasks.generation.structured.logprobs import LOGPROBS_OUTPUT
 
@@ -108,6 +109,9 @@ def generate_config(spec: DecoderSpec, variant: str, int8: bool) -> TritonConfig
         "stream_interval_rows": s.stream_interval_rows,
         "stream_interval_max_tokens": s.stream_interval_max_tokens,
         "prefill_chunk_tokens": s.prefill_chunk_tokens,
+        TOKENS_KEY: s.speculation_tokens,
+        MIN_NGRAM_KEY: s.speculation_min_ngram,
+        MAX_NGRAM_KEY: s.speculation_max_ngram,
         "warmup_prompt": s.warmup_prompt,
         TASK_KEY: "generation",
         ROLE_KEY: GENERATOR_ROLE,

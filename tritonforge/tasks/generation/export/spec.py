@@ -37,6 +37,13 @@ class GenerationServing:
     # between two decode steps, so a new prompt never stalls the running rows for a whole
     # prefill (0: whole prefills); measured: docs/performance.md, "Chunked prefill"
     prefill_chunk_tokens: int = 64
+    # prompt-lookup speculation at one greedy row (tritonforge.speculation): at most
+    # speculation_tokens drafted per step (0: off) from the longest earlier n-gram of
+    # speculation_min_ngram .. speculation_max_ngram tokens; measured: docs/performance.md,
+    # "Prompt lookup"
+    speculation_tokens: int = 0
+    speculation_min_ngram: int = 3
+    speculation_max_ngram: int = 4
     # Every variant is its own Triton model (own scheduler, own per-model metrics): the default
     # variant is ``model_name``, any other ``<model_name>_<variant>`` (pipelines.generator_name).
     variants: tuple[str, ...] = ("fp32", "int8")
