@@ -9,8 +9,9 @@
 A registered spec or any Hugging Face checkpoint directory (config.json, safetensors,
 tokenizer.json) takes the same road: encoders exported and verified, then every config of the
 pipeline generated. Without --format/--quantize the spec's variants are exported (all three).
-A causal LM (--task generation: Llama, Mistral, Qwen2/3, Gemma 3, Phi-3) is served as N (the
-fastest variant through its gate; --quantize none: fp32 only) and N_fp32.
+A causal LM (--task generation: Llama, Mistral, Qwen2/3, Gemma 3, Phi-3), and a registered
+decoder spec such as smollm2, is served as N (the fastest variant through its gate; --quantize
+none: fp32 only) and N_fp32.
 """
 
 from __future__ import annotations
@@ -203,15 +204,21 @@ def _clean(repo: Path) -> None:
     log.info("==> [export clean] removed %d item(s): %s", len(removed), ", ".join(removed) or "-")
 
 
+def decoder_int8(quantize: str | None, variants: Sequence[str]) -> bool:
+    """Whether a decoder export builds int8: the spec's variants say so unless ``--quantize
+    none`` (a registered spec named alone exports what ``make export`` does, as a checkpoint
+    does: exporting only fp32 there would replace the served int8 default with fp32)."""
+    return quantize != "none" and "int8" in variants
+
+
 def _export_decoder(args: argparse.Namespace) -> None:
     task = get_entry(args.spec).task if args.spec is not None else args.task
     if args.spec is not None:
         spec = get_decoder(args.spec)
-        int8 = args.quantize == "int8"
     else:
         pretrained = _generator_export("pretrained", task)
         spec = pretrained.decoder_from_pretrained(args.from_pretrained or args.gguf, args.name)
-        int8 = args.quantize != "none"  # int8 through its gate unless asked not to
+    int8 = decoder_int8(args.quantize, spec.serving.variants)
     _generator_export("steps", task).run_decoder_export(
         spec, args.model_repository, int8, args.force
     )
