@@ -27,6 +27,15 @@ def check_port_free(host: str, port: int) -> None:
             ) from e
 
 
+def accepts_connections(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """Whether something listens on ``host:port`` (a TCP connect succeeds)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 def drain(
     url: str, timeout_s: float, quiet_s: float = 0.5, alive: Callable[[], bool] = lambda: True
 ) -> bool:

@@ -252,7 +252,9 @@ class TritonLauncher:
     def wait_ready(
         self: _L, timeout_s: float | None = None, cancel: threading.Event | None = None
     ) -> _L:
-        """Block until ``/v2/health/ready`` answers 200.
+        """Block until ``/v2/health/ready`` answers 200 and, behind the front, Triton's own
+        metrics listener accepts connections (it may come up after readiness; the metrics proxy
+        answers 503 until it does).
 
         Raises :class:`ModelLoadError` naming each model that failed (Triton exits when a model
         fails to load with ``--model-control-mode=none``) and :class:`ServerStartError` on timeout.
@@ -269,13 +271,19 @@ class TritonLauncher:
                 self._fail(
                     f"tritonserver exited with status {self.returncode} before becoming ready"
                 )
-            if self.is_ready():
+            if self.is_ready() and self._metrics_listening():
                 return self
             time.sleep(0.2)
         self._fail(
             f"tritonserver was not ready after {timeout_s:.0f} s (raise --ready-timeout-s for "
             "slow models)"
         )
+
+    def _metrics_listening(self) -> bool:
+        """Behind the metrics proxy: whether Triton's own metrics listener accepts connections
+        (Triton answers ready before that listener is up; until it is, the proxy answers 503)."""
+        port = self._triton_metrics_port
+        return port is None or metrics.accepts_connections("127.0.0.1", port)
 
     def _fail(self, why: str) -> NoReturn:
         """Stop, then raise :class:`ModelLoadError` naming failed models, else ServerStartError."""
