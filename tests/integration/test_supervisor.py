@@ -40,8 +40,8 @@ from tritonforge.runtime.supervisor.supervisor import Backoff, Supervisor
 pytestmark = pytest.mark.integration
 
 EMBED_MODELS = (
-    "tokenizer", "encoder_fp32", "encoder_int8", "encoder_torchscript", "embed", "embed_int8",
-    "embed_torchscript", "embed_bls",
+    "tokenizer", "encoder_fp32", "encoder_int8", "encoder_torchscript", "fused_fp32", "fused_int8",
+    "embed", "embed_int8", "embed_torchscript", "embed_bls",
 )  # fmt: skip
 
 
