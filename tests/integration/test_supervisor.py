@@ -124,7 +124,7 @@ def test_finding1_unrelated_pipeline_has_zero_failures_while_a_stub_is_reloaded(
     """The tokenizer of the embedding pipeline dies; the generate pipeline does not notice."""
     generate = _generate_model()
     repo = linked_repository(
-        tmp_path / "repo", (*EMBED_MODELS[:2], "embed", *_pipeline_models(generate))
+        tmp_path / "repo", (*EMBED_MODELS[:2], "fused_fp32", "embed", *_pipeline_models(generate))
     )
     server = EmbeddedServer(ServerSettings.ephemeral(repo, model_control_mode="explicit"))
     server.start().wait_ready()
