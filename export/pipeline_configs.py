@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from tritonforge import tasks
+from tritonforge.batching import rows_alone
 from tritonforge.bls import latest_version_dir
 from tritonforge.configschema import (
     DynamicBatching,
@@ -142,7 +143,12 @@ def ensemble_steps(
 
 
 def fused_config(
-    spec: PipelineSpec, variant: str, tokenizer: ModelConfig, encoder: ModelConfig, digest: str = ""
+    spec: PipelineSpec,
+    variant: str,
+    tokenizer: ModelConfig,
+    encoder: ModelConfig,
+    digest: str = "",
+    batch_rows: str = "auto",
 ) -> TritonConfig:
     """Tokenizer + ``encoder``'s graph (+ the task's postprocess) in one Python model: its
     parameters are the BLS's plan for one variant, its batching, instances and response cache
@@ -158,6 +164,8 @@ def fused_config(
         "tokenizer_model": tokenizer.name,
         "encoder_models": f"{variant}={encoder.name}",
         "default_variant": variant,
+        # the encoder's, resolved from its graph at export (tritonforge.batching.rows_alone)
+        "batch_rows": batch_rows,
     }
     if digest:
         settings[ENCODER_DIGEST_KEY] = digest
@@ -187,9 +195,21 @@ def fused_files(
     graph = version / (encoder.default_model_filename or "model.onnx")
     side = sidecar_of(graph)
     digest = side.read_text().split()[0] if side.is_file() and side.read_text().strip() else ""
-    config = fused_config(spec, variant, tokenizer, encoder, digest)
+    config = fused_config(spec, variant, tokenizer, encoder, digest, _batch_rows(encoder, graph))
     source = stage_source("fused").read_bytes()
     return config, {f"{config.name}/{version.name}/model.py": source}
+
+
+def _batch_rows(encoder: ModelConfig, graph: Path) -> str:
+    """The encoder's ``batch_rows``, ``auto`` resolved from the graph here (the stub then needs no
+    ``onnx``, which the Triton image does not install)."""
+    setting = encoder.param("batch_rows", "auto", str)
+    if setting != "auto" or not graph.is_file():
+        return setting
+    try:
+        return "alone" if rows_alone(graph, setting) else "together"
+    except Exception:  # not an ONNX file (a test's stand-in): the stage decides at load
+        return setting
 
 
 def fused_steps(fused: ModelConfig) -> tuple[EnsembleStep, ...]:

@@ -23,7 +23,9 @@ NGC_TRITON_RELEASES: dict[str, str] = {
 }
 # Pins of the Triton image that cannot equal the lock file, which is resolved on the venv's Python
 # 3.11: name -> the container's (3.10) version. multidict 7.2 requires Python >= 3.11.
-CONTAINER_PINS: dict[str, str] = {"multidict": "7.1.0"}
+# onnxruntime 1.23.2: the last release with a cp310 wheel (the fused first step's stub runs the
+# encoder graph itself; the lock's 1.32 needs Python 3.11)
+CONTAINER_PINS: dict[str, str] = {"multidict": "7.1.0", "onnxruntime": "1.23.2"}
 
 
 def ngc_tag(dockerfile: Path = DOCKERFILE) -> str:

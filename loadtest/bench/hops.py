@@ -44,7 +44,7 @@ from tritonforge.loadtest.discovered import pipelines, stage_model
 from tritonforge.logs import run_main
 from tritonforge.ort_options import session_options
 from tritonforge.pipelines import Pipeline
-from tritonforge.repository import load_model_config
+from tritonforge.repository import load_model_config, referenced_models
 from tritonforge.runtime.launcher.settings import ServerSettings
 from tritonforge.runtime.serving import EmbeddedServer
 from tritonforge.text import TextTokenizer, served_tokenizer
@@ -155,9 +155,15 @@ class Subject:
 
 
 def ensemble_steps(repo: Path, ensemble: str) -> tuple[str, ...]:
-    """The models an ensemble's ``ensemble_scheduling`` calls, in order (its config is the contract)."""
+    """The models an ensemble's ``ensemble_scheduling`` calls, in order (its config is the
+    contract), and the models those name in their parameters (a fused step reads its tokenizer's,
+    encoder's and postprocess's configs and files)."""
     steps = load_model_config(repo, ensemble).raw.get("ensemble_scheduling", {}).get("step", [])
-    return tuple(str(s["model_name"]) for s in steps)
+    names = [str(s["model_name"]) for s in steps]
+    named = [
+        m for n in names for m in referenced_models(load_model_config(repo, n).parameters).values()
+    ]
+    return tuple(dict.fromkeys([*names, *named]))
 
 
 def subject(args: argparse.Namespace) -> Subject:

@@ -26,7 +26,8 @@ import tritonclient.http as httpclient
 
 from tests.conftest import PIPELINE_REPOSITORY
 
-MINIMAL = ("tokenizer", "encoder_fp32", "embed")
+# `embed`'s one step is the fused model, which reads the tokenizer's and encoder's files
+MINIMAL = ("tokenizer", "encoder_fp32", "fused_fp32", "embed")
 
 
 def linked_repository(

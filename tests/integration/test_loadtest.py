@@ -91,7 +91,7 @@ def test_bench_smoke_writes_rows_with_ratios_and_reports_a_failed_generator(
     assert ok["x_inprocess_throughput"] > 0
     assert ok["p50_minus_inprocess_ms"] == pytest.approx(ok["p50_ms"] - inproc1["p50_ms"])
     assert 0 < ok["generator_cpu_share"] <= 1
-    assert ok["server_stats"]["encoder_fp32"]["inference_count"] > 0  # per-stage breakdown
+    assert ok["server_stats"]["fused_fp32"]["inference_count"] > 0  # per-stage breakdown
     assert math.isnan(ok["server_cpu_ms_per_request"])  # a server the bench did not start
     failed = rows["ensemble fp32 grpc/pa"]
     assert failed["status"].startswith("2/2 rounds: failed: perf_analyzer is not installed")

@@ -28,7 +28,8 @@ from tritonforge.runtime.supervisor.supervisor import Supervisor
 pytestmark = pytest.mark.integration
 
 MODELS = (
-    "tokenizer", "encoder_fp32", "encoder_int8", "encoder_torchscript", "embed", "embed_bls",
+    "tokenizer", "encoder_fp32", "encoder_int8", "encoder_torchscript", "fused_fp32", "embed",
+    "embed_bls",
 )  # fmt: skip
 
 

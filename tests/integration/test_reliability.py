@@ -31,7 +31,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_killed_stub_fails_fast_and_supervisor_restores_it_within_30s(tmp_path: Path) -> None:
-    repo = linked_repository(tmp_path / "repo", (*MINIMAL, "encoder_int8", "embed_int8"))
+    repo = linked_repository(
+        tmp_path / "repo", (*MINIMAL, "encoder_int8", "fused_int8", "embed_int8")
+    )
     server = EmbeddedServer(ServerSettings.ephemeral(repo, model_control_mode="explicit"))
     server.start().wait_ready()
     supervisor = Supervisor(
@@ -48,7 +50,7 @@ def test_killed_stub_fails_fast_and_supervisor_restores_it_within_30s(tmp_path: 
             server.grpc_url, "embed_int8", workers=1, timeout_s=30.0, protocol="retrying-grpc"
         ).start()
         victim_load.wait_for(10)
-        victim = server.stub_pids()["encoder_int8_0_0"]
+        victim = server.stub_pids()["fused_int8_0_0"]  # embed_int8's one step
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         recovered_s = None
@@ -76,7 +78,7 @@ def test_killed_stub_fails_fast_and_supervisor_restores_it_within_30s(tmp_path: 
         other_http.stop()
         retrying.stop()
         assert recovered_s is not None, f"not recovered within 30 s: {supervisor.health()}"
-        assert server.stub_pids()["encoder_int8_0_0"] != victim
+        assert server.stub_pids()["fused_int8_0_0"] != victim
         # nothing hung past the client timeout
         for load in (victim_load, other_load):
             assert max(o.latency_s for o in load.outcomes) < load.timeout_s + 1.0
@@ -315,8 +317,8 @@ def _burst(
 
 @pytest.mark.parametrize(
     ("model", "queue_owner"),
-    [("embed_bls", "embed_bls"), ("embed", "encoder_fp32")],
-    ids=["bls", "ensemble-via-encoder-queue"],
+    [("embed_bls", "embed_bls"), ("embed", "fused_fp32")],
+    ids=["bls", "ensemble-via-its-fused-step-queue"],
 )
 def test_overload_rejects_the_excess_fast_and_serves_the_rest(
     pipeline_server: EmbeddedServer, model: str, queue_owner: str

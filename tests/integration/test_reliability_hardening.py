@@ -253,7 +253,9 @@ def test_http_burst_every_request_is_answered_and_shutdown_is_prompt(tmp_path: P
     shutdown for the 30 s exit timeout): each gets 200 or 503 within its timeout."""
     import aiohttp
 
-    repo = linked_repository(tmp_path / "repo", (*MINIMAL, "encoder_int8", "embed_int8"))
+    repo = linked_repository(
+        tmp_path / "repo", (*MINIMAL, "encoder_int8", "fused_int8", "embed_int8")
+    )
     server = EmbeddedServer(ServerSettings.ephemeral(repo))
     server.start().wait_ready()
     timeout_s = 60.0

@@ -40,8 +40,8 @@ from tritonforge.runtime.supervisor.supervisor import Backoff, Supervisor
 pytestmark = pytest.mark.integration
 
 EMBED_MODELS = (
-    "tokenizer", "encoder_fp32", "encoder_int8", "encoder_torchscript", "embed", "embed_int8",
-    "embed_torchscript", "embed_bls",
+    "tokenizer", "encoder_fp32", "encoder_int8", "encoder_torchscript", "fused_fp32", "fused_int8",
+    "embed", "embed_int8", "embed_torchscript", "embed_bls",
 )  # fmt: skip
 
 
@@ -124,7 +124,7 @@ def test_finding1_unrelated_pipeline_has_zero_failures_while_a_stub_is_reloaded(
     """The tokenizer of the embedding pipeline dies; the generate pipeline does not notice."""
     generate = _generate_model()
     repo = linked_repository(
-        tmp_path / "repo", (*EMBED_MODELS[:2], "embed", *_pipeline_models(generate))
+        tmp_path / "repo", (*EMBED_MODELS[:2], "fused_fp32", "embed", *_pipeline_models(generate))
     )
     server = EmbeddedServer(ServerSettings.ephemeral(repo, model_control_mode="explicit"))
     server.start().wait_ready()

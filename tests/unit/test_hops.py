@@ -56,6 +56,22 @@ def test_hops_serves_every_model_the_ensemble_calls(tmp_path: Path) -> None:
     (tmp_path / "ens" / "config.pbtxt").write_text(
         f'name: "ens"\nplatform: "ensemble"\nmax_batch_size: 8\nensemble_scheduling {{\n{step_text}}}\n'
     )
+    for m in (*steps, "one", "labels"):
+        (tmp_path / m).mkdir()
+        (tmp_path / m / "config.pbtxt").write_text(f'name: "{m}"\nbackend: "python"\n')
     assert ensemble_steps(tmp_path, "ens") == steps
     sub = Subject(tmp_path, None, "ens", "tok", "enc", None, None, steps)  # type: ignore[arg-type]
     assert sub.models == ["ens", "tok", "enc", "post"]
+    # a fused step: the models it names in its parameters are served with it
+    (tmp_path / "one" / "config.pbtxt").write_text(
+        'name: "one"\nbackend: "python"\n'
+        'parameters { key: "postprocess_model" value: { string_value: "labels" } }\n'
+        'parameters { key: "encoder_models" value: { string_value: "fp32=enc" } }\n'
+    )
+    (tmp_path / "fused").mkdir()
+    (tmp_path / "fused" / "config.pbtxt").write_text(
+        'name: "fused"\nplatform: "ensemble"\nmax_batch_size: 8\nensemble_scheduling {\n'
+        + step_text.split("\n")[0].replace('"tok"', '"one"')
+        + "\n}\n"
+    )
+    assert ensemble_steps(tmp_path, "fused") == ("one", "labels", "enc")

@@ -56,7 +56,8 @@ class TritonPythonModel:
             t.name: [d if isinstance(d, str) else None for d in t.shape]
             for t in [*session.get_inputs(), *session.get_outputs()]
         }
-        alone = rows_alone(graph.path, graph.config.param("batch_rows", "auto"))
+        # resolved at export (the image has no onnx to read the graph); else the encoder's
+        alone = rows_alone(graph.path, self.config.param("batch_rows", "", str) or "auto")
         self.runner = FusedRunner(self.plan, graph, tokenizer, run, axis_names, alone)
         pb_utils.Logger.log_info(
             f"{self.config.name}: {graph.target.model} {graph.path.name} on onnxruntime "
