@@ -157,13 +157,13 @@ class Subject:
 def ensemble_steps(repo: Path, ensemble: str) -> tuple[str, ...]:
     """The models an ensemble's ``ensemble_scheduling`` calls, in order (its config is the
     contract), and the models those name in their parameters (a fused step reads its tokenizer's,
-    encoder's and postprocess's configs and files)."""
+    encoder's and postprocess's configs and files), sorted by name."""
     steps = load_model_config(repo, ensemble).raw.get("ensemble_scheduling", {}).get("step", [])
     names = [str(s["model_name"]) for s in steps]
     named = [
         m for n in names for m in referenced_models(load_model_config(repo, n).parameters).values()
     ]
-    return tuple(dict.fromkeys([*names, *named]))
+    return tuple(dict.fromkeys([*names, *sorted(named)]))
 
 
 def subject(args: argparse.Namespace) -> Subject:

@@ -74,4 +74,4 @@ def test_hops_serves_every_model_the_ensemble_calls(tmp_path: Path) -> None:
         + step_text.split("\n")[0].replace('"tok"', '"one"')
         + "\n}\n"
     )
-    assert ensemble_steps(tmp_path, "fused") == ("one", "labels", "enc")
+    assert ensemble_steps(tmp_path, "fused") == ("one", "enc", "labels")
