@@ -136,7 +136,6 @@ def run_cell(
 def inprocess_target(model_dir: Path) -> tuple[StreamFn, Any, float]:
     """The engine without a server: ``(stream, engine, prefill_ms)`` where ``prefill_ms`` is the
     median time of one prompt's prefill (the floor of time to first token)."""
-    import queue
 
     from tritonforge.generate_engine import GenerateEngine
 
@@ -152,6 +151,13 @@ def inprocess_target(model_dir: Path) -> tuple[StreamFn, Any, float]:
         )
         times.append(time.perf_counter() - t)
     engine.start()
+    return engine_stream(engine), engine, float(np.median(times) * 1000)
+
+
+def engine_stream(engine: Any) -> Callable[[str, int], Iterator[str]]:
+    """``(prompt, max_tokens) -> text chunks`` generated in process by a started ``engine``
+    (a ``GenerateEngine``), the last chunk the one with a finish reason."""
+    import queue
 
     def stream(prompt: str, max_tokens: int) -> Iterator[str]:
         chunks: queue.Queue[tuple[str, bool]] = queue.Queue()
@@ -168,7 +174,7 @@ def inprocess_target(model_dir: Path) -> tuple[StreamFn, Any, float]:
             if final:
                 return
 
-    return stream, engine, float(np.median(times) * 1000)
+    return stream
 
 
 def client_stream(

@@ -21,7 +21,7 @@ import argparse
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -70,30 +70,8 @@ def _engine(model_dir: Path) -> Any:
     return engine
 
 
-def _stream(engine: Any) -> Any:
-    """``(prompt, max_tokens) -> chunks`` through ``engine`` (as ``bench.generate``'s)."""
-    import queue
-
-    def stream(prompt: str, max_tokens: int) -> Iterator[str]:
-        chunks: queue.Queue[tuple[str, bool]] = queue.Queue()
-        seq = engine.build(
-            prompt,
-            {"max_tokens": max_tokens},
-            on_output=lambda _, text, reason: chunks.put((text, reason is not None)),
-            on_error=lambda _, e: chunks.put((f"error: {e}", True)),
-        )
-        engine.scheduler.submit(seq)
-        while True:
-            text, final = chunks.get(timeout=300)
-            yield text
-            if final:
-                return
-
-    return stream
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    from tritonforge.loadtest.bench.generate import PROMPTS, run_cell
+    from tritonforge.loadtest.bench.generate import PROMPTS, engine_stream, run_cell
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
@@ -114,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def count(text: str) -> int:
         return len(engine.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    stream, texts = _stream(engine), dict[int, dict[str, str]]()
+    stream, texts = engine_stream(engine), dict[int, dict[str, str]]()
     for rnd in range(args.rounds):
         for c in args.concurrency:
             for n in args.chunks:
