@@ -18,7 +18,7 @@ from tritonforge.generation import check_variant, queue_priority, render_prompt,
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import VARIANT_KEY, VARIANT_PARAMETER
-from tritonforge.prefill_plan import check_chunk_tokens
+from tritonforge.prefill_plan import check_chunk_tokens, check_stall_row_tokens
 from tritonforge.sampling import GenerationLimits, parse_sampling
 from tritonforge.scheduler import ErrorFn, Generation, OutputFn, Scheduler, queue_rank
 from tritonforge.speculation import MAX_NGRAM_KEY, MIN_NGRAM_KEY, TOKENS_KEY, PromptLookup
@@ -73,6 +73,9 @@ class GenerateEngine:
                 config.param("stream_interval_max_tokens", 1, int),
             )
             chunk_tokens = check_chunk_tokens(config.param("prefill_chunk_tokens", 0, int))
+            stall_row_tokens = check_stall_row_tokens(
+                config.param("prefill_stall_row_tokens", 0, int)  # absent: a fixed chunk
+            )
             # absent (exported before it): no speculation, as then
             lookup = PromptLookup(
                 config.param(TOKENS_KEY, 0, int),
@@ -94,6 +97,7 @@ class GenerateEngine:
             kv_headroom=self.decoder.kv_headroom,
             stream_interval=interval,
             prefill_chunk_tokens=chunk_tokens,  # absent (exported before it): whole prefills
+            prefill_stall_row_tokens=stall_row_tokens,
             lookup=lookup,
         )
         self.seeds = np.random.SeedSequence()

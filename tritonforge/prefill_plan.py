@@ -10,6 +10,12 @@ fits, or ONE prompt longer than that in chunks of ``chunk_tokens`` (batch 1: ONN
 GroupQueryAttention takes several new tokens after a past only at batch 1), the chunk's keys
 and values appended to its own cache; its last chunk gives its first token. Right-padded,
 each row from column 0, so a chunked row's cache is laid out as its whole prefill's.
+
+The chunk protects the running rows' inter-token latency, so it depends on what runs
+(:func:`iteration_chunk`): with ``stall_row_tokens`` set, an iteration with no row decoding
+prefills whole prompts (the whole wave batched, nothing to protect), and with ``running`` rows
+decoding it may stall them for ``stall_row_tokens // running`` prompt tokens, never fewer than
+``chunk_tokens``.
 """
 
 from __future__ import annotations
@@ -45,6 +51,26 @@ def check_chunk_tokens(chunk_tokens: int | None) -> int | None:
     if chunk_tokens is not None and chunk_tokens < 0:
         raise ValueError(f"prefill_chunk_tokens must be >= 0 (0: off), got {chunk_tokens}")
     return chunk_tokens or None
+
+
+def check_stall_row_tokens(stall_row_tokens: int) -> int:
+    """``stall_row_tokens`` itself; ValueError naming the config parameter when negative."""
+    if stall_row_tokens < 0:
+        raise ValueError(
+            f"prefill_stall_row_tokens must be >= 0 (0: a fixed chunk), got {stall_row_tokens}"
+        )
+    return stall_row_tokens
+
+
+def iteration_chunk(running: int, chunk_tokens: int | None, stall_row_tokens: int) -> int | None:
+    """The chunk of this iteration with ``running`` rows decoding: ``chunk_tokens`` when it is
+    None (no chunking) or ``stall_row_tokens`` is 0 (a fixed chunk); else None (whole prompts)
+    when no row runs, and ``max(chunk_tokens, stall_row_tokens // running)`` when some do."""
+    if chunk_tokens is None or not stall_row_tokens:
+        return chunk_tokens
+    if running <= 0:
+        return None
+    return max(chunk_tokens, stall_row_tokens // running)
 
 
 def call_budget(max_prefill_tokens: int, chunk_tokens: int | None) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 
 from tritonforge.errors import ServingError, StageUnavailableError
 from tritonforge.kv_batch import LEFT, Batch, new_batch
-from tritonforge.prefill_plan import Partial, check_chunk_tokens
+from tritonforge.prefill_plan import Partial, check_chunk_tokens, check_stall_row_tokens
 from tritonforge.queue_forecast import (
     Queued,
     ServiceRate,
@@ -139,6 +139,7 @@ class Scheduler(PrefillSteps):
         rate: ServiceRate | None = None,
         stream_interval: StreamInterval | None = None,
         prefill_chunk_tokens: int | None = None,
+        prefill_stall_row_tokens: int = 0,
         lookup: PromptLookup | None = None,
     ) -> None:
         """``name``: the model serving (its config's name), which every message names.
@@ -156,7 +157,9 @@ class Scheduler(PrefillSteps):
         place (``OrtDecoder.kv_headroom``; 0: none). ``stream_interval``: tokens per streamed
         response by running rows (None: one token per response). ``prefill_chunk_tokens``: at
         most that many prompt tokens prefilled between two decode steps (chunked prefill,
-        :mod:`tritonforge.prefill_plan`; None or 0: whole prefills, as before). ``lookup``:
+        :mod:`tritonforge.prefill_plan`; None or 0: whole prefills, as before);
+        ``prefill_stall_row_tokens``: the chunk by running rows
+        (:func:`tritonforge.prefill_plan.iteration_chunk`; 0: a fixed chunk). ``lookup``:
         prompt-lookup speculation at one greedy row (:mod:`tritonforge.speculation`; None: off)."""
         if queue_timeout_s is not None and queue_timeout_s <= 0:
             raise ValueError(f"queue_timeout_s must be > 0, got {queue_timeout_s}")
@@ -183,6 +186,7 @@ class Scheduler(PrefillSteps):
         self.prefill_ends_s = 0.0  # the clock when the prefill under way should end (forecast)
         self.stream_interval = stream_interval or StreamInterval()
         self.chunk_tokens = check_chunk_tokens(prefill_chunk_tokens)
+        self.stall_row_tokens = check_stall_row_tokens(prefill_stall_row_tokens)
         self.partial: Partial | None = None  # a prompt prefilled in chunks, under way
         self.speculator = Speculator(lookup or PromptLookup())
 

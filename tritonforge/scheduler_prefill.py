@@ -22,6 +22,7 @@ from tritonforge.prefill_plan import (
     chunked,
     group_inputs,
     group_size,
+    iteration_chunk,
 )
 from tritonforge.queue_forecast import ServiceRate
 
@@ -41,6 +42,7 @@ class PrefillSteps:
     max_running: int
     max_prefill_tokens: int
     chunk_tokens: int | None
+    stall_row_tokens: int
     partial: Partial | None
     prefilling: list[Generation]
     prefill_ends_s: float
@@ -58,18 +60,20 @@ class PrefillSteps:
         prompt's first token, and queue it to join the batch (:meth:`_join`)."""
         admitted: list[Generation] = []
         with self.cond:
+            running = len(self.batch) + len(self.joining)
+            chunk = iteration_chunk(running, self.chunk_tokens, self.stall_row_tokens)
             if self.partial is None:
-                free = self.max_running - len(self.batch) - len(self.joining)
+                free = self.max_running - running
                 lengths = [len(s.prompt_ids) for s in itertools.islice(self.waiting, max(0, free))]
-                budget = call_budget(self.max_prefill_tokens, self.chunk_tokens)
+                budget = call_budget(self.max_prefill_tokens, chunk)
                 admitted = [
                     self.waiting.popleft() for _ in range(group_size(lengths, free, budget))
                 ]
-                if admitted and chunked(lengths[0], self.chunk_tokens):
+                if admitted and chunked(lengths[0], chunk):
                     self.partial, admitted = Partial(admitted[0], self.empty_past(1)), []
             self.prefilling = admitted  # neither waiting nor running: the forecast counts them
         if self.partial is not None:
-            self._prefill_chunk(self.partial)
+            self._prefill_chunk(self.partial, chunk)
         if not admitted:
             return
         try:
@@ -95,14 +99,14 @@ class PrefillSteps:
         for i, (seq, n) in enumerate(zip(admitted, lengths, strict=True)):
             self._first_token(seq, logits[i, n - 1], [p[i : i + 1] for p in presents], n)
 
-    def _prefill_chunk(self, part: Partial) -> None:
-        """The next chunk of a prompt prefilled in chunks (batch 1, after its own cache); its
-        last one gives the first token."""
+    def _prefill_chunk(self, part: Partial, chunk: int | None) -> None:
+        """The next chunk (at most ``chunk`` tokens; None: the rest) of a prompt prefilled in
+        chunks (batch 1, after its own cache); its last one gives the first token."""
         seq, n, started_s = part.seq, len(part.seq.prompt_ids), self.clock()
         if part.done == 0:
             seq.admitted_s = started_s
         self.prefill_ends_s = started_s + self.rate.prefill_s(part.left)
-        end = chunk_end(part.done, n, self.chunk_tokens)
+        end = chunk_end(part.done, n, chunk)
         try:
             logits, presents = self.step_fn(
                 *chunk_inputs(seq.prompt_ids, part.done, end), part.past

@@ -38,10 +38,10 @@ def engine():  # type: ignore[no-untyped-def]
     engine.close()
 
 
-def _tokens(engine, chunk_tokens: int | None) -> list[list[int]]:  # type: ignore[no-untyped-def]
+def _tokens(engine, chunk_tokens: int | None, stall_row_tokens: int = 0) -> list[list[int]]:  # type: ignore[no-untyped-def]
     """Two prompts decode first; the others arrive two steps later (rows running)."""
     sched = engine.scheduler
-    sched.chunk_tokens = chunk_tokens
+    sched.chunk_tokens, sched.stall_row_tokens = chunk_tokens, stall_row_tokens
     seqs = [
         engine.build(text, {"max_tokens": 10, "chat_template": template}, *[lambda *_: None] * 2)
         for text, template in PROMPTS
@@ -64,6 +64,9 @@ def test_chunked_prefill_gives_the_greedy_tokens_of_whole_prefills(engine) -> No
     assert all(whole)
     for chunk_tokens in (7, 16):
         assert _tokens(engine, chunk_tokens) == whole, chunk_tokens
+    # the chunk by running rows (prefill_stall_row_tokens): the first wave whole, then chunks
+    # of 20 // rows (at least 5) tokens as rows start and end
+    assert _tokens(engine, 5, 20) == whole
 
 
 def test_a_chunked_prefill_computes_the_whole_prefills_logits(engine) -> None:  # type: ignore[no-untyped-def]

@@ -24,11 +24,13 @@ from tritonforge.kv_batch import LEFT, RIGHT
 from tritonforge.prefill_plan import (
     call_budget,
     check_chunk_tokens,
+    check_stall_row_tokens,
     chunk_end,
     chunk_inputs,
     chunked,
     group_inputs,
     group_size,
+    iteration_chunk,
 )
 from tritonforge.queue_forecast import ServiceRate
 from tritonforge.scheduler import FINISH_LENGTH, CancelledError, Scheduler
@@ -57,6 +59,16 @@ def test_the_plan_takes_whole_prompts_within_the_budget_and_chunks_a_longer_one(
     assert ids.tolist() == [[1, 2, 3], [4, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
 
 
+def test_the_chunk_grows_as_fewer_rows_run() -> None:
+    assert iteration_chunk(0, 64, 1024) is None  # nothing decoding: whole prompts
+    assert [iteration_chunk(n, 64, 1024) for n in (1, 8, 16, 32)] == [1024, 128, 64, 64]
+    assert iteration_chunk(0, 64, 0) == 64 and iteration_chunk(3, 64, 0) == 64  # fixed chunk
+    assert iteration_chunk(0, None, 1024) is None and iteration_chunk(5, None, 1024) is None
+    assert check_stall_row_tokens(0) == 0 and check_stall_row_tokens(512) == 512
+    with pytest.raises(ValueError, match="prefill_stall_row_tokens"):
+        check_stall_row_tokens(-1)
+
+
 def _logged(step: Callable[..., Any], log: list[tuple[str, int, int]]) -> Callable[..., Any]:
     """``step`` that records each call (``prefill``/``chunk``/``decode``, batch, new tokens)
     and refuses what GroupQueryAttention refuses: several new tokens after a past at batch > 1."""
@@ -72,14 +84,17 @@ def _logged(step: Callable[..., Any], log: list[tuple[str, int, int]]) -> Callab
 
 
 def _run(
-    layout: str, chunk_tokens: int | None, log: list[tuple[str, int, int]] | None = None
+    layout: str,
+    chunk_tokens: int | None,
+    log: list[tuple[str, int, int]] | None = None,
+    stall_row_tokens: int = 0,
 ) -> list[list[int]]:
     """Two short prompts start decoding; two steps later the others arrive (rows running)."""
     step = _logged(STEPS[layout], log if log is not None else [])
     sched = Scheduler(
         step, empty_past, [EOS], max_running=8, max_queue=8, name="generate",
         layout=LEFT if layout == LEFT else RIGHT, kv_headroom=4 if layout == "in place" else 0,
-        prefill_chunk_tokens=chunk_tokens,
+        prefill_chunk_tokens=chunk_tokens, prefill_stall_row_tokens=stall_row_tokens,
     )  # fmt: skip
     seqs = [make(p, 6) for p in PROMPTS]
     for s in seqs[:2]:
@@ -99,6 +114,27 @@ def test_chunked_prefill_gives_the_tokens_of_whole_prefills(layout: str) -> None
     assert all(len(t) == 6 for t in whole)
     for chunk_tokens in (1, 4, 5, 8, 64):
         assert _run(layout, chunk_tokens) == whole, chunk_tokens
+    for chunk_tokens, stall_row_tokens in ((1, 1), (2, 8), (4, 12), (3, 30)):
+        assert _run(layout, chunk_tokens, stall_row_tokens=stall_row_tokens) == whole
+
+
+def test_the_chunk_follows_the_running_rows() -> None:
+    """Stall budget 16 tokens x rows, chunk at least 3: with nothing decoding the first two
+    prompts are prefilled whole in one call; with 2 rows decoding a chunk is 8 tokens, with 3
+    rows 5, and when the first two rows end (1 running) the rest of the 20-token prompt."""
+    log: list[tuple[str, int, int]] = []
+    _run(RIGHT, 3, log, stall_row_tokens=16)
+    assert [c for c in log if c[0] != "decode"] == [
+        ("prefill", 2, 7),  # 0 rows running: the 3- and 7-token prompts together
+        ("prefill", 1, 8),  # 2 running: the 12-token prompt's first 8 tokens
+        ("chunk", 1, 4),  # ... its last 4
+        ("prefill", 1, 5),  # 3 running: the 20-token prompt's first 5
+        ("chunk", 1, 15),  # the first two rows ended (1 running): its last 15
+    ]
+    fixed: list[tuple[str, int, int]] = []
+    _run(RIGHT, 3, fixed)  # a fixed chunk of 3, whatever runs
+    assert fixed[0] == ("prefill", 1, 3)
+    assert max(b * s for kind, b, s in fixed if kind != "decode") == 3
 
 
 def test_running_rows_decode_between_the_chunks_of_a_new_prompt() -> None:
@@ -205,7 +241,7 @@ def test_the_warm_up_is_never_refused_by_its_own_forecast(
     from tokenizers import Tokenizer, models
 
     from tritonforge import generate_engine
-    from tritonforge.errors import StageUnavailableError
+    from tritonforge.errors import ModelConfigError, StageUnavailableError
     from tritonforge.modelconfig import ModelConfig
 
     Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(
@@ -229,11 +265,19 @@ def test_the_warm_up_is_never_refused_by_its_own_forecast(
         "generation_file": "generation.json", "max_prompt_tokens": "8",
         "max_new_tokens_limit": "16", "default_max_new_tokens": "2", "max_running": "4",
         "max_queue": "8", "queue_timeout_s": "10", "prefill_chunk_tokens": "4",
+        "prefill_stall_row_tokens": "12",
     }  # fmt: skip
     engine = generate_engine.GenerateEngine(
         ModelConfig.from_json({"name": "g", "parameters": params}), tmp_path
     )
-    assert engine.scheduler.chunk_tokens == 4
+    assert engine.scheduler.chunk_tokens == 4 and engine.scheduler.stall_row_tokens == 12
+    with pytest.raises(ModelConfigError, match="prefill_stall_row_tokens"):
+        generate_engine.GenerateEngine(
+            ModelConfig.from_json(
+                {"name": "g", "parameters": {**params, "prefill_stall_row_tokens": "-1"}}
+            ),
+            tmp_path,
+        )
     engine.scheduler.rate.prompt_token_s = 100.0  # a busy host's first prefills
     engine.warmup("a")
     assert engine.scheduler.queue_timeout_s == 10.0

@@ -109,6 +109,7 @@ def generate_config(spec: DecoderSpec, variant: str, int8: bool) -> TritonConfig
         "stream_interval_rows": s.stream_interval_rows,
         "stream_interval_max_tokens": s.stream_interval_max_tokens,
         "prefill_chunk_tokens": s.prefill_chunk_tokens,
+        "prefill_stall_row_tokens": s.prefill_stall_row_tokens,
         TOKENS_KEY: s.speculation_tokens,
         MIN_NGRAM_KEY: s.speculation_min_ngram,
         MAX_NGRAM_KEY: s.speculation_max_ngram,

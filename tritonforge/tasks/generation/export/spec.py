@@ -37,6 +37,12 @@ class GenerationServing:
     # between two decode steps, so a new prompt never stalls the running rows for a whole
     # prefill (0: whole prefills); measured: docs/performance.md, "Chunked prefill"
     prefill_chunk_tokens: int = 64
+    # the chunk by what runs (tritonforge.prefill_plan.iteration_chunk): no row decoding, whole
+    # prompts (the wave batched); n rows decoding, max(prefill_chunk_tokens, this // n) tokens
+    # (0: always prefill_chunk_tokens; 64 = the chunk: whole prompts only when no row decodes).
+    # Measured: no budget beat the fixed chunk, larger ones lose inter-token p99, so 0;
+    # docs/performance.md, "Prefill budget by running rows"
+    prefill_stall_row_tokens: int = 0
     # prompt-lookup speculation at one greedy row (tritonforge.speculation): at most
     # speculation_tokens drafted per step (0: off) from the longest earlier n-gram of
     # speculation_min_ngram .. speculation_max_ngram tokens; measured: docs/performance.md,

@@ -29,7 +29,12 @@ from typing import Any
 import numpy as np
 
 from tritonforge.logs import run_main
-from tritonforge.prefill_plan import check_chunk_tokens, chunk_end, chunk_inputs
+from tritonforge.prefill_plan import (
+    check_chunk_tokens,
+    check_stall_row_tokens,
+    chunk_end,
+    chunk_inputs,
+)
 
 log = logging.getLogger("tritonforge.tasks.generation.loadtest.chunked_prefill")
 
@@ -80,6 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[8, 16])
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--stall-row-tokens",
+        type=int,
+        default=0,
+        help="prefill_stall_row_tokens for every setting (default 0: fixed chunks)",
+    )
     p.add_argument("--out", type=Path, default=Path("build/chunked_prefill.json"))
     args = p.parse_args(argv)
 
@@ -97,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for c in args.concurrency:
             for n in args.chunks:
                 engine.scheduler.chunk_tokens = check_chunk_tokens(n)
+                engine.scheduler.stall_row_tokens = check_stall_row_tokens(args.stall_row_tokens)
                 collect = texts.setdefault(n, {}) if rnd == 0 else None
                 cell = run_cell(f"chunk {n}", stream, count, c, 1, args.max_tokens, collect)
                 cell.round = rnd
