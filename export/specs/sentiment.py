@@ -96,7 +96,10 @@ def _version(number: int, **kwargs: Any) -> PipelineSpec:
         # Top-1 agreement with fp32 on the validation split, and no class probability moving by
         # more than 0.1 on any text.
         gate=QualityGate("logits", metric="top1", top1_agreement_min=0.99, max_prob_diff_max=0.1),
-        serving=Serving(fp32_name="", instance_count=1, intra_op_threads=2),
+        # Two instances like minilm's: with one, the cores idled while its stub ran Python
+        # (tokenize, postprocess) and a lone request waited for the busy instance (p99 ~0.5 s
+        # at 1 client); A/B in docs/performance.md, "Two instances of the classifier's step".
+        serving=Serving(fp32_name="", instance_count=2, intra_op_threads=2),
         # Measured by the greedy search (16 trials, both versions chose the same): with the
         # feed-forward and value projections in fp32, top-1 agreement 0.9925 and the largest
         # probability move 0.057; everything quantized gave 0.967 / 0.25.
