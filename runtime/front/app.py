@@ -165,7 +165,13 @@ class Front:
         self._runner = web.ServerRunner(server, handle_signals=False)
         await self._runner.setup()
         try:
-            await web.TCPSite(self._runner, self.host, self.http_port, reuse_address=True).start()
+            await web.TCPSite(
+                self._runner,
+                self.host,
+                self.http_port,
+                reuse_address=True,
+                backlog=self.limits.listen_backlog_connections,
+            ).start()
             self.http_port = int(self._runner.addresses[0][1])  # the bound one (0: any free)
         except OSError as e:
             raise ServerStartError(

@@ -59,6 +59,10 @@ class FrontLimits:
     # (runtime.front.guard.Admission); past it a new stream gets 503 / UNAVAILABLE naming the
     # model. Streams go over Triton's gRPC, so short requests keep max_upstream_connections.
     max_open_streams: int = 64
+    # The front's listen backlog (connections accepted by the kernel, not yet by the front). At
+    # the default a 500-connection burst overflows it and the excess waits for SYN retries (1,
+    # 3, 7 s); the burst test raises it so that every request reaches the front at once.
+    listen_backlog_connections: int = 128
 
 
 @dataclass(frozen=True)
