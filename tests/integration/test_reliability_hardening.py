@@ -251,10 +251,10 @@ def test_health_port_drops_idle_sockets_and_logs_no_traceback_for_resets(
 def test_http_burst_every_request_is_answered_and_shutdown_is_prompt(tmp_path: Path) -> None:
     """500 concurrent raw HTTP POSTs to embed and embed_int8 (6-76 were never answered and held
     shutdown for the 30 s exit timeout): each gets 200 or 503 within its timeout. The backlog is
-    raised so that the whole burst reaches the front at once. Triton 2.51 never answers some
-    ensemble requests whose step refused them for a full queue (core#466, fixed upstream in 2026,
-    docs/operations.md "A connection burst"): the front's own bound (``request_timeout_s``, here
-    below the client's) must then answer 503 naming it, so the client still gets its answer."""
+    raised so that the whole burst reaches the front at once. Triton 2.51 now and then never
+    answers an ensemble request of such a burst (most likely core#466, a step's full queue; fixed
+    upstream in 2026; docs/operations.md "A connection burst"): the front's own bound
+    (``request_timeout_s``, here below the client's) must then answer 503 naming it."""
     import aiohttp
 
     repo = linked_repository(
@@ -282,7 +282,7 @@ def test_http_burst_every_request_is_answered_and_shutdown_is_prompt(tmp_path: P
             return type(e).__name__, time.monotonic() - started
 
     models = [m for m in ("embed", "embed_int8") for _ in range(250)]
-    unanswered_upstream: list[str] = []  # answered by the front's bound (Triton's core#466)
+    unanswered_upstream: list[str] = []  # answered by the front's bound (Triton's loss)
 
     async def burst() -> list[tuple[object, float]]:
         connector = aiohttp.TCPConnector(limit=0, force_close=True)
@@ -308,8 +308,11 @@ def test_http_burst_every_request_is_answered_and_shutdown_is_prompt(tmp_path: P
     )
     assert 200 in statuses
     assert max(latency for _, latency in results) < timeout_s
-    assert stop_s < 15, f"stop took {stop_s:.1f} s"
-    print(f"{len(unanswered_upstream)} answered by the front's request_timeout_s (core#466)")
+    # a request Triton never answers holds its shutdown until its own exit timeout; else the
+    # stop must not wait on anything (keep-alive connections held it for that timeout once)
+    stop_bound_s = server.settings.exit_timeout_s + 10 if unanswered_upstream else 15
+    assert stop_s < stop_bound_s, f"stop took {stop_s:.1f} s"
+    print(f"{len(unanswered_upstream)} answered by the front's request_timeout_s")
 
 
 def probe_as(user: str, pids: list[int], key: str, sockets: list[str], url: str) -> dict:
