@@ -63,6 +63,7 @@ def decoder_from_pretrained(source: Path, name: str, **fields: object) -> Decode
         padded_batches=PADDED,
         prompts_file=DATA_DIR / "generation_prompts.txt",
         perplexity_file=DATA_DIR / "perplexity.txt",
+        questions_file=DATA_DIR / "factual_questions.tsv",
         serving=serving,
     )
     return replace(spec, **fields)  # type: ignore[arg-type]

@@ -42,6 +42,12 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{q['perplexity']['int8']:.2f} (ratio {q['perplexity']['ratio']:.3f}, gate <= "
             f"{q['gate']['max_perplexity_ratio']})",
         ]
+        task = q.get("factual_questions")
+        if task and task["questions"]:
+            lines.append(
+                f"- factual questions right: fp32 {task['fp32']}, int8 {task['int8']} of "
+                f"{task['questions']} (gate: at most {q['gate']['max_task_answers_lost']} fewer)"
+            )
     lines += ["", "## Decode-step latency (ms, median)", ""]
     lines += [f"- {k}: {v:.1f}" for k, v in report["latency_ms"].items()]
     lines += timings_lines(report)

@@ -107,10 +107,12 @@ class GenAIGraph:
 
 @dataclass(frozen=True)
 class Int8Gate:
-    """int8 vs fp32 on held-out data: greedy tokens and perplexity."""
+    """int8 vs fp32 on held-out data: greedy tokens, perplexity and factual questions."""
 
     min_greedy_agreement: float = 0.9  # top-1 agreement on fp32's greedy tokens (teacher-forced)
     max_perplexity_ratio: float = 1.05  # int8 perplexity / fp32 perplexity
+    # The spec's factual questions (``questions_file``): int8 right on >= fp32's count minus this
+    max_task_answers_lost: int = 2
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,8 @@ class DecoderSpec:
     fidelity_prompts: int = 20
     fidelity_new_tokens: int = 32
     perplexity_file: Path = Path()
+    # ``question<TAB>keyword|keyword`` lines for the int8 gate's task-level check (none: skipped)
+    questions_file: Path = Path()
     int8_method: WeightOnlyQuantization = field(default_factory=WeightOnlyQuantization)
     int8_gate: Int8Gate = field(default_factory=Int8Gate)
     serving: GenerationServing = field(default_factory=GenerationServing)
@@ -155,4 +159,6 @@ class DecoderSpec:
 
     @property
     def source_files(self) -> tuple[Path, ...]:
-        return (self.prompts_file, self.perplexity_file)
+        return tuple(
+            p for p in (self.prompts_file, self.perplexity_file, self.questions_file) if p != Path()
+        )

@@ -36,10 +36,9 @@ from tritonforge.export.spec import digest_json
 from tritonforge.export.specs.text_inputs import read_sentences
 from tritonforge.export.staging import Staging, library_versions, task_export_files
 from tritonforge.export.step_bar import log_progress
-from tritonforge.generation import render_prompt, with_bos
 from tritonforge.integrity import sha256_file
 from tritonforge.tasks import generation
-from tritonforge.tasks.generation.export import verify
+from tritonforge.tasks.generation.export import questions, verify
 from tritonforge.tasks.generation.export.config import (
     DECODER_FILE,
     DEFAULT_RECORD,
@@ -204,6 +203,8 @@ class _DecoderBuild:
             self.out["int8"] = staging.path(f".work/int8/{DECODER_FILE}")
         self.paths: dict[str, Path] = {}
         self.failures: list[str] = []
+        asked = questions.read_questions(spec.questions_file) if spec.questions_file.name else []
+        self.task: tuple[list[questions.Question], list[list[int]]] = (asked, [])
         self.report: dict[str, Any] = {
             **flow.report_header(spec.name, spec.description, fp, fp["libraries"], spec.opset),
             "grid": {"shapes": [list(g) for g in spec.grid], "padded": list(spec.padded_batches)},
@@ -255,7 +256,9 @@ class _DecoderBuild:
         }
         flow.check(self.failures, spec.name)
         refused = (
-            _int8(spec, out, fp32, alone, run, self.report, steps, self._int8) if self.int8 else []
+            _int8(spec, out, (fp32, alone, run), self.task, self.report, steps, self._int8)
+            if self.int8
+            else []
         )
         served = self._default(refused)
         with steps("config.pbtxt per variant, sha256 sidecars, reports"):
@@ -326,13 +329,9 @@ class _DecoderBuild:
         spec, fp = self.spec, self.fp
         tok = Tokenizer.from_file(str(self.out["tokenizer"]))
         texts = read_sentences(spec.prompts_file)[: spec.fidelity_prompts]
-        template, bos = meta["chat_template"], meta["prompt_bos_token_id"]
-        prompts = [
-            with_bos(
-                tok.encode(render_prompt(t, template, True), add_special_tokens=False).ids, bos
-            )
-            for t in texts
-        ]
+        template = meta["chat_template"]
+        prompts = questions.prompt_ids(tok, texts, meta)
+        self.task = (self.task[0], questions.prompt_ids(tok, [q.text for q in self.task[0]], meta))
         # transformers' own prompt: the chat template's, or the tokenizer's (completions)
         if prompts != [_chat_ids(hf_tok, t) if template else hf_tok(t)["input_ids"] for t in texts]:
             what = "apply_chat_template" if template else "the tokenizer (special tokens added)"
@@ -403,15 +402,17 @@ def _chat_ids(hf_tok: Any, text: str) -> list[int]:
 def _int8(
     spec: DecoderSpec,
     out: dict[str, Path],
-    fp32: OrtDecoder,
-    alone: list[list[int]],
-    run: dict[str, Any],
+    reference: tuple[OrtDecoder, list[list[int]], dict[str, Any]],
+    task: tuple[list[questions.Question], list[list[int]]],
     report: dict[str, Any],
     steps: Steps,
     make_int8: Callable[[], None],
 ) -> list[str]:
-    """``make_int8`` writes ``out["int8"]`` (the spec's graph builder and ``int8_method``)."""
+    """``make_int8`` writes ``out["int8"]`` (the spec's graph builder and ``int8_method``);
+    ``reference``: fp32's decoder, its greedy tokens alone and the fidelity run's arguments;
+    ``task``: the spec's factual questions and their prompt tokens."""
     gate = spec.int8_gate
+    fp32, alone, run = reference
     with steps(f"int8 weight-only quantization ({spec.int8_method.describe()})"):
         make_int8()
         problems = check_graph(out["int8"], fp32.layers, fp32.layout, spec.graph is None)
@@ -442,6 +443,12 @@ def _int8(
         )
     if batch_diff:
         problems.append(f"int8 batching invariance: prompts {batch_diff} differ inside a batch")
+    with steps(f"int8 gate: {len(task[0])} factual questions, fp32 and int8"):
+        right32 = questions.right_answers(fp32, fp32.empty_past, *task, run)
+        right8 = questions.right_answers(q8, q8.empty_past, *task, run)
+        steps.note(f"right: fp32 {sum(right32)}, int8 {sum(right8)} of {len(right8)}")
+    lost = questions.task_problem(right32, right8, gate.max_task_answers_lost)
+    problems += [lost] if lost else []
     if ppl8 / ppl32 > gate.max_perplexity_ratio:
         problems.append(
             f"int8 gate: perplexity ratio {ppl8 / ppl32:.3f} > {gate.max_perplexity_ratio}"
@@ -460,9 +467,11 @@ def _int8(
         "greedy_tokens": alone8,
         "batching_invariance_differences": batch_diff,
         "perplexity": {"fp32": ppl32, "int8": ppl8, "ratio": ppl8 / ppl32},
+        "factual_questions": {"questions": len(right8), "fp32": sum(right32), "int8": sum(right8)},
         "gate": {
             "min_greedy_agreement": gate.min_greedy_agreement,
             "max_perplexity_ratio": gate.max_perplexity_ratio,
+            "max_task_answers_lost": gate.max_task_answers_lost,
         },
         "held_out_passages": len(rows),
         "problems": problems,
