@@ -117,13 +117,19 @@ class RightKVBatch:
     ``headroom`` 0: the cache is exactly :attr:`width` columns (trimmed when the longest row
     leaves), each step returns a new one a column wider. ``headroom`` > 0: the cache keeps room
     for the next column (grown by ``headroom`` columns when full), for a step that writes the
-    new column into it in place (``OrtDecoder.in_place``)."""
+    new column into it in place (``OrtDecoder.in_place``); its rows then live in a pool of row
+    slots (:attr:`past` is a view of the first ``len(rows)``), so a row joining copies only its
+    own columns and a row leaving moves the last row into its slot, instead of copying the whole
+    batch (at 16 rows the whole-batch copies took ~22% of the served scheduler's time, py-spy,
+    docs/performance.md "The running batch's row slots")."""
 
     rows: list[Generation] = field(default_factory=list)
     past: list[np.ndarray] = field(default_factory=list)
     positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     last: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     headroom: int = 0
+    # headroom > 0: [row slots, heads, columns, head_dim] per cache tensor; past views its rows
+    _pool: list[np.ndarray] = field(default_factory=list, repr=False)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -138,7 +144,9 @@ class RightKVBatch:
 
     def add(self, seq: Generation, presents: list[np.ndarray], length: int, token: int) -> None:
         """Join a prefilled row (``presents``: batch 1, ``length`` columns, all valid)."""
-        if self.rows:
+        if self.headroom:
+            self._slot_in(presents, length)
+        elif self.rows:
             wide = max(self.past[0].shape[2], length)
             self.past = [
                 np.concatenate([_right_pad(p, wide), _right_pad(r, wide)], 0)
@@ -161,17 +169,25 @@ class RightKVBatch:
         """After a decode step: its presents (the same buffers when written in place, else
         wider) become the past, and each row keeps ``tokens`` new columns (fewer than the step
         fed: the others are dropped, a speculative step's rejected draft)."""
-        self.past = presents
+        if presents is not self.past:  # not written in place: a new cache
+            self.past = presents
+            if self.headroom:
+                self._pool = [np.ascontiguousarray(p) for p in presents]
+                self.past = list(self._pool)
         self.positions = self.positions + tokens
         self._fit()
 
     def reserve(self, tokens: int) -> None:
         """With ``headroom``: room for a step writing ``tokens`` new columns in place."""
         if self.headroom and self.rows and self.past[0].shape[2] < self.width + tokens:
-            self.past = [_right_pad(p, self.width + tokens + self.headroom) for p in self.past]
+            self._resize(self._pool[0].shape[0], self.width + tokens + self.headroom)
 
     def remove(self, leaving: Sequence[int]) -> None:
         if not leaving:
+            return
+        if self.headroom:
+            self._slot_out(leaving)
+            self._fit()
             return
         keep = [i for i in range(len(self.rows)) if i not in set(leaving)]
         self.rows = [self.rows[i] for i in keep]
@@ -187,7 +203,53 @@ class RightKVBatch:
         if not self.headroom and have > width:
             self.past = [np.ascontiguousarray(p[:, :, :width]) for p in self.past]
         elif self.headroom and have <= width:
-            self.past = [_right_pad(p, width + self.headroom) for p in self.past]
+            self._resize(self._pool[0].shape[0], width + self.headroom)
+
+    def _slot_in(self, presents: list[np.ndarray], length: int) -> None:
+        """Copy a joining row into the next free slot (the pool grows, doubling its slots or to
+        ``length`` + headroom columns, only when it must)."""
+        n = len(self.rows)
+        if not self._pool:
+            self._pool = [
+                np.zeros((1, r.shape[1], length + self.headroom, r.shape[3]), r.dtype)
+                for r in presents
+            ]
+        slots, cols = self._pool[0].shape[0], self._pool[0].shape[2]
+        if slots <= n or cols < length:
+            self._resize(
+                max(slots, 2 * n, 1) if slots <= n else slots, max(cols, length + self.headroom)
+            )
+        for buf, r in zip(self._pool, presents, strict=True):
+            buf[n, :, :length] = r[0]
+            buf[n, :, length:] = 0  # as a new batch's padding: a departed row's columns go
+        self.past = [buf[: n + 1] for buf in self._pool]
+
+    def _slot_out(self, leaving: Sequence[int]) -> None:
+        """Free the leaving rows' slots: the last row moves into each (one row copied per
+        leaving row; the order of rows changes, which no row's answer depends on)."""
+        for i in sorted(set(leaving), reverse=True):
+            last = len(self.rows) - 1
+            if i != last:
+                for buf in self._pool:
+                    buf[i] = buf[last]
+                self.rows[i] = self.rows[last]
+                self.positions[i], self.last[i] = self.positions[last], self.last[last]
+            self.rows.pop()
+            self.positions, self.last = self.positions[:last], self.last[:last]
+        n = len(self.rows)
+        self.past = [buf[:n] for buf in self._pool] if n else []
+
+    def _resize(self, slots: int, cols: int) -> None:
+        """A new pool of ``slots`` rows x ``cols`` columns holding the running rows' columns."""
+        n = len(self.rows)
+        keep = min(cols, self._pool[0].shape[2])
+        pool = []
+        for old in self._pool:
+            new = np.zeros((slots, old.shape[1], cols, old.shape[3]), old.dtype)
+            new[:n, :, :keep] = old[:n, :, :keep]
+            pool.append(new)
+        self._pool = pool
+        self.past = [buf[:n] for buf in pool]
 
 
 Batch = KVBatch | RightKVBatch

@@ -280,10 +280,27 @@ def decoder_file(model_dir: Path) -> Path:
 SPIN = "session.intra_op.allow_spinning"
 
 
-def served_spinning(repo: Path, work: Path, rounds: int, max_tokens: int) -> dict[str, Any]:
-    """The served int8 model with ONNX Runtime's spinning off (the decoder's default) and on
-    (``session.intra_op.allow_spinning`` = 1 added to its config), two models of one temporary
-    repository (hard links), interleaved rounds at 1 and 8 streams."""
+def parse_candidates(given: Sequence[str]) -> dict[str, dict[str, str]]:
+    """``LABEL=KEY=VALUE[,KEY=VALUE]`` -> {label: {key: value}}."""
+    out = {}
+    for item in given:
+        label, _, entries = item.partition("=")
+        pairs = (e.split("=", 1) for e in entries.split(",") if e)
+        out[label] = {k: v for k, v in pairs}
+    return out
+
+
+def served_spinning(
+    repo: Path,
+    work: Path,
+    rounds: int,
+    max_tokens: int,
+    candidates: dict[str, dict[str, str]],
+    concurrency: Sequence[int] = (1, 8),
+) -> dict[str, Any]:
+    """The served int8 model as exported and with each candidate's session entries added to its
+    config (e.g. ``session.intra_op.allow_spinning`` = 1), models of one temporary repository
+    (hard links), interleaved rounds at each of ``concurrency`` streams."""
     import shutil
 
     from tritonforge.loadtest.bench.generate import client_stream, median_cells, run_cell
@@ -294,16 +311,17 @@ def served_spinning(repo: Path, work: Path, rounds: int, max_tokens: int) -> dic
     src = repo / generator_from_repository(repo).model("int8")
     tmp = work / "served-spinning"
     shutil.rmtree(tmp, ignore_errors=True)
-    # The decoder's default is off (tritonforge.decoder.SESSION_DEFAULTS); "on" sets it back.
-    names = {"spinning off (default)": src.name, "spinning on": f"{src.name}_spin"}
+    names = {"as exported": src.name} | {
+        label: f"{src.name}_c{i}" for i, label in enumerate(candidates)
+    }
     for label, name in names.items():
         shutil.copytree(
             src, tmp / name, copy_function=os.link, ignore=shutil.ignore_patterns("__pycache__")
         )
         config = tmp / name / "config.pbtxt"
         text = config.read_text().replace(f'name: "{src.name}"', f'name: "{name}"')
-        if label == "spinning on":
-            text += f'parameters {{ key: "{SPIN}" value: {{ string_value: "1" }} }}\n'
+        for key, value in candidates.get(label, {}).items():
+            text += f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
         config.unlink()  # a hard link: never write through it
         config.write_text(text)
     from tokenizers import Tokenizer
@@ -330,7 +348,8 @@ def served_spinning(repo: Path, work: Path, rounds: int, max_tokens: int) -> dic
                 pass
         for rnd in range(rounds):
             for label, stream in streams.items():
-                for conc, per_client in ((1, 2), (8, 1)):
+                for conc in concurrency:
+                    per_client = 2 if conc == 1 else 1
                     cell = run_cell(label, stream, count, conc, per_client, max_tokens)
                     cell.round = rnd
                     log.info("    served %s x%d: %.1f tok/s", label, conc, cell.tokens_per_s)
@@ -386,7 +405,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--build-dir", type=Path, default=Path("build"))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quantize", action="store_true", help="also bits x block size (+ gate)")
-    p.add_argument("--served", action="store_true", help="only: served int8, spinning on vs off")
+    p.add_argument("--served", action="store_true", help="only: served int8 vs --candidates")
+    p.add_argument(
+        "--candidates",
+        nargs="*",
+        default=[f"spinning on={SPIN}=1"],
+        metavar="LABEL=KEY=VALUE[,KEY=VALUE]",
+        help="--served: session entries added to the int8 model's config, one model per label",
+    )
+    p.add_argument("--concurrency", type=int, nargs="*", default=[1, 8], help="--served streams")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--sweep", action="store_true", help="only: step time vs batch, candidates")
     p.add_argument(
@@ -407,7 +434,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.served:
         out: dict[str, Any] = {"load_average": os.getloadavg()}
         out["served_spinning"] = served_spinning(
-            args.model_repository, args.build_dir, args.repeats, args.max_tokens
+            args.model_repository,
+            args.build_dir,
+            args.repeats,
+            args.max_tokens,
+            parse_candidates(args.candidates),
+            args.concurrency,
         )
         out["load_average_end"] = os.getloadavg()
         (args.build_dir / "decoder_experiments_served.json").write_text(
