@@ -122,6 +122,7 @@ class Front:
             pins=self.http.check_pin,
             traced=traced,
             served=self.http.stream_capacity,
+            queues=self.http.queue_capacity.slot,
         )
         self.http.grpc_channel = self.grpc.channel
         if openai is not None:
@@ -310,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     defaults = FrontLimits()
     for name, value in vars(defaults).items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+        kind = _true_or_false if isinstance(value, bool) else type(value)  # bool("false") is True
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
     args = p.parse_args(argv)
     import secrets
 
