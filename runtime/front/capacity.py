@@ -1,7 +1,7 @@
 """What the front admits per model, read from the served configs: each model's bound on open
 streams (:class:`StreamCapacity`, for :class:`~runtime.front.guard.Admission`; every stream kind
-asks it before admission) and the bounded queues its short inferences go to
-(:class:`QueueCapacity`, for :class:`~runtime.front.queues.QueueAdmission`)."""
+asks it before admission) and the bounded queues its inferences go to (:class:`QueueCapacity`,
+for :class:`~runtime.front.queues.QueueAdmission`; an ensemble is refused past its steps')."""
 
 from __future__ import annotations
 
@@ -79,13 +79,13 @@ class StreamCapacity:
 
 
 class QueueCapacity:
-    """``async with capacity.slot(model):`` around a short inference of ``model``: a slot of
-    every bounded queue it goes to (:func:`queue_bounds`), or :class:`QueueFullError` (503) naming
-    the model and the bound when one is full (:meth:`QueueAdmission.enter`). The bounds are read
-    from the served configs (the model's and, for an ensemble, its steps') once per model and
-    upstream socket (a restart reads them again); concurrent first requests share one read. A
-    model whose configs cannot be read yet is let through unbounded and read again next time.
-    ``enabled`` False (``FrontLimits.model_queue_admission``): every request is let through."""
+    """``async with capacity.slot(model):`` around an inference of ``model``: a slot of every
+    bounded queue it goes to (:func:`queue_bounds`); for an ensemble :class:`QueueFullError`
+    (503) naming the model and the bound when one is full (:meth:`QueueAdmission.enter`). The
+    bounds are read from the served configs (the model's and, for an ensemble, its steps') once
+    per model and upstream socket (a restart reads them again); concurrent first requests share
+    one read. A model whose configs cannot be read yet is let through unbounded and read again
+    next time. ``enabled`` False (``FrontLimits.model_queue_admission``): no slot, no read."""
 
     def __init__(
         self,

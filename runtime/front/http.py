@@ -119,8 +119,9 @@ class HttpFront:
         self.stream_capacity = StreamCapacity(
             self.admission, upstream_socket, self.session, admin, limits.queue_timeout_s
         )
-        # each model's bounded queues, read once from the served configs: short inferences
-        # (v2 /infer here, gRPC ModelInfer, the /v1 routes) hold a slot of each (core#466)
+        # each model's bounded queues, read once from the served configs: inferences (v2
+        # /infer here, gRPC ModelInfer, the /v1 routes) hold a slot of each; an ensemble's are
+        # refused past them (core#466, runtime.front.queues)
         self.queue_capacity = QueueCapacity(
             self.admission.queues,
             upstream_socket,

@@ -26,12 +26,13 @@ from tritonclient.grpc import service_pb2
 from tritonforge.runtime.front.app import Front
 from tritonforge.runtime.front.grpc import GRPC_INFER
 from tritonforge.runtime.front.queues import (
+    ModelQueues,
     QueueAdmission,
     QueueBound,
     QueueFullError,
+    default_queue,
     ensemble_steps,
     queue_bounds,
-    queue_limit,
 )
 from tritonforge.runtime.front.settings import FrontLimits
 from tritonforge.runtime.launcher.settings import free_port
@@ -42,13 +43,15 @@ def batched(
     max_queue_size: int | str = 0,
     levels: int = 0,
     per_level: dict[str, int] | None = None,
+    default: int = 0,
 ) -> dict[str, Any]:
     """A model config as Triton's JSON writes it, with a dynamic batcher."""
     batching: dict[str, Any] = {
         "default_queue_policy": {"max_queue_size": max_queue_size, "timeout_action": "REJECT"}
     }
-    if levels:
-        batching["priority_levels"] = str(levels)  # uint64: a string in Triton's JSON
+    if levels:  # uint64: strings in Triton's JSON
+        batching["priority_levels"] = str(levels)
+        batching["default_priority_level"] = str(default)
     if per_level is not None:
         batching["priority_queue_policy"] = {k: {"max_queue_size": v} for k, v in per_level.items()}
     return {"name": name, "dynamic_batching": batching, "instance_group": [{"count": 2}]}
@@ -65,51 +68,56 @@ def ensemble(name: str, *steps: str) -> dict[str, Any]:
 # -- the bound, from config dicts ------------------------------------------------------------
 
 
-def test_a_plain_model_admits_its_max_queue_size_not_its_instances_too() -> None:
-    assert queue_limit(batched("m", 64)) == 64
-    assert queue_limit(batched("m", "64")) == 64  # read as Triton's JSON may write it
-    assert queue_bounds("m", {"m": batched("m", 64)}) == (QueueBound("m", 64),)
+def test_a_plain_model_is_counted_in_its_max_queue_size_never_refused() -> None:
+    assert default_queue(batched("m", 64)) == (0, 64)
+    assert default_queue(batched("m", "64")) == (0, 64)  # read as Triton's JSON may write it
+    assert queue_bounds("m", {"m": batched("m", 64)}) == ModelQueues((QueueBound("m", 0, 64),))
+    queues = QueueAdmission()
+    queues.bounds["m"] = queue_bounds("m", {"m": batched("m", 1)})
+    held = [queues.enter("m") for _ in range(3)]  # Triton answers its own refusal of it
+    assert queues.held == {("m", 0): 3} and not queues.refused
+    for bounds in held:
+        queues.leave(bounds)
+    assert queues.held == {("m", 0): 0}
 
 
 def test_no_dynamic_batcher_or_an_unbounded_queue_gives_no_bound() -> None:
-    assert queue_limit({"name": "m", "instance_group": [{"count": 1}]}) is None
-    assert queue_limit(batched("m", 0)) is None
-    assert queue_bounds("m", {"m": batched("m", 0)}) == ()
-    assert queue_bounds("absent", {}) == ()
+    assert default_queue({"name": "m", "instance_group": [{"count": 1}]}) is None
+    assert default_queue(batched("m", 0)) is None
+    assert queue_bounds("m", {"m": batched("m", 0)}) == ModelQueues()
+    assert queue_bounds("absent", {}) == ModelQueues()
 
 
-def test_priority_levels_give_the_smallest_bounded_level() -> None:
-    # level 1 has its own policy (8); level 2 uses the default (64)
-    assert queue_limit(batched("m", 64, levels=2, per_level={"1": 8})) == 8
-    # every level has its own policy: the default applies to none of them
-    assert queue_limit(batched("m", 4, levels=2, per_level={"1": 16, "2": 0})) == 16
-    # a policy for a level the batcher does not have is ignored
-    assert queue_limit(batched("m", 64, levels=2, per_level={"7": 1})) == 64
+def test_priority_levels_give_the_default_levels_queue() -> None:
+    # a step request lands on the default level: its own policy, or the default policy
+    assert default_queue(batched("m", 64, levels=2, default=2)) == (2, 64)
+    assert default_queue(batched("m", 64, levels=2, default=2, per_level={"2": 8})) == (2, 8)
+    assert default_queue(batched("m", 64, levels=2, default=2, per_level={"1": 8})) == (2, 64)
+    assert default_queue(batched("m", 64, levels=2, default=1, per_level={"1": 0})) is None
     # without priority levels only the default policy counts
-    assert queue_limit(batched("m", 64, per_level={"1": 8})) == 64
-    assert queue_limit(batched("m", 0, levels=2, per_level={"1": 0})) is None
+    assert default_queue(batched("m", 64, per_level={"1": 8})) == (0, 64)
+    bound = QueueBound("fused", 2, 64)
+    assert bound.source() == "fused max_queue_size 64 at priority level 2"
 
 
 def test_an_ensemble_takes_each_bounded_step_and_skips_the_rest() -> None:
     configs = {
         "embed": ensemble("embed", "tokenizer", "encoder", "tokenizer", "post"),
         "tokenizer": batched("tokenizer", 128),
-        "encoder": batched("encoder", 64),
+        "encoder": batched("encoder", 64, levels=2, default=2),
         "post": {"name": "post"},  # no dynamic batcher
     }
     assert ensemble_steps(configs["embed"]) == ["tokenizer", "encoder", "post"]
-    assert queue_bounds("embed", configs) == (
-        QueueBound("tokenizer", 128),
-        QueueBound("encoder", 64),
-    )
+    both = (QueueBound("tokenizer", 0, 128), QueueBound("encoder", 2, 64))
+    assert queue_bounds("embed", configs) == ModelQueues(both, refuse=True)
     # an ensemble of ensembles, a step whose config is missing, a decoupled model
     configs["outer"] = ensemble("outer", "embed", "missing")
     assert queue_bounds("outer", configs) == queue_bounds("embed", configs)
     decoupled = {**batched("gen", 8), "model_transaction_policy": {"decoupled": True}}
-    assert queue_bounds("gen", {"gen": decoupled}) == ()
+    assert queue_bounds("gen", {"gen": decoupled}) == ModelQueues()
 
 
-def test_a_full_queue_refuses_naming_the_model_and_the_bounds_source() -> None:
+def test_a_full_step_queue_refuses_the_ensemble_naming_it_and_the_bounds_source() -> None:
     queues = QueueAdmission()
     configs = {"embed": ensemble("embed", "fused"), "fused": batched("fused", 2)}
     queues.bounds = {m: queue_bounds(m, configs) for m in configs}
@@ -119,17 +127,17 @@ def test_a_full_queue_refuses_naming_the_model_and_the_bounds_source() -> None:
     assert full.value.status == 503
     message = str(full.value)
     assert message.startswith("embed: overloaded: queue full")
-    assert "admits 2 requests at once to fused (fused max_queue_size 2" in message
+    assert "admits 2 requests at once to fused (fused max_queue_size 2;" in message
     assert "model_queue_admission" in message
     assert queues.refused == {"embed": 1}
     queues.leave(held.pop())
     queues.enter("embed")
     assert queues.enter("unbounded") == ()  # no bound read: let through
     text = "\n".join(queues.metrics(str))
-    assert 'tritonforge_front_queue_bound{queue="fused"} 2' in text
-    assert 'tritonforge_front_queue_held{queue="fused"} 2' in text
+    assert 'tritonforge_front_queue_bound{queue="fused",level="0"} 2' in text
+    assert 'tritonforge_front_queue_held{queue="fused",level="0"} 2' in text
     assert 'tritonforge_front_queue_refused_total{model="embed"} 1' in text
-    assert 'tritonforge_front_queue_refused_total{model="fused"} 0' in text
+    assert 'refused_total{model="fused"}' not in text  # a plain model is never refused
 
 
 # -- the relays, against stand-in upstreams ---------------------------------------------------
@@ -260,19 +268,22 @@ def test_http_infers_past_the_step_queue_get_503_at_once_and_never_reach_triton(
     front: tuple[Front, Upstreams],
 ) -> None:
     f, up = front
-    waiting = [in_background(http_infer, f, "ens"), in_background(http_infer, f, "step", "")]
+    # the ensemble and its step called directly share the step's queue
+    waiting = [in_background(http_infer, f, "ens"), in_background(http_infer, f, "step")]
     wait_for(lambda: up.arrived == 2)
-    started = time.monotonic()
+    # answered while the two held ones still wait upstream: refused on arrival
     status, body, retry_after = http_infer(f, "ens", "/versions/1")
-    assert time.monotonic() - started < 10  # refused at once, not after request_timeout_s
     assert status == 503 and retry_after is not None
     assert "ens: overloaded: queue full" in body and "step max_queue_size 2" in body
     assert up.arrived == 2
+    # the plain model is never refused by the front (Triton answers its own refusal)
+    waiting.append(in_background(http_infer, f, "step"))
+    wait_for(lambda: up.arrived == 3)
     assert http_infer(f, "free")[0] == 200  # a model without a bounded queue is not held
     assert 'tritonforge_front_queue_refused_total{model="ens"} 1' in f.metrics()
     up.release.set()
     wait_for(lambda: all(waiting))
-    assert [w[0][0] for w in waiting] == [200, 200]
+    assert [w[0][0] for w in waiting] == [200, 200, 200]
     assert http_infer(f, "ens")[0] == 200  # the slots were given back
     assert up.config_reads == 4  # ens, its step, step itself, free: once each
 
