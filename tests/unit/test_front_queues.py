@@ -325,3 +325,17 @@ def test_switched_off_every_infer_reaches_triton(front_off: tuple[Front, Upstrea
     wait_for(lambda: len([w for w in waiting if w]) == 3)
     assert [w[0][0] for w in waiting] == [200] * 3
     assert up.config_reads == 0
+
+
+def test_the_sidecar_switch_reads_true_or_false() -> None:
+    import argparse
+
+    from tritonforge.runtime.front.app import add_limits_arguments
+
+    parser = argparse.ArgumentParser()
+    add_limits_arguments(parser)
+    assert parser.parse_args([]).model_queue_admission is True
+    assert parser.parse_args(["--model-queue-admission", "false"]).model_queue_admission is False
+    assert parser.parse_args(["--max-open-streams", "3"]).max_open_streams == 3
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model-queue-admission", "no"])
