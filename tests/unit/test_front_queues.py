@@ -23,6 +23,7 @@ import pytest
 from aiohttp import web
 from tritonclient.grpc import service_pb2
 
+from tritonforge.runtime.errors import OpenAIError
 from tritonforge.runtime.front.app import Front
 from tritonforge.runtime.front.grpc import GRPC_INFER
 from tritonforge.runtime.front.queues import (
@@ -34,7 +35,7 @@ from tritonforge.runtime.front.queues import (
     ensemble_steps,
     queue_bounds,
 )
-from tritonforge.runtime.front.settings import FrontLimits
+from tritonforge.runtime.front.settings import FrontLimits, OpenAISettings
 from tritonforge.runtime.launcher.settings import free_port
 
 
@@ -219,6 +220,7 @@ def _front(tmp_path: Path, enabled: bool) -> Iterator[tuple[Front, Upstreams]]:
         admin_header="x-admin",
         grpc_admin_headers=("x-admin",),
         limits=FrontLimits(model_queue_admission=enabled),
+        openai=OpenAISettings(tmp_path / "repo"),
     ).start()
     try:
         yield f, upstreams
@@ -315,6 +317,32 @@ def test_grpc_model_infer_past_the_step_queue_is_unavailable_naming_it(
     assert call("ens")[0] == grpc.StatusCode.OK
     assert up.config_reads == 2  # ens and its step, once, for concurrent first calls
     channel.close()
+
+
+def test_v1_inferences_hold_the_same_slots_and_are_refused_as_overloaded(
+    front: tuple[Front, Upstreams],
+) -> None:
+    """``OpenAIFront.infer`` (what ``/v1/embeddings`` and the task routes such as ``/rerank``
+    call) takes the v2 slots: past the step's bound an :class:`OpenAIError` 503, ``overloaded``."""
+    f, up = front
+    openai = f.http.openai
+    assert openai is not None
+
+    def v1_infer() -> Any:
+        call = openai.infer("ens", {"inputs": []})
+        return asyncio.run_coroutine_threadsafe(call, f._loop).result(30)
+
+    waiting = [in_background(http_infer, f, "ens"), in_background(v1_infer)]
+    wait_for(lambda: up.arrived == 2)
+    with pytest.raises(OpenAIError) as refused:
+        v1_infer()
+    assert refused.value.status == 503 and refused.value.code == "overloaded"
+    assert "ens: overloaded: queue full" in str(refused.value)
+    assert up.arrived == 2
+    up.release.set()
+    wait_for(lambda: all(waiting))
+    assert waiting[0][0][0] == 200 and waiting[1][0][0]  # the v1 one got its body
+    assert v1_infer()[0]
 
 
 def test_switched_off_every_infer_reaches_triton(front_off: tuple[Front, Upstreams]) -> None:
