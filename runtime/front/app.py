@@ -29,6 +29,7 @@ runs both relays (:class:`Front`) and is the sidecar's command line (:func:`main
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import functools
@@ -122,6 +123,7 @@ class Front:
             pins=self.http.check_pin,
             traced=traced,
             served=self.http.stream_capacity,
+            queues=self.http.queue_capacity.slot,
         )
         self.http.grpc_channel = self.grpc.channel
         if openai is not None:
@@ -276,13 +278,23 @@ def _true_or_false(value: str) -> bool:
     return value.lower() == "true"
 
 
+def add_limits_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--<field>`` option per :class:`FrontLimits` field, its default the field's; a
+    bool takes ``true`` or ``false`` (``type=bool`` would read "false" as True)."""
+    for name, value in vars(FrontLimits()).items():
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(value, bool):
+            parser.add_argument(flag, type=_true_or_false, default=value, metavar="true|false")
+        else:
+            parser.add_argument(flag, type=type(value), default=value)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m tritonforge.runtime front``: the front alone, before a tritonserver started elsewhere with
     ``--http-address=unix:<dir>/http.sock --http-port=1 --grpc-address=unix:<dir>/grpc.sock
     --grpc-port=1`` (:func:`triton_listen_args`; a sidecar sharing ``<dir>``: docker-compose.yml,
     deploy/k8s). The admin key comes from the environment
     variable named by ``--admin-key-env`` (never from the command line)."""
-    import argparse
     import os
     import signal
 
@@ -308,15 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         help="tritonserver exports OpenTelemetry spans (its --trace-config=mode=opentelemetry): "
         "each traced gRPC call gets its own upstream connection (GrpcFront.unary_channel)",
     )
-    defaults = FrontLimits()
-    for name, value in vars(defaults).items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    add_limits_arguments(p)
     args = p.parse_args(argv)
     import secrets
 
     given = os.environ.get(args.admin_key_env)
     key = given or secrets.token_urlsafe(18)  # no key set: nobody can call the admin APIs
-    limits = FrontLimits(**{name: getattr(args, name) for name in vars(defaults)})
+    limits = FrontLimits(**{name: getattr(args, name) for name in vars(FrontLimits())})
     front = Front(
         args.host,
         args.http_port,

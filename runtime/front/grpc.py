@@ -24,6 +24,7 @@ from tritonforge.runtime.front.guard import (
     check_model_name,
     set_queue_priority,
 )
+from tritonforge.runtime.front.queues import QueueFullError
 from tritonforge.runtime.front.session import StreamRefusedError, StreamSession
 from tritonforge.runtime.front.settings import FrontLimits
 from tritonforge.runtime.front.stream import GRPC_SERVICE
@@ -127,9 +128,12 @@ class GrpcFront(grpc.GenericRpcHandler):
         pins: Callable[[str, str], Awaitable[None]] | None = None,
         traced: bool = False,
         served: Callable[[str], Awaitable[object]] | None = None,
+        queues: Callable[[str], contextlib.AbstractAsyncContextManager[None]] | None = None,
     ) -> None:
         """``pins(model, field)`` raises :class:`FrontError` when ``model`` cannot pin;
-        ``served(model)`` reads ``model``'s stream bound from its served config (once).
+        ``served(model)`` reads ``model``'s stream bound from its served config (once);
+        ``async with queues(model)`` holds a ``ModelInfer``'s slot of each bounded queue of
+        ``model`` (:class:`QueueFullError` when one is full: UNAVAILABLE naming it).
         ``traced``: tritonserver exports OpenTelemetry spans, so a unary call carrying a
         ``traceparent`` goes over a channel of its own (:meth:`unary_channel`)."""
         self.upstream_target = upstream_target
@@ -141,6 +145,7 @@ class GrpcFront(grpc.GenericRpcHandler):
         self.pins = pins
         self.traced = traced
         self.served = served
+        self.queues = queues
         self._channel: grpc.aio.Channel | None = None
         self._channel_target = ""
         # the tenants' gate (runtime.tenants.grpc.admit_call: the tenant's priority; None: no
@@ -327,12 +332,26 @@ class GrpcFront(grpc.GenericRpcHandler):
 
     async def _unary(self, method: str, request: bytes, context: Any) -> bytes:
         metadata = await self._metadata(method, context)
+        model: str | None = None
         if method == GRPC_INFER:
             priority = await self._tenant(method, context)
             try:
-                _, request = await self._checked_message(request, context, priority)
+                model, request = await self._checked_message(request, context, priority)
             except FrontError as e:
                 await self._abort(context, _status_code(e), str(e))
+        async with contextlib.AsyncExitStack() as slot:
+            if model is not None and self.queues is not None:
+                try:  # a slot of each bounded queue the model goes to (runtime.front.queues)
+                    await slot.enter_async_context(self.queues(model))
+                except QueueFullError as e:
+                    await self._abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
+            return await self._call(method, request, context, metadata)
+
+    async def _call(
+        self, method: str, request: bytes, context: Any, metadata: tuple[tuple[str, str], ...]
+    ) -> bytes:
+        """One unary call upstream, its failure turned into the client's status (a silent
+        tritonserver: UNAVAILABLE naming ``request_timeout_s``)."""
         remaining = context.time_remaining()
         timeout = self.limits.request_timeout_s
         if remaining is not None:

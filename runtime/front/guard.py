@@ -24,6 +24,7 @@ from aiohttp import web
 from tritonforge.errors import shown
 from tritonforge.generation import QUEUE_PRIORITY_PARAMETER
 from tritonforge.runtime.errors import FrontError
+from tritonforge.runtime.front.queues import QueueAdmission
 
 _ASCII_DIGITS = re.compile(r"[0-9]+")
 MAX_LENGTH_DIGITS = 12  # a length above 10**12 bytes is never within a bounded body
@@ -222,6 +223,8 @@ class Admission:
     def __init__(self, max_open_streams: int) -> None:
         self.max_open_streams = max_open_streams
         self.capacities: dict[str, int] = {}  # per decoupled model, from the served configs
+        # short inferences per model within its queues' bounds (runtime.front.queues)
+        self.queues = QueueAdmission()
         self.draining: str | None = None  # the reason, once draining
         self.short = 0  # short requests in flight
         self._streams: dict[int, OpenStream] = {}
@@ -324,7 +327,8 @@ class Admission:
         return self.short == 0 and not self._streams
 
     def metrics(self) -> str:
-        """Prometheus text: the open streams and the bound per model, short requests in flight."""
+        """Prometheus text: the open streams and the bound per model, short requests in flight,
+        the queues' bounds and refusals (:meth:`QueueAdmission.metrics`)."""
         per_model: dict[str, int] = {m: 0 for m in self.capacities}
         for stream in list(self._streams.values()):
             if stream.slot:
@@ -347,6 +351,7 @@ class Admission:
             "# HELP tritonforge_front_short_requests Short requests in flight through the front.",
             "# TYPE tritonforge_front_short_requests gauge",
             f"tritonforge_front_short_requests {self.short}",
+            *self.queues.metrics(_label),
         ]
         return "\n".join(lines) + "\n"
 

@@ -31,7 +31,7 @@ from tritonforge.runtime.front.body import (
     json_has_version,
     read_body,
 )
-from tritonforge.runtime.front.capacity import StreamCapacity
+from tritonforge.runtime.front.capacity import QueueCapacity, StreamCapacity
 from tritonforge.runtime.front.guard import (
     LENGTH_HEADER,
     QUEUE_PRIORITY_KEY,
@@ -44,6 +44,7 @@ from tritonforge.runtime.front.guard import (
     check_model_name,
     parse_header_length,
 )
+from tritonforge.runtime.front.queues import QueueFullError
 from tritonforge.runtime.front.session import prioritized_body
 from tritonforge.runtime.front.settings import FrontLimits
 from tritonforge.runtime.front.sse_relay import DRAIN_NOT_FOUND
@@ -117,6 +118,17 @@ class HttpFront:
         # each model's stream bound, read once from its served config (the relays' admission)
         self.stream_capacity = StreamCapacity(
             self.admission, upstream_socket, self.session, admin, limits.queue_timeout_s
+        )
+        # each model's bounded queues, read once from the served configs: inferences (v2
+        # /infer here, gRPC ModelInfer, the /v1 routes) hold a slot of each; an ensemble's are
+        # refused past them (core#466, runtime.front.queues)
+        self.queue_capacity = QueueCapacity(
+            self.admission.queues,
+            upstream_socket,
+            self.session,
+            admin,
+            limits.queue_timeout_s,
+            enabled=limits.model_queue_admission,
         )
 
     def session(self, pool: str = "short") -> aiohttp.ClientSession:
@@ -261,7 +273,13 @@ class HttpFront:
         try:
             if model is not None and request.path.endswith(GENERATE_PATH_SUFFIX):
                 return await self._forward_generate(request, headers, body, model)
+            if model is not None and request.path.endswith("/infer"):
+                async with self.queue_capacity.slot(model):
+                    return await self._forward(request, headers, body)
             return await self._forward(request, headers, body)
+        except QueueFullError as e:
+            self.errors.record("http 503 queue full", str(e))
+            return _unavailable(str(e))
         finally:
             self.admission.short -= 1
 

@@ -63,6 +63,12 @@ class FrontLimits:
     # the default a 500-connection burst overflows it and the excess waits for SYN retries (1,
     # 3, 7 s); the burst test raises it so that every request reaches the front at once.
     listen_backlog_connections: int = 128
+    # Inferences of an ensemble (v2 /infer, gRPC ModelInfer, the /v1 routes that infer) let
+    # through at once: at most the max_queue_size of each step's queue (on the step's default
+    # priority level), read from the served configs (runtime.front.queues); past it 503 /
+    # UNAVAILABLE naming the model and the queue. Works around Triton 2.51 leaving an ensemble
+    # request its step refused for a full queue unanswered (core#466). False: no such bound.
+    model_queue_admission: bool = True
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ from tritonforge.runtime.front.openai.upstream import (
     triton_error,
     upstream_errors,
 )
+from tritonforge.runtime.front.queues import QueueFullError
 from tritonforge.runtime.front.session import StreamRefusedError, StreamSession
 from tritonforge.runtime.front.settings import OpenAISettings
 
@@ -289,24 +290,29 @@ class OpenAIFront:
         return embedding_outputs(data, length, m.output)
 
     async def infer(self, model: str, payload: Any) -> tuple[bytes, str | None]:
-        """One v2 ``infer`` of ``model`` (JSON ``payload``) over the upstream: the body and its
-        ``Inference-Header-Content-Length``; Triton's refusal as an :class:`OpenAIError`."""
+        """One v2 ``infer`` of ``model`` (JSON ``payload``) over the upstream, holding a slot of
+        each bounded queue of the model as a v2 ``/infer`` does: the body and its
+        ``Inference-Header-Content-Length``; Triton's or the front's refusal as an
+        :class:`OpenAIError`."""
         limits = self.http.limits
         timeout = aiohttp.ClientTimeout(
             total=limits.request_timeout_s, connect=limits.queue_timeout_s
         )
-        path = f"/v2/models/{model}/infer"
-        with upstream_errors(self.http.timeout_message()):
-            async with self.http.session().post(
-                f"http://triton{path}",
-                data=json.dumps(payload).encode(),
-                headers={"Content-Type": "application/json", **IDENTITY},
-                timeout=timeout,
-            ) as r:
-                data = await r.read()
-                if r.status != 200:
-                    raise triton_error(r.status, data, model)
-                return data, r.headers.get("Inference-Header-Content-Length")
+        try:
+            async with self.http.queue_capacity.slot(model):
+                with upstream_errors(self.http.timeout_message()):
+                    async with self.http.session().post(
+                        f"http://triton/v2/models/{model}/infer",
+                        data=json.dumps(payload).encode(),
+                        headers={"Content-Type": "application/json", **IDENTITY},
+                        timeout=timeout,
+                    ) as r:
+                        data = await r.read()
+                        if r.status != 200:
+                            raise triton_error(r.status, data, model)
+                        return data, r.headers.get("Inference-Header-Content-Length")
+        except QueueFullError as e:
+            raise OpenAIError(str(e), 503, None, "overloaded") from e
 
     # -- completions ---------------------------------------------------------------------
     async def _chat(self, request: web.BaseRequest, body: dict[str, Any]) -> web.StreamResponse:
