@@ -397,6 +397,24 @@ def _quantization(
     return {name: {**speed, **gates[name]} for name, speed in measure(qcands, args.repeats).items()}
 
 
+def _served(args: argparse.Namespace) -> int:
+    out: dict[str, Any] = {"load_average": os.getloadavg()}
+    out["served_spinning"] = served_spinning(
+        args.model_repository,
+        args.build_dir,
+        args.repeats,
+        args.max_tokens,
+        parse_candidates(args.candidates),
+        args.concurrency,
+    )
+    out["load_average_end"] = os.getloadavg()
+    (args.build_dir / "decoder_experiments_served.json").write_text(
+        json.dumps(out, indent=2) + "\n"
+    )
+    print(json.dumps(out, indent=2))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m tritonforge.tasks.generation.loadtest.decoder_experiments"
@@ -432,21 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
         return 0
     if args.served:
-        out: dict[str, Any] = {"load_average": os.getloadavg()}
-        out["served_spinning"] = served_spinning(
-            args.model_repository,
-            args.build_dir,
-            args.repeats,
-            args.max_tokens,
-            parse_candidates(args.candidates),
-            args.concurrency,
-        )
-        out["load_average_end"] = os.getloadavg()
-        (args.build_dir / "decoder_experiments_served.json").write_text(
-            json.dumps(out, indent=2) + "\n"
-        )
-        print(json.dumps(out, indent=2))
-        return 0
+        return _served(args)
 
     from tritonforge.pipelines import generator_from_repository
 
