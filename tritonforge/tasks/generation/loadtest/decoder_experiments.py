@@ -362,6 +362,7 @@ def served_spinning(
             "tokens_per_s": round(c.tokens_per_s, 2),
             "itl_p50_ms": round(c.itl_p50_ms, 1),
             "ttft_p50_ms": round(c.ttft_p50_ms, 1),
+            "itl_p99_ms": round(c.itl_p99_ms, 1),
         }
         for c in median_cells(cells)
     }
