@@ -106,3 +106,19 @@ def test_in_place_steps_only_for_a_right_padded_decode_step_with_room(tmp_path: 
     assert (right.kv_headroom > 0, left.kv_headroom) == (True, 0)
     logits, presents = right(one, mask, np.array([[3]]), room)
     assert presents[0] is room[0] and logits[0, 0, 0] == 3.0  # the same buffers come back
+
+
+def test_the_binding_is_kept_for_the_same_buffers_and_made_anew_for_others(tmp_path: Path) -> None:
+    right = OrtDecoder(tiny_decoder(tmp_path / "right.onnx", positions=False), 1)
+    room = [np.zeros((1, 1, 8, 2), np.float32) for _ in right.past]
+    first, _ = right(np.array([[3]]), np.ones((1, 4), np.int64), np.array([[3]]), room)
+    kept = right._bound
+    second, _ = right(np.array([[5]]), np.ones((1, 5), np.int64), np.array([[4]]), room)
+    assert right._bound is kept  # the same buffers: the same binding, only the ids rebound
+    assert (first[0, 0, 0], second[0, 0, 0]) == (3.0, 5.0)  # each step's own logits
+    other = [p.copy() for p in room]
+    third, presents = right(np.array([[7]]), np.ones((1, 5), np.int64), np.array([[4]]), other)
+    assert right._bound is not kept and presents[0] is other[0] and third[0, 0, 0] == 7.0
+    room[0] = room[0].copy()  # one buffer of a list replaced: never the old binding
+    right(np.array([[9]]), np.ones((1, 5), np.int64), np.array([[4]]), room)
+    assert right._bound is not None and right._bound[0][0] is room[0]
