@@ -120,7 +120,7 @@ class RightKVBatch:
     new column into it in place (``OrtDecoder.in_place``); its rows then live in a pool of row
     slots (:attr:`past` is a view of the first ``len(rows)``), so a row joining copies only its
     own columns and a row leaving moves the last row into its slot, instead of copying the whole
-    batch (at 16 rows the whole-batch copies took ~22% of the served scheduler's time, py-spy,
+    batch (at 16 rows the whole-batch copies took ~27% of the served scheduler's time, py-spy,
     docs/performance.md "The running batch's row slots")."""
 
     rows: list[Generation] = field(default_factory=list)
