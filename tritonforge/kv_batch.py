@@ -215,10 +215,8 @@ class RightKVBatch:
                 for r in presents
             ]
         slots, cols = self._pool[0].shape[0], self._pool[0].shape[2]
-        if slots <= n or cols < length:
-            self._resize(
-                max(slots, 2 * n, 1) if slots <= n else slots, max(cols, length + self.headroom)
-            )
+        if slots == n or cols < length:  # full (rows never outnumber slots), or too narrow
+            self._resize(2 * slots if slots == n else slots, max(cols, length + self.headroom))
         for buf, r in zip(self._pool, presents, strict=True):
             buf[n, :, :length] = r[0]
             buf[n, :, length:] = 0  # as a new batch's padding: a departed row's columns go

@@ -203,8 +203,10 @@ class _DecoderBuild:
             self.out["int8"] = staging.path(f".work/int8/{DECODER_FILE}")
         self.paths: dict[str, Path] = {}
         self.failures: list[str] = []
-        asked = questions.read_questions(spec.questions_file) if spec.questions_file.name else []
-        self.task: tuple[list[questions.Question], list[list[int]]] = (asked, [])
+        # read now: a malformed file fails before the long steps
+        self.asked = (
+            questions.read_questions(spec.questions_file) if spec.questions_file.name else []
+        )
         self.report: dict[str, Any] = {
             **flow.report_header(spec.name, spec.description, fp, fp["libraries"], spec.opset),
             "grid": {"shapes": [list(g) for g in spec.grid], "padded": list(spec.padded_batches)},
@@ -255,8 +257,12 @@ class _DecoderBuild:
             "fp32_decode_b16_past64": step_latency_ms(fp32, 16, 64),
         }
         flow.check(self.failures, spec.name)
+        task = (
+            self.asked,
+            questions.prompt_ids(run["tokenizer"], [q.text for q in self.asked], meta),
+        )
         refused = (
-            _int8(spec, out, (fp32, alone, run), self.task, self.report, steps, self._int8)
+            _int8(spec, out, (fp32, alone, run), task, self.report, steps, self._int8)
             if self.int8
             else []
         )
@@ -331,7 +337,6 @@ class _DecoderBuild:
         texts = read_sentences(spec.prompts_file)[: spec.fidelity_prompts]
         template = meta["chat_template"]
         prompts = questions.prompt_ids(tok, texts, meta)
-        self.task = (self.task[0], questions.prompt_ids(tok, [q.text for q in self.task[0]], meta))
         # transformers' own prompt: the chat template's, or the tokenizer's (completions)
         if prompts != [_chat_ids(hf_tok, t) if template else hf_tok(t)["input_ids"] for t in texts]:
             what = "apply_chat_template" if template else "the tokenizer (special tokens added)"

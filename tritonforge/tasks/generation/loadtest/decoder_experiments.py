@@ -281,16 +281,19 @@ SPIN = "session.intra_op.allow_spinning"
 
 
 def parse_candidates(given: Sequence[str]) -> dict[str, dict[str, str]]:
-    """``LABEL=KEY=VALUE[,KEY=VALUE]`` -> {label: {key: value}}."""
+    """``LABEL=KEY=VALUE[,KEY=VALUE]`` -> {label: {key: value}}; ValueError naming a malformed
+    item."""
     out = {}
     for item in given:
         label, _, entries = item.partition("=")
-        pairs = (e.split("=", 1) for e in entries.split(",") if e)
-        out[label] = {k: v for k, v in pairs}
+        pairs = [e.split("=", 1) for e in entries.split(",") if e]
+        if not label or not pairs or any(len(pair) != 2 for pair in pairs):
+            raise ValueError(f"--candidates {item!r}: write LABEL=KEY=VALUE[,KEY=VALUE]")
+        out[label] = dict(pairs)
     return out
 
 
-def served_spinning(
+def served_candidates(
     repo: Path,
     work: Path,
     rounds: int,
@@ -400,12 +403,12 @@ def _quantization(
 
 def _served(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {"load_average": os.getloadavg()}
-    out["served_spinning"] = served_spinning(
+    out["served"] = served_candidates(
         args.model_repository,
         args.build_dir,
         args.repeats,
         args.max_tokens,
-        parse_candidates(args.candidates),
+        args.candidates,
         args.concurrency,
     )
     out["load_average_end"] = os.getloadavg()
@@ -445,6 +448,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--no-gate", action="store_true", help="--sweep without the gates")
     args = p.parse_args(argv)
+    try:
+        args.candidates = parse_candidates(args.candidates)
+    except ValueError as e:
+        p.error(str(e))
     if args.sweep:
         result = sweep(args)
         (args.build_dir / "decoder_sweep.json").write_text(json.dumps(result, indent=2) + "\n")
