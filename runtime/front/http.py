@@ -31,7 +31,7 @@ from tritonforge.runtime.front.body import (
     json_has_version,
     read_body,
 )
-from tritonforge.runtime.front.capacity import QueueCapacity, StreamCapacity
+from tritonforge.runtime.front.capacity import ConfigReader, QueueCapacity, StreamCapacity
 from tritonforge.runtime.front.guard import (
     LENGTH_HEADER,
     QUEUE_PRIORITY_KEY,
@@ -117,17 +117,15 @@ class HttpFront:
         admin = {admin_header: admin_key} if admin_key else {}
         # each model's stream bound, read once from its served config (the relays' admission)
         self.stream_capacity = StreamCapacity(
-            self.admission, upstream_socket, self.session, admin, limits.queue_timeout_s
+            self.admission,
+            ConfigReader(upstream_socket, self.session, admin, limits.queue_timeout_s),
         )
         # each model's bounded queues, read once from the served configs: inferences (v2
         # /infer here, gRPC ModelInfer, the /v1 routes) hold a slot of each; an ensemble's are
         # refused past them (core#466, runtime.front.queues)
         self.queue_capacity = QueueCapacity(
             self.admission.queues,
-            upstream_socket,
-            self.session,
-            admin,
-            limits.queue_timeout_s,
+            ConfigReader(upstream_socket, self.session, admin, limits.queue_timeout_s),
             enabled=limits.model_queue_admission,
         )
 

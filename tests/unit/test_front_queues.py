@@ -367,3 +367,21 @@ def test_the_sidecar_switch_reads_true_or_false() -> None:
     assert parser.parse_args(["--max-open-streams", "3"]).max_open_streams == 3
     with pytest.raises(SystemExit):
         parser.parse_args(["--model-queue-admission", "no"])
+
+
+def test_an_unknown_model_is_asked_for_once_per_interval_not_per_request(
+    front: tuple[Front, Upstreams],
+) -> None:
+    f, up = front
+    reader = f.http.queue_capacity.reader
+    now = [100.0]
+    reader.clock = lambda: now[0]
+    for _ in range(5):  # the stand-in answers any inference; tritonserver would say 400
+        assert http_infer(f, "nope")[0] == 200
+    assert up.config_reads == 1
+    now[0] += reader.unreadable_retry_s  # e.g. a pipeline loaded meanwhile: asked again
+    assert http_infer(f, "nope")[0] == 200
+    assert up.config_reads == 2
+    for _ in range(3):  # a known model: read once, as before
+        assert http_infer(f, "free")[0] == 200
+    assert up.config_reads == 3
