@@ -76,6 +76,12 @@ class GenerateEngine:
             stall_row_tokens = check_stall_row_tokens(
                 config.param("prefill_stall_row_tokens", 0, int)  # absent: a fixed chunk
             )
+            # absent (exported before it): no prefix cache, as then
+            prefix_entries = config.param("prefix_cache_entries", 0, int)
+            if prefix_entries < 0:
+                raise ValueError(
+                    f"prefix_cache_entries must be >= 0 (0: off), got {prefix_entries}"
+                )
             # absent (exported before it): no speculation, as then
             lookup = PromptLookup(
                 config.param(TOKENS_KEY, 0, int),
@@ -99,6 +105,7 @@ class GenerateEngine:
             prefill_chunk_tokens=chunk_tokens,  # absent (exported before it): whole prefills
             prefill_stall_row_tokens=stall_row_tokens,
             lookup=lookup,
+            prefix_cache_entries=prefix_entries,
         )
         self.seeds = np.random.SeedSequence()
 

@@ -97,8 +97,14 @@ def chunked(length: int, chunk_tokens: int | None) -> bool:
 
 
 def chunk_end(done: int, length: int, chunk_tokens: int | None) -> int:
-    """Where the next prefill call of a prompt of ``length`` tokens ends, ``done`` cached."""
-    return length if chunk_tokens is None else min(length, done + chunk_tokens)
+    """Where the next prefill call of a prompt of ``length`` tokens ends, ``done`` cached. Never
+    one token left for a last call when the chunk can take one fewer: a one-token call takes
+    ONNX Runtime's one-row matmul path, whose last bits differ from a wider call's (measured:
+    docs/performance.md, "Prefix cache"), so a 33-token prompt in chunks of 32 goes 31 + 2."""
+    if chunk_tokens is None:
+        return length
+    end = min(length, done + chunk_tokens)
+    return end - 1 if length - end == 1 and end - done > 1 else end
 
 
 def group_inputs(prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -24,8 +24,9 @@ from typing import Protocol
 import numpy as np
 
 from tritonforge.errors import ServingError, StageUnavailableError
-from tritonforge.kv_batch import LEFT, Batch, new_batch
+from tritonforge.kv_batch import LEFT, RIGHT, Batch, new_batch
 from tritonforge.prefill_plan import Partial, check_chunk_tokens, check_stall_row_tokens
+from tritonforge.prefix_cache import PrefixCache
 from tritonforge.queue_forecast import (
     Queued,
     ServiceRate,
@@ -141,6 +142,7 @@ class Scheduler(PrefillSteps):
         prefill_chunk_tokens: int | None = None,
         prefill_stall_row_tokens: int = 0,
         lookup: PromptLookup | None = None,
+        prefix_cache_entries: int = 0,
     ) -> None:
         """``name``: the model serving (its config's name), which every message names.
         ``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
@@ -160,7 +162,10 @@ class Scheduler(PrefillSteps):
         :mod:`tritonforge.prefill_plan`; None or 0: whole prefills, as before);
         ``prefill_stall_row_tokens``: the chunk by running rows
         (:func:`tritonforge.prefill_plan.iteration_chunk`; 0: a fixed chunk). ``lookup``:
-        prompt-lookup speculation at one greedy row (:mod:`tritonforge.speculation`; None: off)."""
+        prompt-lookup speculation at one greedy row (:mod:`tritonforge.speculation`; None: off).
+        ``prefix_cache_entries``: recent prompts whose cache a prompt starting the same way
+        goes on from (:mod:`tritonforge.prefix_cache`; 0: off; right-padded layouts only, where
+        a batch-1 chunk after a past is exact)."""
         if queue_timeout_s is not None and queue_timeout_s <= 0:
             raise ValueError(f"queue_timeout_s must be > 0, got {queue_timeout_s}")
         self.name = name
@@ -188,6 +193,7 @@ class Scheduler(PrefillSteps):
         self.chunk_tokens = check_chunk_tokens(prefill_chunk_tokens)
         self.stall_row_tokens = check_stall_row_tokens(prefill_stall_row_tokens)
         self.partial: Partial | None = None  # a prompt prefilled in chunks, under way
+        self.prefix = PrefixCache(prefix_cache_entries if layout == RIGHT else 0)
         self.speculator = Speculator(lookup or PromptLookup())
 
     # -- producer side -------------------------------------------------------------------

@@ -24,6 +24,7 @@ from tritonforge.prefill_plan import (
     group_size,
     iteration_chunk,
 )
+from tritonforge.prefix_cache import PrefixCache
 from tritonforge.queue_forecast import ServiceRate
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class PrefillSteps:
     chunk_tokens: int | None
     stall_row_tokens: int
     partial: Partial | None
+    prefix: PrefixCache
     prefilling: list[Generation]
     prefill_ends_s: float
     rate: ServiceRate
@@ -56,21 +58,35 @@ class PrefillSteps:
 
     def _admit(self) -> None:
         """Prefill what fits one call (:mod:`tritonforge.prefill_plan`: free slots, padded
-        tokens; with chunking, the next chunk of a prompt under way first), emit each finished
-        prompt's first token, and queue it to join the batch (:meth:`_join`)."""
+        tokens; with chunking, the next chunk of a prompt under way first, and a queued prompt
+        that starts as a cached one does (:mod:`tritonforge.prefix_cache`) goes on from there),
+        emit each finished prompt's first token, and queue it to join the batch
+        (:meth:`_join`)."""
         admitted: list[Generation] = []
         with self.cond:
             running = len(self.batch) + len(self.joining)
             chunk = iteration_chunk(running, self.chunk_tokens, self.stall_row_tokens)
             if self.partial is None:
                 free = self.max_running - running
-                lengths = [len(s.prompt_ids) for s in itertools.islice(self.waiting, max(0, free))]
-                budget = call_budget(self.max_prefill_tokens, chunk)
-                admitted = [
-                    self.waiting.popleft() for _ in range(group_size(lengths, free, budget))
-                ]
-                if admitted and chunked(lengths[0], chunk):
-                    self.partial, admitted = Partial(admitted[0], self.empty_past(1)), []
+                queued = [s.prompt_ids for s in itertools.islice(self.waiting, max(0, free))]
+                hit = self.prefix.lookup(queued[0]) if queued else None
+                if hit is not None:  # its first tokens' cache is an earlier prompt's
+                    seq = self.waiting.popleft()
+                    seq.admitted_s = self.clock()
+                    self.partial = Partial(seq, hit[1], hit[0])
+                else:
+                    # whole prompts together up to the next one a cached prompt starts
+                    plain = next(
+                        (i for i, ids in enumerate(queued[1:], 1) if self.prefix.match(ids)),
+                        len(queued),
+                    )
+                    lengths = [len(ids) for ids in queued[:plain]]
+                    budget = call_budget(self.max_prefill_tokens, chunk)
+                    admitted = [
+                        self.waiting.popleft() for _ in range(group_size(lengths, free, budget))
+                    ]
+                    if admitted and chunked(lengths[0], chunk):
+                        self.partial, admitted = Partial(admitted[0], self.empty_past(1)), []
             self.prefilling = admitted  # neither waiting nor running: the forecast counts them
         if self.partial is not None:
             self._prefill_chunk(self.partial, chunk)
@@ -130,6 +146,7 @@ class PrefillSteps:
     ) -> None:
         """Emit a prefilled row's first token; it joins the batch with its ``n`` columns of
         ``row`` (batch 1) unless that ended it."""
+        self.prefix.store(seq.prompt_ids, row)
         token = self._emit(seq, logits)
         if not seq.finished:
             self.joining.append((seq, [np.ascontiguousarray(p[:, :, :n]) for p in row], n, token))

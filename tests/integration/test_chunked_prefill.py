@@ -1,7 +1,8 @@
 """Chunked prefill on the real exported decoder (ONNX Runtime, the default variant's graph):
 the served engine in-process gives every prompt the same greedy tokens whether its prompt is
 prefilled whole or in chunks of a few tokens (batch 1 after its own cache), with rows already
-decoding and prompts of different lengths, and the decoder's last logits are bit-identical."""
+decoding and prompts of different lengths, and the decoder's last logits are bit-identical; the
+same holds when a prompt goes on from an earlier prompt's cache (the prefix cache)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from tests.conftest import PIPELINE_REPOSITORY
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.prefill_plan import chunk_end, chunk_inputs
+from tritonforge.prefix_cache import PrefixCache
 
 pytestmark = pytest.mark.integration
 
@@ -38,10 +40,13 @@ def engine():  # type: ignore[no-untyped-def]
     engine.close()
 
 
-def _tokens(engine, chunk_tokens: int | None, stall_row_tokens: int = 0) -> list[list[int]]:  # type: ignore[no-untyped-def]
+def _tokens(
+    engine, chunk_tokens: int | None, stall_row_tokens: int = 0, prefix_entries: int = 0
+) -> list[list[int]]:  # type: ignore[no-untyped-def]
     """Two prompts decode first; the others arrive two steps later (rows running)."""
     sched = engine.scheduler
     sched.chunk_tokens, sched.stall_row_tokens = chunk_tokens, stall_row_tokens
+    sched.prefix = PrefixCache(prefix_entries)
     seqs = [
         engine.build(text, {"max_tokens": 10, "chat_template": template}, *[lambda *_: None] * 2)
         for text, template in PROMPTS
@@ -80,3 +85,32 @@ def test_a_chunked_prefill_computes_the_whole_prefills_logits(engine) -> None:  
             logits, presents = decoder(*chunk_inputs(ids, done, end), past)
             past, done = [np.ascontiguousarray(p[:, :, :end]) for p in presents], end
         assert np.array_equal(logits[0, -1], whole[0, -1]), chunk_tokens
+
+
+def test_prompts_going_on_from_an_earlier_prompts_cache_get_their_greedy_tokens(engine) -> None:  # type: ignore[no-untyped-def]
+    whole = _tokens(engine, None)
+    for chunk_tokens in (None, 7, 32):
+        assert _tokens(engine, chunk_tokens, prefix_entries=8) == whole, chunk_tokens
+        # the chat-templated prompts share the system prompt: the later ones went on from it
+        assert engine.scheduler.prefix.hits >= 2 and engine.scheduler.prefix.tokens_saved > 20
+
+
+def test_a_prefill_from_another_prompts_cache_computes_the_whole_prefills_logits(engine) -> None:  # type: ignore[no-untyped-def]
+    decoder = engine.decoder
+    first = engine.prompt_ids(PROMPTS[1][0], True)
+    ids = engine.prompt_ids(PROMPTS[3][0], True)
+    cache = PrefixCache(1)
+    _, presents = decoder(*chunk_inputs(first, 0, len(first)), decoder.empty_past())
+    cache.store(first, presents)
+    hit = cache.lookup(ids)
+    assert hit is not None and hit[0] > 20
+    whole, _ = decoder(*chunk_inputs(ids, 0, len(ids)), decoder.empty_past())
+    logits, _ = decoder(*chunk_inputs(ids, hit[0], len(ids)), hit[1])
+    assert np.array_equal(logits[0, -1], whole[0, -1])
+    # the same prompt again: all but the last two tokens from the cache (a one-token call's
+    # last bits differ, so the cache never leaves only one)
+    again = cache.lookup(first)
+    assert again is not None and again[0] == len(first) - 2
+    logits, _ = decoder(*chunk_inputs(first, again[0], len(first)), again[1])
+    whole, _ = decoder(*chunk_inputs(first, 0, len(first)), decoder.empty_past())
+    assert np.array_equal(logits[0, -1], whole[0, -1])

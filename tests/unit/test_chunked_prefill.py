@@ -52,6 +52,8 @@ def test_the_plan_takes_whole_prompts_within_the_budget_and_chunks_a_longer_one(
     assert chunked(12, 8) and not chunked(8, 8) and not chunked(500, None)
     assert [chunk_end(d, 12, 5) for d in (0, 5, 10)] == [5, 10, 12]
     assert chunk_end(0, 12, None) == 12
+    assert [chunk_end(d, 9, 4) for d in (0, 4, 7)] == [4, 7, 9]  # never a lone last token
+    assert chunk_end(0, 2, 1) == 1  # unless the chunk is one token
     ids, mask, positions = chunk_inputs([7, 8, 9, 10, 11], 2, 4)
     assert ids.tolist() == [[9, 10]] and mask.tolist() == [[1, 1, 1, 1]]
     assert positions.tolist() == [[2, 3]]

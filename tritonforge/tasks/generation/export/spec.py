@@ -44,6 +44,10 @@ class GenerationServing:
     # (served, 16 streams): TTFT p50 0.85x and inter-token p99 0.79x, aggregate equal;
     # docs/performance.md, "The chunk by running rows, again"
     prefill_stall_row_tokens: int = 320
+    # the cache of this many recent prompts (tritonforge.prefix_cache): a prompt that starts as
+    # one of them did (a chat template's system prompt, earlier turns) is prefilled from where
+    # they part (0: off); measured: docs/performance.md, "Prefix cache"
+    prefix_cache_entries: int = 8
     # prompt-lookup speculation at one greedy row (tritonforge.speculation): at most
     # speculation_tokens drafted per step (0: off) from the longest earlier n-gram of
     # speculation_min_ngram .. speculation_max_ngram tokens; measured: docs/performance.md,

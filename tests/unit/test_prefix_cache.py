@@ -1,0 +1,97 @@
+"""The prefix cache (issue #35, ``prefix_cache``): a prompt that starts as a recent one did is
+prefilled from where they part, with the tokens of its whole prefill, and the decoder never
+computes the shared tokens again. Toy decoders from ``test_generation`` (right-padded layouts:
+the cache is off for left-padded ones)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.unit.test_chunked_prefill import _logged
+from tests.unit.test_generation import EOS, empty_past, make, toy_in_place_step, toy_right_step
+from tritonforge.kv_batch import LEFT, RIGHT
+from tritonforge.prefix_cache import MIN_PREFIX_TOKENS, PrefixCache, common_length
+from tritonforge.scheduler import Scheduler
+
+SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]  # a chat template's shared start
+PROMPTS = [[*SYSTEM, 3, 1, 4], [*SYSTEM, 1, 5, 9, 2, 6], [*SYSTEM, 3, 1, 5, 9], [2, 7, 1]]
+STEPS = {RIGHT: toy_right_step, "in place": toy_in_place_step}
+
+
+def _cache(n: int, fill: float) -> list[np.ndarray]:
+    return [np.full((1, 2, n, 3), fill, np.float32) for _ in range(4)]
+
+
+def test_a_lookup_gives_the_longest_shared_start_and_leaves_the_last_token() -> None:
+    assert common_length([1, 2, 3], [1, 2, 4]) == 2 and common_length([1], [1, 2]) == 1
+    cache = PrefixCache(4)
+    cache.store([*SYSTEM, 3, 1, 4], _cache(11, 1.0))
+    cache.store([*SYSTEM[:5], 9, 9], _cache(7, 2.0))
+    length, past = cache.lookup([*SYSTEM, 3, 1, 5])  # type: ignore[misc]
+    assert length == 9 and past[0].shape == (1, 2, 9, 3) and float(past[0][0, 0, 0, 0]) == 1.0
+    assert cache.lookup([*SYSTEM, 3, 1, 4])[0] == 9  # type: ignore[index]  # two left to compute
+    assert cache.lookup([11, 12, 13, 99]) is None  # below MIN_PREFIX_TOKENS
+    assert MIN_PREFIX_TOKENS == 4 and cache.lookup([5, 5, 5, 5, 5]) is None
+    past[0][...] = 7.0  # a copy: the entry stays as it was
+    assert float(cache.lookup([*SYSTEM, 3, 0])[1][0][0, 0, 0, 0]) == 1.0  # type: ignore[index]
+    assert cache.hits == 3 and cache.tokens_saved == 9 + 9 + 8
+
+
+def test_entries_are_kept_by_recency_and_a_covered_prompt_is_not_stored_twice() -> None:
+    cache = PrefixCache(2)
+    cache.store([1, 2, 3, 4, 5, 6], _cache(6, 1.0))
+    cache.store([1, 2, 3, 4, 5], _cache(5, 2.0))  # held in the first: not stored
+    assert len(cache) == 1
+    cache.store([1, 2, 3, 4, 5, 6, 7], _cache(7, 3.0))  # holds the first: replaces it
+    assert len(cache) == 1 and cache.lookup([1, 2, 3, 4, 5, 6, 7, 8, 9])[0] == 7  # type: ignore[index]
+    cache.store([7, 7, 7, 7], _cache(4, 4.0))
+    cache.lookup([1, 2, 3, 4, 5, 0, 0])  # the first is now the most recent
+    cache.store([8, 8, 8, 8], _cache(4, 5.0))  # evicts [7, 7, 7, 7]
+    assert cache.lookup([7, 7, 7, 7, 0, 0]) is None and cache.lookup([8, 8, 8, 8, 0, 0]) is not None
+    off = PrefixCache(0)
+    off.store([1, 2, 3, 4, 5], _cache(5, 1.0))
+    assert len(off) == 0 and off.lookup([1, 2, 3, 4, 5, 6, 7]) is None
+    with pytest.raises(ValueError, match="prefix_cache_entries"):
+        PrefixCache(-1)
+
+
+def _run(layout: str, chunk_tokens: int | None, entries: int) -> tuple[list[list[int]], int]:
+    """The first prompt decodes alone; the others arrive while it runs. ``(tokens, prompt
+    tokens the decoder computed)``."""
+    log: list[tuple[str, int, int]] = []
+    sched = Scheduler(
+        _logged(STEPS[layout], log), empty_past, [EOS], max_running=8, max_queue=8,
+        name="generate", layout=RIGHT, kv_headroom=4 if layout == "in place" else 0,
+        prefill_chunk_tokens=chunk_tokens, prefix_cache_entries=entries,
+    )  # fmt: skip
+    seqs = [make(p, 6) for p in PROMPTS]
+    sched.submit(seqs[0])
+    sched.step()
+    for s in seqs[1:]:
+        sched.submit(s)
+    sched.run_until_idle()
+    assert all(s.finished for s in seqs)
+    computed = sum(b * s for kind, b, s in log if kind != "decode")
+    return [s.tokens for s in seqs], computed
+
+
+@pytest.mark.parametrize("layout", list(STEPS))
+@pytest.mark.parametrize("chunk_tokens", [None, 4, 64])
+def test_prompts_sharing_a_start_give_the_tokens_of_whole_prefills(
+    layout: str, chunk_tokens: int | None
+) -> None:
+    whole, computed = _run(layout, chunk_tokens, 0)
+    assert all(len(t) == 6 for t in whole)
+    cached, computed_cached = _run(layout, chunk_tokens, 8)
+    assert cached == whole
+    # the two later prompts that start as the first did skip its 8 (and 9) shared tokens
+    assert computed - computed_cached >= 2 * len(SYSTEM)
+
+
+def test_left_padded_decoders_keep_no_prefix_cache() -> None:
+    sched = Scheduler(
+        toy_right_step, empty_past, [EOS], max_running=2, max_queue=2, name="generate",
+        layout=LEFT, prefix_cache_entries=8,
+    )  # fmt: skip
+    assert sched.prefix.max_entries == 0

@@ -1,0 +1,87 @@
+"""The keys and values of recent prompts' tokens, so a prompt that starts as an earlier one did
+(a chat template's system prompt, a shared instruction, a conversation's earlier turns) is
+prefilled from where they part (vLLM's automatic prefix caching, llama.cpp's ``cache_prompt``).
+
+A prompt's cache at position i depends only on its tokens up to i (causal attention), so the
+first L columns of any cached prompt serve every prompt whose first L tokens are the same. A
+hit becomes a chunked prefill already ``L`` tokens in (:class:`tritonforge.prefill_plan.Partial`,
+batch 1): its first token is what the whole prefill gives, as chunking's is (tests:
+``tests/unit/test_prefix_cache.py``, the served token-identity tests). Entries are kept in
+recency order, at most ``max_entries`` (each one prompt's cache: ~1.8 MB for SmolLM2-135M at
+40 tokens); 0 entries: off.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+MIN_PREFIX_TOKENS = 4  # a shorter common prefix saves less than the copy of its cache costs
+# tokens a hit leaves to compute: a one-token call takes ONNX Runtime's one-row matmul path,
+# whose last bits differ from the prompt-wide call's (measured on the int8 and fp32 decoders:
+# only a one-token rest changed the first token's logits), so at least two
+MIN_REST_TOKENS = 2
+
+
+def common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class PrefixCache:
+    """``lookup(ids)``: the longest cached prefix of ``ids`` (leaving at least
+    :data:`MIN_REST_TOKENS` to compute) as ``(length, cache)``, a copy of batch 1
+    (``[1, heads, length, head_dim]`` per tensor); None below :data:`MIN_PREFIX_TOKENS`.
+    ``store(ids, cache)``: remember a prefilled prompt's cache (its ``len(ids)`` columns)."""
+
+    def __init__(self, max_entries: int) -> None:
+        if max_entries < 0:
+            raise ValueError(f"prefix_cache_entries must be >= 0 (0: off), got {max_entries}")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[int, ...], list[np.ndarray]] = OrderedDict()
+        self.hits = 0
+        self.tokens_saved = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _best(self, ids: Sequence[int]) -> tuple[int, tuple[int, ...] | None]:
+        best, best_key = 0, None
+        for key in self._entries:
+            n = min(common_length(key, ids), len(ids) - MIN_REST_TOKENS)
+            if n > best:
+                best, best_key = n, key
+        return (best, best_key) if best >= MIN_PREFIX_TOKENS else (0, None)
+
+    def match(self, ids: Sequence[int]) -> int:
+        """The length :meth:`lookup` would give now (0: none), without taking it."""
+        return self._best(ids)[0]
+
+    def lookup(self, ids: Sequence[int]) -> tuple[int, list[np.ndarray]] | None:
+        best, best_key = self._best(ids)
+        if best_key is None:
+            return None
+        self._entries.move_to_end(best_key)
+        self.hits += 1
+        self.tokens_saved += best
+        return best, [np.ascontiguousarray(p[:, :, :best]) for p in self._entries[best_key]]
+
+    def store(self, ids: Sequence[int], cache: Sequence[np.ndarray]) -> None:
+        if not self.max_entries or len(ids) < MIN_PREFIX_TOKENS:
+            return
+        key = tuple(ids)
+        for old in list(self._entries):
+            if old[: len(key)] == key:  # an entry already holds all of it
+                self._entries.move_to_end(old)
+                return
+            if key[: len(old)] == old:  # this one holds all of an entry
+                del self._entries[old]
+        self._entries[key] = [np.array(p[:, :, : len(key)]) for p in cache]
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
