@@ -57,12 +57,38 @@ class PrefillSteps:
         raise NotImplementedError  # the scheduler's: sample, record and stream one token
 
     def _admit(self) -> None:
+        """Prefill what fits one call (:meth:`_admit_call`); after a prompt that went on from
+        the prefix cache, the next such queued prompts too while the iteration's prefill time
+        stays within what its chunk allows (:meth:`_another_hit`): the few tokens each computes
+        are cheap, so a wave of cached prompts starts together rather than one per step."""
+        started_s = self.clock()
+        while self._admit_call() and self._another_hit(self.clock() - started_s):
+            pass
+
+    def _another_hit(self, spent_s: float) -> bool:
+        """Whether the queue's head goes on from the prefix cache and fits this iteration: a
+        slot is free and, with rows decoding or joining, ``spent_s`` is within the rate's time
+        for one chunk (``prefill_chunk_tokens``; whole prefills: ``max_prefill_tokens``)."""
+        with self.cond:
+            running = len(self.batch) + len(self.joining)
+            if running >= self.max_running or not self.waiting or self.partial is not None:
+                return False
+            if not self.prefix.match(self.waiting[0].prompt_ids):
+                return False
+            # one chunk's time, whatever runs: a larger share (the chunk by running rows, or
+            # two chunks) stalled the joining rows past inter-token p99 for no TTFT gain
+            # (docs/performance.md, "Prefix cache")
+            limit = self.chunk_tokens or self.max_prefill_tokens
+            return running == 0 or spent_s <= self.rate.prefill_s(limit)
+
+    def _admit_call(self) -> bool:
         """Prefill what fits one call (:mod:`tritonforge.prefill_plan`: free slots, padded
         tokens; with chunking, the next chunk of a prompt under way first, and a queued prompt
         that starts as a cached one does (:mod:`tritonforge.prefix_cache`) goes on from there),
         emit each finished prompt's first token, and queue it to join the batch
-        (:meth:`_join`)."""
+        (:meth:`_join`). True when it was a prompt from the prefix cache, now prefilled."""
         admitted: list[Generation] = []
+        from_cache = False
         with self.cond:
             running = len(self.batch) + len(self.joining)
             chunk = iteration_chunk(running, self.chunk_tokens, self.stall_row_tokens)
@@ -73,7 +99,7 @@ class PrefillSteps:
                 if hit is not None:  # its first tokens' cache is an earlier prompt's
                     seq = self.waiting.popleft()
                     seq.admitted_s = self.clock()
-                    self.partial = Partial(seq, hit[1], hit[0])
+                    self.partial, from_cache = Partial(seq, hit[1], hit[0]), True
                 else:
                     # whole prompts together up to the next one a cached prompt starts
                     plain = next(
@@ -91,11 +117,12 @@ class PrefillSteps:
         if self.partial is not None:
             self._prefill_chunk(self.partial, chunk)
         if not admitted:
-            return
+            return from_cache and self.partial is None
         try:
             self._prefill(admitted)
         finally:
             self.prefilling = []
+        return False
 
     def _prefill(self, admitted: list[Generation]) -> None:
         started_s = self.clock()

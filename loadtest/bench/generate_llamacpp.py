@@ -5,7 +5,9 @@ same token ids, greedy, ``--max-tokens`` new tokens:
 - our served decoders (every exported ``generate`` variant) over gRPC streams;
 - ``llama-server`` (built by :mod:`tritonforge.loadtest.anchors.llamacpp`), f32 and q8_0 GGUFs of the
   same dequantized checkpoint, ``--parallel 16`` slots, continuous batching, 2 threads, started
-  here on free ports; ``ignore_eos`` so it always emits ``--max-tokens`` tokens;
+  here on free ports; ``ignore_eos`` so it always emits ``--max-tokens`` tokens; its prompt
+  cache on (``cache_prompt``: a slot goes on from its previous prompt's common start), as ours
+  is (``prefix_cache_entries``);
 - ONNX Runtime GenAI in-process (single stream only: the ceiling), EOS suppressed likewise.
 
 Token counts: our decoders stop at EOS, so each row reports its tokens per request; the bench
@@ -111,8 +113,8 @@ def agreement(reference: Sequence[int], other: Sequence[int]) -> float:
 
 
 def llamacpp_stream(url: str, prompt_ids: Callable[[str], list[int]]) -> StreamFn:
-    """``/completion`` streamed (SSE): the prompt as token ids, greedy, EOS ignored, no prompt
-    cache (our server has none)."""
+    """``/completion`` streamed (SSE): the prompt as token ids, greedy, EOS ignored, the prompt
+    cache on (our server has one too: :mod:`tritonforge.prefix_cache`)."""
     import requests
 
     def stream(prompt: str, max_tokens: int) -> Iterator[str]:
@@ -122,7 +124,7 @@ def llamacpp_stream(url: str, prompt_ids: Callable[[str], list[int]]) -> StreamF
             "temperature": 0,
             "top_k": 1,
             "ignore_eos": True,
-            "cache_prompt": False,
+            "cache_prompt": True,
             "stream": True,
         }
         with requests.post(f"http://{url}/completion", json=body, stream=True, timeout=300) as r:

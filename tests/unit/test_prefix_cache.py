@@ -95,3 +95,22 @@ def test_left_padded_decoders_keep_no_prefix_cache() -> None:
         layout=LEFT, prefix_cache_entries=8,
     )  # fmt: skip
     assert sched.prefix.max_entries == 0
+
+
+def test_queued_prompts_from_the_cache_start_in_one_iteration_within_its_time() -> None:
+    """The toy step takes no time, so every cached prompt queued fits the iteration: the two
+    that start as the first did are prefilled back to back, no decode step between."""
+    log: list[tuple[str, int, int]] = []
+    sched = Scheduler(
+        _logged(toy_right_step, log), empty_past, [EOS], max_running=8, max_queue=8,
+        name="generate", layout=RIGHT, prefix_cache_entries=8,
+    )  # fmt: skip
+    seqs = [make(p, 6) for p in PROMPTS]
+    sched.submit(seqs[0])
+    sched.step()
+    assert [kind for kind, _, _ in log] == ["prefill", "decode"]
+    for s in seqs[1:3]:
+        sched.submit(s)
+    sched.step()
+    assert [kind for kind, _, _ in log[2:]] == ["chunk", "chunk", "decode"], log
+    assert sched.prefix.hits == 2
