@@ -59,8 +59,8 @@ class PrefillSteps:
     def _admit(self) -> None:
         """Prefill what fits one call (:meth:`_admit_call`); after a prompt that went on from
         the prefix cache, the next such queued prompts too while the iteration's prefill time
-        stays within what its chunk allows (:meth:`_another_hit`): the few tokens each computes
-        are cheap, so a wave of cached prompts starts together rather than one per step."""
+        stays within one chunk's (:meth:`_another_hit`): the few tokens each computes are
+        cheap, so a wave of cached prompts starts together rather than one per step."""
         started_s = self.clock()
         while self._admit_call() and self._another_hit(self.clock() - started_s):
             pass
