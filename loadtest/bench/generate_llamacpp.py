@@ -6,8 +6,7 @@ same token ids, greedy, ``--max-tokens`` new tokens:
 - ``llama-server`` (built by :mod:`tritonforge.loadtest.anchors.llamacpp`), f32 and q8_0 GGUFs of the
   same dequantized checkpoint, ``--parallel 16`` slots, continuous batching, 2 threads, started
   here on free ports; ``ignore_eos`` so it always emits ``--max-tokens`` tokens; its prompt
-  cache on (``cache_prompt``: a slot goes on from its previous prompt's common start), as ours
-  is (``prefix_cache_entries``);
+  cache on (``cache_prompt``), as ours is (``prefix_cache_entries``);
 - ONNX Runtime GenAI in-process (single stream only: the ceiling), EOS suppressed likewise.
 
 Token counts: our decoders stop at EOS, so each row reports its tokens per request; the bench
@@ -113,8 +112,8 @@ def agreement(reference: Sequence[int], other: Sequence[int]) -> float:
 
 
 def llamacpp_stream(url: str, prompt_ids: Callable[[str], list[int]]) -> StreamFn:
-    """``/completion`` streamed (SSE): the prompt as token ids, greedy, EOS ignored, the prompt
-    cache on (our server has one too: :mod:`tritonforge.prefix_cache`)."""
+    """``/completion`` streamed (SSE): the prompt as token ids, greedy, EOS ignored, prompt cache
+    on (ours has one too)."""
     import requests
 
     def stream(prompt: str, max_tokens: int) -> Iterator[str]:
