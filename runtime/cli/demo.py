@@ -15,7 +15,9 @@ from functools import partial
 from tritonforge import tasks
 from tritonforge.client.sync import EmbeddingClient
 from tritonforge.env import env_float
-from tritonforge.pipelines import Pipeline
+from tritonforge.errors import ModelConfigError
+from tritonforge.pipelines import TASK_KEY, Pipeline
+from tritonforge.repository import load_model_config
 from tritonforge.runtime.launcher.server import TritonLauncher
 
 TIMEOUT_S = env_float("TRITONFORGE_DEMO_TIMEOUT_S", 60.0)
@@ -58,6 +60,19 @@ def show(server: TritonLauncher, pipeline: Pipeline) -> None:
     show_pipeline(partial(demo_client, server), pipeline, print)
 
 
+def served_tasks(server: TritonLauncher, names: Collection[str]) -> dict[str, str]:
+    """The task of each model of ``names`` (its config's ``tritonforge.task``), so a unit named
+    after its model (``efficientnet_lite0``) shows its task (``image``); unreadable ones skipped."""
+    found = {}
+    for name in names:
+        try:
+            config = load_model_config(server.settings.model_repository, name)
+        except ModelConfigError:
+            continue
+        found[name] = config.param(TASK_KEY, "", str)
+    return found
+
+
 def run_demo(server: TritonLauncher, only: Collection[str] | None = None) -> None:
     """Every discovered pipeline answering (embeddings, then classifiers), then generation;
     with ``only``, just the pipelines (and the generation model) named there."""
@@ -65,8 +80,13 @@ def run_demo(server: TritonLauncher, only: Collection[str] | None = None) -> Non
         return
     found = {}
     # tasks of their own kind (rerank): shown by their client's show, after the pipelines
-    own = [t for t in tasks.registry().values() if t.kind not in (tasks.PIPELINE, tasks.GENERATOR)]
-    if only is None or set(only) - {GENERATE_MODEL} - {t.name for t in own}:
+    own = {
+        t.name for t in tasks.registry().values() if t.kind not in (tasks.PIPELINE, tasks.GENERATOR)
+    }
+    named = {} if only is None else served_tasks(server, only)
+    # the names of pipelines to discover (a unit of a task of its own kind needs none)
+    rest = {n for n in only or () if n != GENERATE_MODEL and own.isdisjoint({n, named.get(n)})}
+    if only is None or rest:
         with demo_client(server, "http") as c:
             found = c.pipelines()
     chosen = [p for p in found.values() if only is None or p.name in only]
@@ -75,7 +95,7 @@ def run_demo(server: TritonLauncher, only: Collection[str] | None = None) -> Non
         show(server, pipeline)
     for task in tasks.registry().values():  # tasks of their own kind (rerank): their client's show
         if task.kind not in (tasks.PIPELINE, tasks.GENERATOR) and (
-            only is None or task.name in only
+            only is None or task.name in only or task.name in named.values()
         ):
             task.module("client").show(partial(demo_client, server), None, print)
     if only is None or GENERATE_MODEL in only:

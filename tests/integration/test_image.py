@@ -284,6 +284,10 @@ def test_demo_shows_image_classification(
     run_demo(server, only={"image"})
     out = capsys.readouterr().out
     assert "==> classify-image (HTTP, ensemble)" in out and "same labels: True" in out, out
+    # `make run` names the units it loaded, i.e. the model (efficientnet_lite0), not the task
+    run_demo(server, only={SPEC.ensemble})
+    out = capsys.readouterr().out
+    assert "==> classify-image (HTTP, ensemble)" in out, out
 
 
 def test_generic_canaries_pass_every_public_image_model(
