@@ -14,7 +14,13 @@ import numpy as np
 
 from tritonforge.decoder import OrtDecoder
 from tritonforge.errors import InvalidInputError, ModelConfigError
-from tritonforge.generation import check_variant, queue_priority, render_prompt, with_bos
+from tritonforge.generation import (
+    cache_salt,
+    check_variant,
+    queue_priority,
+    render_prompt,
+    with_bos,
+)
 from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import VARIANT_KEY, VARIANT_PARAMETER
@@ -143,6 +149,7 @@ class GenerateEngine:
             is_cancelled=is_cancelled,
             rng=np.random.default_rng(seed),
             priority=queue_priority(values),
+            cache_salt=cache_salt(values),
         )
 
     def check_admission(self, values: Mapping[str, Any]) -> None:

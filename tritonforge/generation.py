@@ -39,6 +39,26 @@ def queue_priority(values: Mapping[str, Any]) -> int:
     return value
 
 
+# The request parameter naming a request's prefix-cache namespace (vLLM's ``cache_salt``): a
+# prompt goes on only from recent prompts of the same salt. The front puts its tenant in front
+# of a client's own (runtime/front/guard.py), so tenants never share the cache.
+CACHE_SALT_PARAMETER = "cache_salt"
+MAX_CACHE_SALT_CHARS = 512
+
+
+def cache_salt(values: Mapping[str, Any]) -> str:
+    """The :data:`CACHE_SALT_PARAMETER` of a request's parameters ("" when absent: the shared
+    namespace); :class:`InvalidInputError` naming it when it is not a string of at most
+    :data:`MAX_CACHE_SALT_CHARS` characters."""
+    value = values.get(CACHE_SALT_PARAMETER, "")
+    if not isinstance(value, str) or len(value) > MAX_CACHE_SALT_CHARS:
+        raise InvalidInputError(
+            f"{CACHE_SALT_PARAMETER} must be a string of at most {MAX_CACHE_SALT_CHARS} "
+            f"characters, got {type(value).__name__} {str(value)[:20]!r}"
+        )
+    return value
+
+
 def check_variant(requested: Any, served: str, model: str) -> None:
     """A request's ``variant`` parameter (None: not pinned) against the variant ``model`` serves;
     :class:`InvalidInputError` naming the field on a mismatch (each variant is its own model: a

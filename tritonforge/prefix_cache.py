@@ -8,7 +8,9 @@ hit becomes a chunked prefill already ``L`` tokens in (:class:`tritonforge.prefi
 batch 1): its first token is what the whole prefill gives, as chunking's is (tests:
 ``tests/unit/test_prefix_cache.py``, the served token-identity tests). Entries are kept in
 recency order, at most ``max_entries`` (each one prompt's cache: ~1.8 MB for SmolLM2-135M at
-40 tokens); 0 entries: off.
+40 tokens); 0 entries: off. A prompt is matched only against prompts of the same ``salt`` (a
+request's ``cache_salt``, the front's tenant: vLLM's ``cache_salt``), so a client cannot learn
+from its time to first token whether another salt's recent prompt started as its own does.
 """
 
 from __future__ import annotations
@@ -35,36 +37,42 @@ def common_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class PrefixCache:
-    """``lookup(ids)``: the longest cached prefix of ``ids`` (leaving at least
-    :data:`MIN_REST_TOKENS` to compute) as ``(length, cache)``, a copy of batch 1
-    (``[1, heads, length, head_dim]`` per tensor); None below :data:`MIN_PREFIX_TOKENS`.
-    ``store(ids, cache)``: remember a prefilled prompt's cache (its ``len(ids)`` columns)."""
+    """``lookup(ids, salt)``: the longest cached prefix of ``ids`` among the prompts stored with
+    the same ``salt`` (leaving at least :data:`MIN_REST_TOKENS` to compute) as
+    ``(length, cache)``, a copy of batch 1 (``[1, heads, length, head_dim]`` per tensor); None
+    below :data:`MIN_PREFIX_TOKENS`. ``store(ids, cache, salt)``: remember a prefilled prompt's
+    cache (its ``len(ids)`` columns). One bound, ``max_entries``, across every salt."""
 
     def __init__(self, max_entries: int) -> None:
         if max_entries < 0:
             raise ValueError(f"prefix_cache_entries must be >= 0 (0: off), got {max_entries}")
         self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[int, ...], list[np.ndarray]] = OrderedDict()
+        # (salt, prompt ids) -> the prompt's cache, least recently used first
+        self._entries: OrderedDict[tuple[str, tuple[int, ...]], list[np.ndarray]] = OrderedDict()
         self.hits = 0
         self.tokens_saved = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _best(self, ids: Sequence[int]) -> tuple[int, tuple[int, ...] | None]:
+    def _best(
+        self, ids: Sequence[int], salt: str
+    ) -> tuple[int, tuple[str, tuple[int, ...]] | None]:
         best, best_key = 0, None
         for key in self._entries:
-            n = min(common_length(key, ids), len(ids) - MIN_REST_TOKENS)
+            if key[0] != salt:
+                continue
+            n = min(common_length(key[1], ids), len(ids) - MIN_REST_TOKENS)
             if n > best:
                 best, best_key = n, key
         return (best, best_key) if best >= MIN_PREFIX_TOKENS else (0, None)
 
-    def match(self, ids: Sequence[int]) -> int:
+    def match(self, ids: Sequence[int], salt: str = "") -> int:
         """The length :meth:`lookup` would give now (0: none), without taking it."""
-        return self._best(ids)[0]
+        return self._best(ids, salt)[0]
 
-    def lookup(self, ids: Sequence[int]) -> tuple[int, list[np.ndarray]] | None:
-        best, best_key = self._best(ids)
+    def lookup(self, ids: Sequence[int], salt: str = "") -> tuple[int, list[np.ndarray]] | None:
+        best, best_key = self._best(ids, salt)
         if best_key is None:
             return None
         self._entries.move_to_end(best_key)
@@ -72,16 +80,18 @@ class PrefixCache:
         self.tokens_saved += best
         return best, [np.ascontiguousarray(p[:, :, :best]) for p in self._entries[best_key]]
 
-    def store(self, ids: Sequence[int], cache: Sequence[np.ndarray]) -> None:
+    def store(self, ids: Sequence[int], cache: Sequence[np.ndarray], salt: str = "") -> None:
         if not self.max_entries or len(ids) < MIN_PREFIX_TOKENS:
             return
         key = tuple(ids)
         for old in list(self._entries):
-            if old[: len(key)] == key:  # an entry already holds all of it
+            if old[0] != salt:
+                continue
+            if old[1][: len(key)] == key:  # an entry already holds all of it
                 self._entries.move_to_end(old)
                 return
-            if key[: len(old)] == old:  # this one holds all of an entry
+            if key[: len(old[1])] == old[1]:  # this one holds all of an entry
                 del self._entries[old]
-        self._entries[key] = [np.array(p[:, :, : len(key)]) for p in cache]
+        self._entries[(salt, key)] = [np.array(p[:, :, : len(key)]) for p in cache]
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)

@@ -93,6 +93,7 @@ class Generation:
     processing: RowProcessing | None = None  # None: today's path, untouched
     admitted_s: float = 0.0  # ... when it got a slot (its prefill began)
     priority: int = 0  # 1 is the most urgent (Triton's convention); 0: the default, after all
+    cache_salt: str = ""  # the prefix cache's namespace: only prompts of the same salt match
     pending: PendingText = field(default_factory=PendingText)  # decoded, not sent yet
 
     @property

@@ -73,7 +73,8 @@ class PrefillSteps:
             running = len(self.batch) + len(self.joining)
             if running >= self.max_running or not self.waiting or self.partial is not None:
                 return False
-            if not self.prefix.match(self.waiting[0].prompt_ids):
+            head = self.waiting[0]
+            if not self.prefix.match(head.prompt_ids, head.cache_salt):
                 return False
             # one chunk's time, whatever runs: a larger share (the chunk by running rows, or
             # two chunks) stalled the joining rows past inter-token p99 for no TTFT gain
@@ -94,8 +95,12 @@ class PrefillSteps:
             chunk = iteration_chunk(running, self.chunk_tokens, self.stall_row_tokens)
             if self.partial is None:
                 free = self.max_running - running
-                queued = [s.prompt_ids for s in itertools.islice(self.waiting, max(0, free))]
-                hit = self.prefix.lookup(queued[0]) if queued else None
+                queued = list(itertools.islice(self.waiting, max(0, free)))
+                hit = (
+                    self.prefix.lookup(queued[0].prompt_ids, queued[0].cache_salt)
+                    if queued
+                    else None
+                )
                 if hit is not None:  # its first tokens' cache is an earlier prompt's
                     seq = self.waiting.popleft()
                     seq.admitted_s = self.clock()
@@ -103,10 +108,14 @@ class PrefillSteps:
                 else:
                     # whole prompts together up to the next one a cached prompt starts
                     plain = next(
-                        (i for i, ids in enumerate(queued[1:], 1) if self.prefix.match(ids)),
+                        (
+                            i
+                            for i, s in enumerate(queued[1:], 1)
+                            if self.prefix.match(s.prompt_ids, s.cache_salt)
+                        ),
                         len(queued),
                     )
-                    lengths = [len(ids) for ids in queued[:plain]]
+                    lengths = [len(s.prompt_ids) for s in queued[:plain]]
                     budget = call_budget(self.max_prefill_tokens, chunk)
                     admitted = [
                         self.waiting.popleft() for _ in range(group_size(lengths, free, budget))
@@ -173,7 +182,7 @@ class PrefillSteps:
     ) -> None:
         """Emit a prefilled row's first token; it joins the batch with its ``n`` columns of
         ``row`` (batch 1) unless that ended it."""
-        self.prefix.store(seq.prompt_ids, row)
+        self.prefix.store(seq.prompt_ids, row, seq.cache_salt)
         token = self._emit(seq, logits)
         if not seq.finished:
             self.joining.append((seq, [np.ascontiguousarray(p[:, :, :n]) for p in row], n, token))

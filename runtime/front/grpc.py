@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from tritonclient.grpc import service_pb2
@@ -22,12 +22,16 @@ from tritonforge.runtime.front.guard import (
     ThrottledLog,
     admin_ok,
     check_model_name,
+    set_cache_salt,
     set_queue_priority,
 )
 from tritonforge.runtime.front.queues import QueueFullError
 from tritonforge.runtime.front.session import StreamRefusedError, StreamSession
 from tritonforge.runtime.front.settings import FrontLimits
 from tritonforge.runtime.front.stream import GRPC_SERVICE
+
+if TYPE_CHECKING:
+    from tritonforge.runtime.tenants.keys import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +152,9 @@ class GrpcFront(grpc.GenericRpcHandler):
         self.queues = queues
         self._channel: grpc.aio.Channel | None = None
         self._channel_target = ""
-        # the tenants' gate (runtime.tenants.grpc.admit_call: the tenant's priority; None: no
+        # the tenants' gate (runtime.tenants.grpc.admit_call: the caller's tenant; None: no
         # tenants) and the metadata that never goes upstream
-        self.admit: Callable[[Any], Awaitable[int | None]] | None = None
+        self.admit: Callable[[Any], Awaitable[Tenant]] | None = None
         # the tenants' model check per request message (runtime.tenants.grpc.check_model)
         self.may_call: Callable[[Any, str], None] | None = None
         self.hidden = ("user-agent", *self.admin_headers)
@@ -214,19 +218,22 @@ class GrpcFront(grpc.GenericRpcHandler):
             )
 
     async def _checked_message(
-        self, message: bytes, context: Any, priority: int | None
+        self, message: bytes, context: Any, tenant: Tenant | None
     ) -> tuple[str, bytes]:
         """The model a request message goes to and the message to send upstream, once it passed
         the checks: the tenant's ``priority`` is put on it as ``queue_priority`` (the server's:
-        a client-sent one is refused)."""
+        a client-sent one is refused) and its name into the ``cache_salt`` parameter
+        (:func:`~runtime.front.guard.set_cache_salt`)."""
         request = check_infer_message(message)
         check_model_name(request.model_name, "model_name")
+        priority = None if tenant is None else tenant.priority
         set_queue_priority(request, priority)
+        set_cache_salt(request, None if tenant is None else tenant.name)
         if self.may_call is not None:
             self.may_call(context, request.model_name)
         if VERSION_PARAMETER in request.parameters and self.pins is not None:
             await self.pins(request.model_name, f"request parameter {VERSION_PARAMETER!r}")
-        if priority is not None and priority > 0:
+        if tenant is not None:  # its salt (and priority) are on it now
             message = request.SerializeToString()
         return str(request.model_name), message
 
@@ -260,11 +267,11 @@ class GrpcFront(grpc.GenericRpcHandler):
         with no per-response timeout (a client may keep a stream open between requests)."""
         await self._refuse_when_draining(context)
         metadata = await self._metadata(method, context)
-        priority = await self._tenant(method, context)
+        tenant = await self._tenant(method, context)
         session = StreamSession(
             self.admission, None, self.limits.request_timeout_s, capacity=self.served
         )
-        relay = self._relay(method, requests, context, metadata, priority, session)
+        relay = self._relay(method, requests, context, metadata, tenant, session)
         try:
             async with session, contextlib.aclosing(relay) as out:
                 async for response in out:
@@ -278,7 +285,7 @@ class GrpcFront(grpc.GenericRpcHandler):
         requests: AsyncIterator[bytes],
         context: Any,
         metadata: tuple[tuple[str, str], ...],
-        priority: int | None,
+        tenant: Tenant | None,
         session: StreamSession,
     ) -> AsyncGenerator[bytes, None]:
         bad: list[tuple[grpc.StatusCode, str]] = []
@@ -291,7 +298,7 @@ class GrpcFront(grpc.GenericRpcHandler):
         async def checked() -> AsyncIterator[bytes]:
             async for message in _until(requests, client_done):
                 try:
-                    model, message = await self._checked_message(message, context, priority)
+                    model, message = await self._checked_message(message, context, tenant)
                     await session.add_model(model)
                 except FrontError as e:
                     bad.append((_status_code(e), str(e)))
@@ -334,9 +341,9 @@ class GrpcFront(grpc.GenericRpcHandler):
         metadata = await self._metadata(method, context)
         model: str | None = None
         if method == GRPC_INFER:
-            priority = await self._tenant(method, context)
+            tenant = await self._tenant(method, context)
             try:
-                model, request = await self._checked_message(request, context, priority)
+                model, request = await self._checked_message(request, context, tenant)
             except FrontError as e:
                 await self._abort(context, _status_code(e), str(e))
         async with contextlib.AsyncExitStack() as slot:
@@ -381,9 +388,9 @@ class GrpcFront(grpc.GenericRpcHandler):
             await self._abort(context, code, details)
             raise  # unreachable: abort raises
 
-    async def _tenant(self, method: str, context: Any) -> int | None:
-        """The caller's tenant priority (None: none, or no tenants); aborts a call the tenants'
-        gate refuses (no or unknown key, past a rate or quota)."""
+    async def _tenant(self, method: str, context: Any) -> Tenant | None:
+        """The caller's tenant (None: no tenants); aborts a call the tenants' gate refuses (no
+        or unknown key, past a rate or quota)."""
         if self.admit is None or not (method == GRPC_INFER or method in GRPC_STREAMING):
             return None
         return await self.admit(context)

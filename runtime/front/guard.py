@@ -9,7 +9,9 @@ request.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import json
 import logging
 import re
 import sys
@@ -22,7 +24,11 @@ from typing import Any
 from aiohttp import web
 
 from tritonforge.errors import shown
-from tritonforge.generation import QUEUE_PRIORITY_PARAMETER
+from tritonforge.generation import (
+    CACHE_SALT_PARAMETER,
+    MAX_CACHE_SALT_CHARS,
+    QUEUE_PRIORITY_PARAMETER,
+)
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front.queues import QueueAdmission
 
@@ -363,6 +369,7 @@ def _label(value: str) -> str:
 
 # aiohttp request storage the tenants' gate fills for the relays (never anything a client sends):
 QUEUE_PRIORITY_KEY = web.RequestKey("tritonforge.queue_priority", int)  # the tenant's (1 first)
+TENANT_KEY = web.RequestKey("tritonforge.tenant", str)  # the tenant's name: its cache salt
 # the /v1 routes append a completion's (prompt, completion) tokens here
 USAGE_KEY = web.RequestKey("tritonforge.usage", list[tuple[int, int]])
 
@@ -386,6 +393,38 @@ def set_queue_priority(message: Any, priority: int | None) -> None:
         )
     if priority is not None and priority > 0:
         message.parameters[QUEUE_PRIORITY_PARAMETER].int64_param = priority
+
+
+def tenant_salt(tenant: str, own: str) -> str:
+    """The prefix-cache salt of a tenant's request that sent ``own`` ("" when none): a digest
+    of both, so no client of another tenant can send it (the tenant is always part of it) and
+    a tenant's own salts still split its cache."""
+    return hashlib.sha256(json.dumps([tenant, own]).encode()).hexdigest()
+
+
+def set_cache_salt(message: Any, tenant: str | None) -> None:
+    """With tenants (``tenant`` not None), replace a gRPC ``ModelInferRequest``'s
+    :data:`~tritonforge.generation.CACHE_SALT_PARAMETER` with :func:`tenant_salt` of the tenant
+    and the client's own, so tenants never share a generate model's prefix cache (whose time
+    to first token would tell one tenant what another's recent prompts began with). Without
+    tenants the client's salt goes on as sent. A salt that is not a string of at most
+    :data:`~tritonforge.generation.MAX_CACHE_SALT_CHARS` characters: 400 naming it."""
+    if tenant is None:
+        return
+    own = ""
+    if CACHE_SALT_PARAMETER in message.parameters:
+        param = message.parameters[CACHE_SALT_PARAMETER]
+        own = param.string_param
+        if (
+            param.WhichOneof("parameter_choice") != "string_param"
+            or len(own) > MAX_CACHE_SALT_CHARS
+        ):
+            raise FrontError(
+                f"request parameter {CACHE_SALT_PARAMETER!r} must be a string of at most "
+                f"{MAX_CACHE_SALT_CHARS} characters",
+                400,
+            )
+    message.parameters[CACHE_SALT_PARAMETER].string_param = tenant_salt(tenant, own)
 
 
 VERSION_PARAMETER = "version"  # the request parameter the BLS pins a version with

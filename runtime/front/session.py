@@ -11,7 +11,8 @@ format.
   ``async with`` block: it is released once, on a normal end, a client that left, an upstream
   error, a timeout or a cancelled task.
 - **the upstream call**: :meth:`start` puts the tenant's priority on the request (the
-  ``queue_priority`` parameter: the server's, a client-sent one is refused) and opens the
+  ``queue_priority`` parameter: the server's, a client-sent one is refused) and its tenant into
+  the ``cache_salt`` parameter (tenants never share the prefix cache), and opens the
   decoupled gRPC call; :meth:`attach` adopts a call a relay opened itself (gRPC passthrough).
 - **timeouts and the end**: :meth:`read` waits at most ``timeout_s`` for each response
   (:class:`TimeoutError`) and notes the final one; :meth:`end` (drain, the supervisor) records why
@@ -42,6 +43,7 @@ from tritonforge.runtime.front.guard import (
     LENGTH_HEADER,
     Admission,
     parse_header_length,
+    set_cache_salt,
     set_queue_priority,
 )
 
@@ -68,14 +70,17 @@ class StreamSession:
         *,
         capacity: Capacity | None = None,
         priority: int | None = None,
+        tenant: str | None = None,
         slot: bool = True,
         charge: Charge | None = None,
     ) -> None:
         """``model``: where the stream goes (None: a gRPC stream, whose messages name their
         models: :meth:`add_model`); ``timeout_s``: the longest wait for one response;
-        ``priority``: the tenant's queue priority (never the client's)."""
+        ``priority``: the tenant's queue priority (never the client's); ``tenant``: its name,
+        the prefix cache's salt (None: no tenants)."""
         self.admission, self.model, self.timeout_s = admission, model, timeout_s
         self.capacity, self.priority, self.slot, self.charge = capacity, priority, slot, charge
+        self.tenant = tenant
         self.call: Any = None
         self.reason: str | None = None  # why the front ended it (drain, a crashed model)
         self.answered = False  # the final response came: the call is left to close
@@ -124,8 +129,10 @@ class StreamSession:
             raise StreamRefusedError(self.admission.full_message(model))
 
     def prioritize(self, message: service_pb2.ModelInferRequest) -> None:
-        """Put the tenant's priority on ``message`` (a client-sent one: 400)."""
+        """Put the tenant's priority on ``message`` (a client-sent one: 400) and its salt
+        (:func:`~runtime.front.guard.set_cache_salt`)."""
         set_queue_priority(message, self.priority)
+        set_cache_salt(message, self.tenant)
 
     def start(
         self,

@@ -20,6 +20,7 @@ from tritonforge.runtime.front import stream as front_stream
 from tritonforge.runtime.front.grpc import TRACEPARENT_KEY
 from tritonforge.runtime.front.guard import (
     QUEUE_PRIORITY_KEY,
+    TENANT_KEY,
     VERSION_HEADER,
     Admission,
     parse_version,
@@ -61,6 +62,7 @@ async def forward_stream(
         front.limits.request_timeout_s,
         capacity=front.stream_capacity,
         priority=request.get(QUEUE_PRIORITY_KEY),
+        tenant=request.get(TENANT_KEY),
     )
     try:
         async with session:

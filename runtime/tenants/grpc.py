@@ -13,6 +13,7 @@ import grpc
 
 from tritonforge.runtime.tenants.gate import TenantGate, TenantRefusedError
 from tritonforge.runtime.tenants.http import TENANT_HEADER
+from tritonforge.runtime.tenants.keys import Tenant
 
 TENANT_METADATA = TENANT_HEADER.lower()
 _CODES = {
@@ -22,12 +23,13 @@ _CODES = {
 }
 
 
-async def admit_call(gate: TenantGate, context: Any) -> int | None:
+async def admit_call(gate: TenantGate, context: Any) -> Tenant:
     """Admit one gRPC inference call by its tenant key, else abort it (see the docstring); the
-    tenant's priority (what the relay puts on each request as ``queue_priority``)."""
+    tenant (the relay puts its priority on each request as ``queue_priority``, its name into
+    ``cache_salt``)."""
     key = dict(context.invocation_metadata() or ()).get(TENANT_METADATA)
     try:
-        return gate.admit(key, None).tenant.priority
+        return gate.admit(key, None).tenant
     except TenantRefusedError as e:
         details = str(e)
         if e.status == 429:

@@ -23,7 +23,7 @@ from typing import Any
 from aiohttp import streams, web
 
 from tritonforge.runtime.front.degrade_headers import PRIORITY_HEADER
-from tritonforge.runtime.front.guard import QUEUE_PRIORITY_KEY, USAGE_KEY, admin_ok
+from tritonforge.runtime.front.guard import QUEUE_PRIORITY_KEY, TENANT_KEY, USAGE_KEY, admin_ok
 from tritonforge.runtime.tenants.gate import TenantGate, TenantRefusedError, TenantState
 
 TENANT_HEADER = "X-Api-Key"
@@ -105,6 +105,7 @@ class TenantHttp:
         request = self._prioritized(request, state, openai)
         if state.tenant.priority is not None:  # generate's queue order (QUEUE_PRIORITY_KEY)
             request[QUEUE_PRIORITY_KEY] = state.tenant.priority
+        request[TENANT_KEY] = state.tenant.name  # the prefix cache's salt (set_cache_salt)
         used: list[tuple[int, int]] = []  # the /v1 routes note a completion's tokens here
         request[USAGE_KEY] = used
         response = await self.inner(request)

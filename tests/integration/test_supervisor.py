@@ -172,9 +172,12 @@ def test_finding2a_a_flood_past_generates_queue_marks_it_overloaded_and_restarts
         tensor = grpcclient.InferInput(TEXT_INPUT, [1], "BYTES")
         tensor.set_data_from_numpy(np.array([b"Tell me a story"], dtype=np.object_))
         states: list[str] = []
+        # 64 tokens each: the running rows hold their slots for seconds, so the queue stays full
+        # across several canary rounds (at 16 the prefix cache's quick starts drained it between
+        # two canaries and the state never read "overloaded": a fresh-clone run, 2026-12-05)
         with concurrent.futures.ThreadPoolExecutor(max_workers=flood) as pool:
             futures = [
-                pool.submit(stream_once, server.grpc_url, generate, [tensor], 16, 120.0)
+                pool.submit(stream_once, server.grpc_url, generate, [tensor], 64, 120.0)
                 for _ in range(flood)
             ]
             while not all(f.done() for f in futures):

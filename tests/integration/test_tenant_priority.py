@@ -4,7 +4,9 @@ One running slot, a long stream holding it: a low-priority tenant's request queu
 high-priority tenant's after it; over gRPC ``ModelStreamInfer`` with the key in the metadata the
 high one is served first. A client-sent ``queue_priority`` is refused on gRPC (stream and
 ``ModelInfer``) and on HTTP ``generate``/``infer``; the tenant's priority reaches the model there
-too (the request is served)."""
+too (the request is served). Tenants never share the prefix cache: a prompt goes on from the
+cache of its own tenant's (and own ``cache_salt``'s) recent prompts only, counted by the
+model's ``tritonforge_generate_prefix_cache_hits_total``."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import re
 import shutil
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import PIPELINE_REPOSITORY
-from tritonforge.generation import QUEUE_PRIORITY_PARAMETER, TEXT_INPUT
+from tritonforge.generation import CACHE_SALT_PARAMETER, QUEUE_PRIORITY_PARAMETER, TEXT_INPUT
+from tritonforge.runtime.front.guard import tenant_salt
 from tritonforge.runtime.serving import EmbeddedServer, serving
 from tritonforge.runtime.tenants.grpc import TENANT_METADATA
 from tritonforge.runtime.tenants.http import TENANT_HEADER
@@ -102,6 +106,43 @@ class Stream:
         self.client.close()
 
 
+def _hits(server: EmbeddedServer) -> float:
+    """The generate model's prefix cache hits on Triton's /metrics."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    found = re.search(
+        rf'tritonforge_generate_prefix_cache_hits_total{{model="{MODEL}"[^}}]*}} (\S+)', text
+    )
+    assert found is not None, "no prefix cache counter on /metrics"
+    return float(found.group(1))
+
+
+def _generate(server: EmbeddedServer, key: str, prompt: str, salt: str) -> None:
+    stream = Stream(server, key, [], key)
+    try:
+        stream.send(prompt, 2, {CACHE_SALT_PARAMETER: salt})
+        assert stream.done.wait(120) and stream.error is None, stream.error
+    finally:
+        stream.close()
+
+
+def _tenants_do_not_share_the_prefix_cache(server: EmbeddedServer) -> None:
+    """Each step's namespace is new except the last (low's ``s`` again): only it may hit. A
+    shared cache would also hit at high's same prompt and salt; a forgeable salt at high's
+    copy of low's."""
+    prompt = "Name three rivers in Europe and the seas they flow into."
+    before = _hits(server)
+    _generate(server, "low-key", prompt, "s")
+    _generate(server, "high-key", prompt, "s")  # the same prompt and salt, another tenant
+    _generate(server, "high-key", prompt, tenant_salt("low", "s"))  # low's namespace, forged
+    _generate(server, "low-key", prompt, "t")  # the same tenant, another salt of its own
+    _generate(server, "low-key", prompt, "s")  # its own recent prompt: a hit
+    deadline = time.monotonic() + 10
+    while _hits(server) < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _hits(server) == before + 1
+
+
 def test_tenant_priority_orders_the_queue_on_grpc_and_a_client_cannot_forge_it(
     tmp_path: Path,
 ) -> None:
@@ -162,3 +203,4 @@ def test_tenant_priority_orders_the_queue_on_grpc_and_a_client_cannot_forge_it(
             forged_http = requests.post(f"{base}/{path}", json=body, headers=headers, timeout=60)
             assert forged_http.status_code == 400, (path, forged_http.text)
             assert QUEUE_PRIORITY_PARAMETER in forged_http.json()["error"]
+        _tenants_do_not_share_the_prefix_cache(server)

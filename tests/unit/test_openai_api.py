@@ -219,6 +219,7 @@ def test_chat_maps_sampling_onto_the_generate_parameters(
             "temperature": 0.5,
             "top_p": 0.9,
             "seed": 3,
+            "cache_salt": "user-42",
             "stop": "\n",
             "n": 1,
             "stream": True,
@@ -235,6 +236,7 @@ def test_chat_maps_sampling_onto_the_generate_parameters(
         "temperature": 0.5,
         "top_p": 0.9,
         "seed": 3,
+        "cache_salt": "user-42",
         "chat_template": False,
     }
     assert req.stop == ["\n"] and req.stream and req.include_usage
@@ -252,6 +254,9 @@ def test_chat_maps_sampling_onto_the_generate_parameters(
         ({"temperature": "hot"}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"seed": -1}, "seed"),
+        ({"cache_salt": 7}, "cache_salt"),
+        ({"cache_salt": ""}, "cache_salt"),
+        ({"cache_salt": "x" * 513}, "cache_salt"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": [""]}, "stop"),
         ({"logprobs": 3}, "logprobs"),

@@ -10,6 +10,8 @@ import pytest
 
 from tests.unit.test_chunked_prefill import _logged
 from tests.unit.test_generation import EOS, empty_past, make, toy_in_place_step, toy_right_step
+from tritonforge.errors import InvalidInputError
+from tritonforge.generation import CACHE_SALT_PARAMETER, MAX_CACHE_SALT_CHARS, cache_salt
 from tritonforge.kv_batch import LEFT, RIGHT
 from tritonforge.prefix_cache import MIN_PREFIX_TOKENS, PrefixCache, common_length
 from tritonforge.scheduler import Scheduler
@@ -56,9 +58,31 @@ def test_entries_are_kept_by_recency_and_a_covered_prompt_is_not_stored_twice() 
         PrefixCache(-1)
 
 
-def _run(layout: str, chunk_tokens: int | None, entries: int) -> tuple[list[list[int]], int]:
-    """The first prompt decodes alone; the others arrive while it runs. ``(tokens, prompt
-    tokens the decoder computed)``."""
+def test_a_prompt_matches_only_prompts_of_its_own_salt() -> None:
+    cache = PrefixCache(2)
+    cache.store([*SYSTEM, 3, 1, 4], _cache(11, 1.0), salt="tenant a")
+    assert cache.match([*SYSTEM, 3, 1, 5]) == 0  # the shared namespace: nothing of a's
+    assert cache.lookup([*SYSTEM, 3, 1, 5], salt="tenant b") is None
+    assert cache.match([*SYSTEM, 3, 1, 5], salt="tenant a") == 9  # two left to compute
+    cache.store([*SYSTEM, 3], _cache(9, 2.0))  # held in a's entry, but not a's: stored
+    assert len(cache) == 2 and cache.lookup([*SYSTEM, 3, 1, 5])[0] == 9  # type: ignore[index]
+    cache.store([*SYSTEM, 3, 1, 4], _cache(11, 3.0), salt="tenant b")  # one bound for all
+    assert len(cache) == 2 and cache.match([*SYSTEM, 3, 1, 5], salt="tenant a") == 0
+    assert cache.lookup([*SYSTEM, 3, 1, 4, 0], salt="tenant b")[1][0][0, 0, 0, 0] == 3.0  # type: ignore[index]
+
+
+def test_a_cache_salt_is_a_bounded_string() -> None:
+    assert cache_salt({}) == "" and cache_salt({CACHE_SALT_PARAMETER: "team-7"}) == "team-7"
+    for bad in (7, None, ["a"], "x" * (MAX_CACHE_SALT_CHARS + 1)):
+        with pytest.raises(InvalidInputError, match=CACHE_SALT_PARAMETER):
+            cache_salt({CACHE_SALT_PARAMETER: bad})
+
+
+def _run(
+    layout: str, chunk_tokens: int | None, entries: int, salts: tuple[str, ...] = ()
+) -> tuple[list[list[int]], int]:
+    """The first prompt decodes alone; the others arrive while it runs (each with its salt in
+    ``salts``, default the shared one). ``(tokens, prompt tokens the decoder computed)``."""
     log: list[tuple[str, int, int]] = []
     sched = Scheduler(
         _logged(STEPS[layout], log), empty_past, [EOS], max_running=8, max_queue=8,
@@ -66,6 +90,8 @@ def _run(layout: str, chunk_tokens: int | None, entries: int) -> tuple[list[list
         prefill_chunk_tokens=chunk_tokens, prefix_cache_entries=entries,
     )  # fmt: skip
     seqs = [make(p, 6) for p in PROMPTS]
+    for seq, salt in zip(seqs, salts, strict=False):
+        seq.cache_salt = salt
     sched.submit(seqs[0])
     sched.step()
     for s in seqs[1:]:
@@ -87,6 +113,14 @@ def test_prompts_sharing_a_start_give_the_tokens_of_whole_prefills(
     assert cached == whole
     # the two later prompts that start as the first did skip its 8 (and 9) shared tokens
     assert computed - computed_cached >= 2 * len(SYSTEM)
+
+
+def test_prompts_of_other_salts_are_prefilled_whole_with_the_same_tokens() -> None:
+    whole, computed = _run(RIGHT, 4, 0)
+    salted, computed_salted = _run(RIGHT, 4, 8, ("a", "b", "c", "d"))
+    assert salted == whole and computed_salted == computed  # nothing shared across salts
+    shared, computed_shared = _run(RIGHT, 4, 8, ("a", "a", "a", "a"))
+    assert shared == whole and computed - computed_shared >= 2 * len(SYSTEM)
 
 
 def test_left_padded_decoders_keep_no_prefix_cache() -> None:

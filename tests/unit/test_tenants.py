@@ -12,9 +12,16 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from tritonclient.grpc import service_pb2
 
-from tritonforge.generation import QUEUE_PRIORITY_PARAMETER
+from tritonforge.generation import CACHE_SALT_PARAMETER, QUEUE_PRIORITY_PARAMETER
 from tritonforge.runtime.errors import FrontError
-from tritonforge.runtime.front.guard import QUEUE_PRIORITY_KEY, USAGE_KEY, set_queue_priority
+from tritonforge.runtime.front.guard import (
+    QUEUE_PRIORITY_KEY,
+    TENANT_KEY,
+    USAGE_KEY,
+    set_cache_salt,
+    set_queue_priority,
+    tenant_salt,
+)
 from tritonforge.runtime.tenants.__main__ import main as tenants_main
 from tritonforge.runtime.tenants.gate import TenantGate, TenantRefusedError
 from tritonforge.runtime.tenants.http import TenantHttp
@@ -181,6 +188,37 @@ def test_the_queue_priority_is_the_servers_to_set() -> None:
     assert QUEUE_PRIORITY_PARAMETER not in plain.parameters
 
 
+def test_the_cache_salt_always_holds_the_tenant() -> None:
+    """With tenants, a request's ``cache_salt`` becomes a digest of its tenant and the client's
+    own salt: no client of another tenant can send it; without tenants it goes on as sent."""
+    plain = service_pb2.ModelInferRequest(model_name="generate")
+    set_cache_salt(plain, "a")
+    assert plain.parameters[CACHE_SALT_PARAMETER].string_param == tenant_salt("a", "")
+    own = service_pb2.ModelInferRequest(model_name="generate")
+    own.parameters[CACHE_SALT_PARAMETER].string_param = "user-1"
+    untouched = service_pb2.ModelInferRequest()
+    untouched.CopyFrom(own)
+    set_cache_salt(untouched, None)
+    assert untouched.parameters[CACHE_SALT_PARAMETER].string_param == "user-1"
+    set_cache_salt(own, "a")
+    salted = own.parameters[CACHE_SALT_PARAMETER].string_param
+    assert salted == tenant_salt("a", "user-1") and len(salted) == 64
+    assert len({tenant_salt("a", "user-1"), tenant_salt("b", "user-1"), tenant_salt("a", "")}) == 3
+    forged = service_pb2.ModelInferRequest(model_name="generate")
+    forged.parameters[CACHE_SALT_PARAMETER].string_param = tenant_salt("a", "user-1")
+    set_cache_salt(forged, "b")  # b sends a's salt: it lands in b's own namespace
+    assert forged.parameters[CACHE_SALT_PARAMETER].string_param != tenant_salt("a", "user-1")
+    for bad in ("int64_param", "string_param"):
+        message = service_pb2.ModelInferRequest(model_name="generate")
+        if bad == "int64_param":
+            message.parameters[CACHE_SALT_PARAMETER].int64_param = 3
+        else:
+            message.parameters[CACHE_SALT_PARAMETER].string_param = "x" * 513
+        with pytest.raises(FrontError, match=CACHE_SALT_PARAMETER) as refused:
+            set_cache_salt(message, "a")
+        assert refused.value.status == 400
+
+
 def test_the_gate_passes_the_priority_and_charges_a_streamed_answers_tokens(
     tmp_path: Path,
 ) -> None:
@@ -191,6 +229,7 @@ def test_the_gate_passes_the_priority_and_charges_a_streamed_answers_tokens(
 
     async def stream_route(request: web.BaseRequest) -> web.StreamResponse:
         seen.append(request.get(QUEUE_PRIORITY_KEY))
+        seen.append(request.get(TENANT_KEY))
         request[USAGE_KEY].append((5, 7))
         return web.StreamResponse()  # streamed: nothing in a body to read
 
@@ -201,6 +240,6 @@ def test_the_gate_passes_the_priority_and_charges_a_streamed_answers_tokens(
         await http.handle(make_mocked_request("GET", "/v1/models", headers=headers))
 
     asyncio.run(call())
-    assert seen == [1]
+    assert seen == [1, "big"]
     usage = gate.usage()["big"]
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (5, 7)

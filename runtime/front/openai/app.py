@@ -34,11 +34,7 @@ from aiohttp import web
 from tritonforge.queue_forecast import retry_after_s
 from tritonforge.runtime.errors import FrontError, OpenAIError
 from tritonforge.runtime.front.body import INFLATE_WBITS, inflate, json_depth, read_body
-from tritonforge.runtime.front.guard import (
-    QUEUE_PRIORITY_KEY,
-    USAGE_KEY,
-    note_usage,
-)
+from tritonforge.runtime.front.guard import QUEUE_PRIORITY_KEY, TENANT_KEY, USAGE_KEY, note_usage
 from tritonforge.runtime.front.openai.catalog import (
     GENERATION,
     ServedModel,
@@ -361,6 +357,7 @@ class OpenAIFront:
             self.http.limits.request_timeout_s,
             capacity=self.http.stream_capacity if stream else None,
             priority=request.get(QUEUE_PRIORITY_KEY),
+            tenant=request.get(TENANT_KEY),
             slot=stream,
         )
         try:

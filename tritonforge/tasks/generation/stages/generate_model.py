@@ -13,7 +13,13 @@ import numpy as np
 
 from tritonforge.errors import InvalidInputError, ModelConfigError, ServingError
 from tritonforge.generate_engine import GenerateEngine
-from tritonforge.generation import FINISH_REASON, QUEUE_PRIORITY_PARAMETER, TEXT_INPUT, TEXT_OUTPUT
+from tritonforge.generation import (
+    CACHE_SALT_PARAMETER,
+    FINISH_REASON,
+    QUEUE_PRIORITY_PARAMETER,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+)
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import VARIANT_KEY, VARIANT_PARAMETER
 from tritonforge.sampling import SAMPLING_FIELDS
@@ -55,6 +61,7 @@ def _sampling_values(request):
                 "max_new_tokens",
                 VARIANT_PARAMETER,
                 QUEUE_PRIORITY_PARAMETER,
+                CACHE_SALT_PARAMETER,
             )
         }
     )
@@ -66,8 +73,8 @@ def _bytes(text):
 
 
 def _gauges(model, variant):
-    """(families, [running, queued] gauges) on Triton's /metrics, labelled with the model name
-    and its decoder variant.
+    """(families, [running, queued] gauges, prefix cache hits counter) on Triton's /metrics,
+    labelled with the model name and its decoder variant.
     The families must outlive their metrics: the model keeps both."""
     families, out = [], []
     for what in ("running", "queued"):
@@ -78,6 +85,13 @@ def _gauges(model, variant):
         )
         families.append(family)
         out.append(family.Metric(labels={"model": model, "variant": variant}))
+    family = pb_utils.MetricFamily(
+        name="tritonforge_generate_prefix_cache_hits_total",
+        description="prompts that went on from the prefix cache (a recent prompt's start)",
+        kind=pb_utils.MetricFamily.COUNTER,
+    )
+    families.append(family)
+    out.append(family.Metric(labels={"model": model, "variant": variant}))
     return families, out
 
 
@@ -88,11 +102,13 @@ class TritonPythonModel:
             raise ModelConfigError(f"{config.name}: needs model_transaction_policy decoupled")
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self.metric_families, self.gauges = _gauges(config.name, config.param(VARIANT_KEY, "fp32"))
+        self.hits_counted = None  # the warm-up's hits are not the traffic's
         self.engine = GenerateEngine(config, version_dir, on_step=self._observe)
         e = self.engine
         self.structured = StructuredRows(e.tokenizer, e.eos_ids[0], e.decoder.vocab_size)
         self.name = config.name
         self.engine.warmup(config.param("warmup_prompt", "Hello"))
+        self.hits_counted = self.engine.scheduler.prefix.hits
         self.engine.start()
 
     def execute(self, requests):
@@ -119,6 +135,10 @@ class TritonPythonModel:
     def _observe(self, running, waiting):
         self.gauges[0].set(running)
         self.gauges[1].set(waiting)
+        hits = self.engine.scheduler.prefix.hits
+        if self.hits_counted is not None and hits > self.hits_counted:  # on its own thread
+            self.gauges[2].increment(hits - self.hits_counted)
+            self.hits_counted = hits
 
     @staticmethod
     def _send(sender, seq, text, reason):
