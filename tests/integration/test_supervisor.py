@@ -15,6 +15,7 @@ import concurrent.futures
 import os
 import signal
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -60,6 +61,33 @@ def _generate_model() -> str:
         if config.raw.get("model_transaction_policy", {}).get("decoupled"):
             return model
     pytest.skip(reason="no decoupled (generate) model exported: run `make export`")
+
+
+def _flood_until(
+    done: Callable[[], bool], call: Callable[[], tuple[str, str]], clients: int, limit_s: float = 60
+) -> list[tuple[str, str]]:
+    """Outcomes of ``clients`` clients each repeating ``call`` (0.1 s apart after a refusal)
+    until ``done()`` (polled every 0.1 s) holds or ``limit_s`` passes; every call started ends."""
+    stop = threading.Event()
+    outcomes: list[tuple[str, str]] = []
+
+    def client() -> None:
+        while not stop.is_set():
+            outcomes.append(call())
+            if outcomes[-1][0] != OK:
+                time.sleep(0.1)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=clients) as pool:
+        futures = [pool.submit(client) for _ in range(clients)]
+        deadline = time.monotonic() + limit_s
+        try:
+            while not done() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            for future in futures:
+                future.result()
+    return outcomes
 
 
 def _pipeline_models(model: str) -> tuple[str, ...]:
@@ -172,18 +200,16 @@ def test_finding2a_a_flood_past_generates_queue_marks_it_overloaded_and_restarts
         tensor = grpcclient.InferInput(TEXT_INPUT, [1], "BYTES")
         tensor.set_data_from_numpy(np.array([b"Tell me a story"], dtype=np.object_))
         states: list[str] = []
-        # 64 tokens each: the running rows hold their slots for seconds, so the queue stays full
-        # across several canary rounds (at 16 the prefix cache's quick starts drained it between
-        # two canaries and the state never read "overloaded": a fresh-clone run, 2026-12-05)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=flood) as pool:
-            futures = [
-                pool.submit(stream_once, server.grpc_url, generate, [tensor], 64, 120.0)
-                for _ in range(flood)
-            ]
-            while not all(f.done() for f in futures):
-                states.append(supervisor.health().models.get(generate, ""))
-                time.sleep(0.1)
-            outcomes = [f.result() for f in futures]
+
+        def overloaded() -> bool:
+            states.append(supervisor.health().models.get(generate, ""))
+            return states[-1].startswith("overloaded")
+
+        # a sustained flood (each refused client comes back): a burst's queue drained between two
+        # canary rounds and the state never read "overloaded" (fresh-clone CI runs, 2026-12-05)
+        outcomes = _flood_until(
+            overloaded, lambda: stream_once(server.grpc_url, generate, [tensor], 64, 120.0), flood
+        )
         kinds = [kind for kind, _ in outcomes]
         # the excess got a clean refusal; no accepted stream was cut; nothing hung
         assert "lost" not in kinds and "hung" not in kinds, outcomes
