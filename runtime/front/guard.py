@@ -23,11 +23,11 @@ from typing import Any
 
 from aiohttp import web
 
-from tritonforge.errors import shown
+from tritonforge.errors import InvalidInputError, shown
 from tritonforge.generation import (
     CACHE_SALT_PARAMETER,
-    MAX_CACHE_SALT_CHARS,
     QUEUE_PRIORITY_PARAMETER,
+    cache_salt,
 )
 from tritonforge.runtime.errors import FrontError
 from tritonforge.runtime.front.queues import QueueAdmission
@@ -407,23 +407,18 @@ def set_cache_salt(message: Any, tenant: str | None) -> None:
     :data:`~tritonforge.generation.CACHE_SALT_PARAMETER` with :func:`tenant_salt` of the tenant
     and the client's own, so tenants never share a generate model's prefix cache (whose time
     to first token would tell one tenant what another's recent prompts began with). Without
-    tenants the client's salt goes on as sent. A salt that is not a string of at most
-    :data:`~tritonforge.generation.MAX_CACHE_SALT_CHARS` characters: 400 naming it."""
+    tenants the client's salt goes on as sent. A salt
+    :func:`~tritonforge.generation.cache_salt` refuses: 400 naming it."""
     if tenant is None:
         return
-    own = ""
+    own: Any = ""
     if CACHE_SALT_PARAMETER in message.parameters:
         param = message.parameters[CACHE_SALT_PARAMETER]
-        own = param.string_param
-        if (
-            param.WhichOneof("parameter_choice") != "string_param"
-            or len(own) > MAX_CACHE_SALT_CHARS
-        ):
-            raise FrontError(
-                f"request parameter {CACHE_SALT_PARAMETER!r} must be a string of at most "
-                f"{MAX_CACHE_SALT_CHARS} characters",
-                400,
-            )
+        own = getattr(param, param.WhichOneof("parameter_choice") or "string_param")
+    try:
+        own = cache_salt({CACHE_SALT_PARAMETER: own})
+    except InvalidInputError as e:
+        raise FrontError(f"request parameter {e}", 400) from e
     message.parameters[CACHE_SALT_PARAMETER].string_param = tenant_salt(tenant, own)
 
 

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tritonforge.generation import CACHE_SALT_PARAMETER, MAX_CACHE_SALT_CHARS
+from tritonforge.errors import InvalidInputError
+from tritonforge.generation import CACHE_SALT_PARAMETER, cache_salt
 from tritonforge.runtime.errors import OpenAIError
 from tritonforge.runtime.front.openai.catalog import EMBEDDING, GENERATION, ServedModel, resolve
 
@@ -178,16 +179,15 @@ def _sampling(body: Mapping[str, Any], model: ServedModel) -> tuple[dict[str, An
     seed = _integer(body, "seed", 0, 2**63 - 1)
     if seed is not None:
         params["seed"] = seed
-    salt = body.get(CACHE_SALT_PARAMETER)  # vLLM's field: the prefix cache's namespace
-    if salt is not None:
-        if not isinstance(salt, str) or not salt or len(salt) > MAX_CACHE_SALT_CHARS:
+    if body.get(CACHE_SALT_PARAMETER) is not None:  # vLLM's field: the prefix cache's namespace
+        try:
+            params[CACHE_SALT_PARAMETER] = salt = cache_salt(body)
+        except InvalidInputError as e:
+            raise OpenAIError(str(e), 400, CACHE_SALT_PARAMETER) from e
+        if not salt:  # vLLM's rule too: leave the field out for the shared namespace
             raise OpenAIError(
-                f"'{CACHE_SALT_PARAMETER}' must be a non-empty string of at most "
-                f"{MAX_CACHE_SALT_CHARS} characters",
-                400,
-                CACHE_SALT_PARAMETER,
+                f"{CACHE_SALT_PARAMETER} must not be empty", 400, CACHE_SALT_PARAMETER
             )
-        params[CACHE_SALT_PARAMETER] = salt
     return params, _stops(body)
 
 
