@@ -25,6 +25,7 @@ from tritonforge.integrity import verify_sidecar
 from tritonforge.modelconfig import ModelConfig
 from tritonforge.pipelines import VARIANT_KEY, VARIANT_PARAMETER
 from tritonforge.prefill_plan import check_chunk_tokens, check_stall_row_tokens
+from tritonforge.prefix_cache import check_bounds
 from tritonforge.sampling import GenerationLimits, parse_sampling
 from tritonforge.scheduler import ErrorFn, Generation, OutputFn, Scheduler, queue_rank
 from tritonforge.speculation import MAX_NGRAM_KEY, MIN_NGRAM_KEY, TOKENS_KEY, PromptLookup
@@ -83,11 +84,10 @@ class GenerateEngine:
                 config.param("prefill_stall_row_tokens", 0, int)  # absent: a fixed chunk
             )
             # absent (exported before it): no prefix cache, as then
-            prefix_entries = config.param("prefix_cache_entries", 0, int)
-            if prefix_entries < 0:
-                raise ValueError(
-                    f"prefix_cache_entries must be >= 0 (0: off), got {prefix_entries}"
-                )
+            prefix_entries, prefix_tokens = check_bounds(
+                config.param("prefix_cache_entries", 0, int),
+                config.param("prefix_cache_tokens", 0, int),  # absent: the entries bound only
+            )
             # absent (exported before it): no speculation, as then
             lookup = PromptLookup(
                 config.param(TOKENS_KEY, 0, int),
@@ -112,6 +112,7 @@ class GenerateEngine:
             prefill_stall_row_tokens=stall_row_tokens,
             lookup=lookup,
             prefix_cache_entries=prefix_entries,
+            prefix_cache_tokens=prefix_tokens,
         )
         self.seeds = np.random.SeedSequence()
 

@@ -36,17 +36,28 @@ def common_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def check_bounds(max_entries: int, max_tokens: int) -> tuple[int, int]:
+    """``(max_entries, max_tokens)``; ValueError naming the config parameter when one is < 0."""
+    if max_entries < 0:
+        raise ValueError(f"prefix_cache_entries must be >= 0 (0: off), got {max_entries}")
+    if max_tokens < 0:
+        raise ValueError(f"prefix_cache_tokens must be >= 0 (0: no bound), got {max_tokens}")
+    return max_entries, max_tokens
+
+
 class PrefixCache:
     """``lookup(ids, salt)``: the longest cached prefix of ``ids`` among the prompts stored with
     the same ``salt`` (leaving at least :data:`MIN_REST_TOKENS` to compute) as
     ``(length, cache)``, a copy of batch 1 (``[1, heads, length, head_dim]`` per tensor); None
     below :data:`MIN_PREFIX_TOKENS`. ``store(ids, cache, salt)``: remember a prefilled prompt's
-    cache (its ``len(ids)`` columns). One bound, ``max_entries``, across every salt."""
+    cache (its ``len(ids)`` columns). Two bounds across every salt, the least recently used
+    entries going first: ``max_entries`` and ``max_tokens``, the prompt tokens (cache columns)
+    all entries hold together (0: none; a longer prompt is not kept). An entry's memory is its
+    tokens times the decoder's bytes per column, so the tokens bound the memory."""
 
-    def __init__(self, max_entries: int) -> None:
-        if max_entries < 0:
-            raise ValueError(f"prefix_cache_entries must be >= 0 (0: off), got {max_entries}")
-        self.max_entries = max_entries
+    def __init__(self, max_entries: int, max_tokens: int = 0) -> None:
+        self.max_entries, self.max_tokens = check_bounds(max_entries, max_tokens)
+        self.tokens = 0  # the prompt tokens all entries hold
         # (salt, prompt ids) -> the prompt's cache, least recently used first
         self._entries: OrderedDict[tuple[str, tuple[int, ...]], list[np.ndarray]] = OrderedDict()
         self.hits = 0
@@ -83,6 +94,8 @@ class PrefixCache:
     def store(self, ids: Sequence[int], cache: Sequence[np.ndarray], salt: str = "") -> None:
         if not self.max_entries or len(ids) < MIN_PREFIX_TOKENS:
             return
+        if self.max_tokens and len(ids) > self.max_tokens:
+            return
         key = tuple(ids)
         for old in list(self._entries):
             if old[0] != salt:
@@ -91,7 +104,14 @@ class PrefixCache:
                 self._entries.move_to_end(old)
                 return
             if key[: len(old[1])] == old[1]:  # this one holds all of an entry
-                del self._entries[old]
+                self._drop(old)
         self._entries[(salt, key)] = [np.array(p[:, :, : len(key)]) for p in cache]
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        self.tokens += len(key)
+        while len(self._entries) > self.max_entries or (
+            self.max_tokens and self.tokens > self.max_tokens
+        ):
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: tuple[str, tuple[int, ...]]) -> None:
+        del self._entries[key]
+        self.tokens -= len(key[1])

@@ -144,6 +144,7 @@ class Scheduler(PrefillSteps):
         prefill_stall_row_tokens: int = 0,
         lookup: PromptLookup | None = None,
         prefix_cache_entries: int = 0,
+        prefix_cache_tokens: int = 0,
     ) -> None:
         """``name``: the model serving (its config's name), which every message names.
         ``empty_past(batch)``: zero-length caches. ``on_step(running, waiting)`` is called
@@ -166,7 +167,8 @@ class Scheduler(PrefillSteps):
         prompt-lookup speculation at one greedy row (:mod:`tritonforge.speculation`; None: off).
         ``prefix_cache_entries``: recent prompts whose cache a prompt starting the same way
         goes on from (:mod:`tritonforge.prefix_cache`; 0: off; right-padded layouts only, where
-        a batch-1 chunk after a past is exact)."""
+        a batch-1 chunk after a past is exact), holding at most ``prefix_cache_tokens`` prompt
+        tokens together (0: no such bound)."""
         if queue_timeout_s is not None and queue_timeout_s <= 0:
             raise ValueError(f"queue_timeout_s must be > 0, got {queue_timeout_s}")
         self.name = name
@@ -194,7 +196,9 @@ class Scheduler(PrefillSteps):
         self.chunk_tokens = check_chunk_tokens(prefill_chunk_tokens)
         self.stall_row_tokens = check_stall_row_tokens(prefill_stall_row_tokens)
         self.partial: Partial | None = None  # a prompt prefilled in chunks, under way
-        self.prefix = PrefixCache(prefix_cache_entries if layout == RIGHT else 0)
+        self.prefix = PrefixCache(
+            prefix_cache_entries if layout == RIGHT else 0, prefix_cache_tokens
+        )
         self.speculator = Speculator(lookup or PromptLookup())
 
     # -- producer side -------------------------------------------------------------------

@@ -58,6 +58,26 @@ def test_entries_are_kept_by_recency_and_a_covered_prompt_is_not_stored_twice() 
         PrefixCache(-1)
 
 
+def test_the_entries_hold_at_most_max_tokens_together() -> None:
+    """The tokens bound the memory: the least recently used go first until the rest fit; a
+    prompt longer than the bound is not kept (an entry's memory is its tokens' columns)."""
+    cache = PrefixCache(8, max_tokens=12)
+    cache.store([1, 2, 3, 4, 5], _cache(5, 1.0))
+    cache.store([6, 7, 8, 9, 10], _cache(5, 2.0))
+    assert len(cache) == 2 and cache.tokens == 10
+    cache.lookup([1, 2, 3, 4, 5, 0, 0])  # the first is now the most recent
+    cache.store([11, 12, 13, 14], _cache(4, 3.0))  # 14 > 12: the least recent goes
+    assert cache.tokens == 9 and cache.match([6, 7, 8, 9, 10, 0, 0]) == 0
+    assert cache.match([1, 2, 3, 4, 5, 0, 0]) == 5 and cache.match([11, 12, 13, 14, 0, 0]) == 4
+    cache.store([1, 2, 3, 4, 5, 6, 7], _cache(7, 4.0))  # replaces the entry it holds: 4 + 7
+    assert len(cache) == 2 and cache.tokens == 11
+    cache.store(list(range(20, 33)), _cache(13, 5.0))  # 13 tokens: longer than the bound
+    assert len(cache) == 2 and cache.tokens == 11 and cache.match(list(range(20, 35))) == 0
+    assert sum(len(ids) for _, ids in cache._entries) == cache.tokens
+    with pytest.raises(ValueError, match="prefix_cache_tokens"):
+        PrefixCache(8, max_tokens=-1)
+
+
 def test_a_prompt_matches_only_prompts_of_its_own_salt() -> None:
     cache = PrefixCache(2)
     cache.store([*SYSTEM, 3, 1, 4], _cache(11, 1.0), salt="tenant a")

@@ -111,6 +111,7 @@ def generate_config(spec: DecoderSpec, variant: str, int8: bool) -> TritonConfig
         "prefill_chunk_tokens": s.prefill_chunk_tokens,
         "prefill_stall_row_tokens": s.prefill_stall_row_tokens,
         "prefix_cache_entries": s.prefix_cache_entries,
+        "prefix_cache_tokens": s.prefix_cache_tokens,
         TOKENS_KEY: s.speculation_tokens,
         MIN_NGRAM_KEY: s.speculation_min_ngram,
         MAX_NGRAM_KEY: s.speculation_max_ngram,

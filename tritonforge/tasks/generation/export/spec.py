@@ -48,6 +48,10 @@ class GenerationServing:
     # one of them did (a chat template's system prompt, earlier turns) is prefilled from where
     # they part (0: off); measured: docs/performance.md, "Prefix cache"
     prefix_cache_entries: int = 8
+    # ... holding at most this many prompt tokens together (0: no such bound), the least
+    # recently used first out: SmolLM2-135M's cache is ~46 KB a token, so 4096 tokens are
+    # ~190 MB (8 prompts of the 1024-token max_prompt_tokens would be ~380 MB)
+    prefix_cache_tokens: int = 4096
     # prompt-lookup speculation at one greedy row (tritonforge.speculation): at most
     # speculation_tokens drafted per step (0: off) from the longest earlier n-gram of
     # speculation_min_ngram .. speculation_max_ngram tokens; measured: docs/performance.md,
