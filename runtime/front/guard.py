@@ -414,6 +414,8 @@ def set_cache_salt(message: Any, tenant: str | None) -> None:
     own: Any = ""
     if CACHE_SALT_PARAMETER in message.parameters:
         param = message.parameters[CACHE_SALT_PARAMETER]
+        # whichever kind the client sent (string, int64, bool, ...): cache_salt() alone
+        # judges it, so a salt of the wrong type gets the same 400 as on the other routes
         own = getattr(param, param.WhichOneof("parameter_choice") or "string_param")
     try:
         own = cache_salt({CACHE_SALT_PARAMETER: own})

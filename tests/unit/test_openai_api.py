@@ -286,6 +286,15 @@ def test_bad_chat_requests_name_the_field(
     _refused(e, 400, param)
 
 
+def test_an_empty_cache_salt_says_to_leave_it_out(models: dict[str, ServedModel]) -> None:
+    """An empty salt is refused (vLLM's rule) with what to do instead; ``null`` is not set."""
+    body = {"model": "generate", "messages": [{"role": "user", "content": "Hi"}]}
+    with pytest.raises(OpenAIError, match="leave it out") as e:
+        parse_chat({**body, "cache_salt": ""}, models, TEMPLATE)
+    _refused(e, 400, "cache_salt")
+    parse_chat({**body, "cache_salt": None}, models, TEMPLATE)
+
+
 def test_structured_fields_and_n_become_request_parameters(
     models: dict[str, ServedModel],
 ) -> None:

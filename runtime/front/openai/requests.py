@@ -186,7 +186,10 @@ def _sampling(body: Mapping[str, Any], model: ServedModel) -> tuple[dict[str, An
             raise OpenAIError(str(e), 400, CACHE_SALT_PARAMETER) from e
         if not salt:  # vLLM's rule too: leave the field out for the shared namespace
             raise OpenAIError(
-                f"{CACHE_SALT_PARAMETER} must not be empty", 400, CACHE_SALT_PARAMETER
+                f"{CACHE_SALT_PARAMETER} must not be empty: leave it out (or null) to use the "
+                "shared prefix cache",
+                400,
+                CACHE_SALT_PARAMETER,
             )
     return params, _stops(body)
 
