@@ -2,7 +2,8 @@
 machine hits all alike), the same 8 prompts rendered through the chat template and sent as the
 same token ids, greedy, ``--max-tokens`` new tokens:
 
-- our served decoders (every exported ``generate`` variant) over gRPC streams;
+- our served decoders (every exported ``generate`` variant) over gRPC streams, served by
+  ``tritonforge serve`` in its own process (as llama-server runs), not in the bench's;
 - ``llama-server`` (built by :mod:`tritonforge.loadtest.anchors.llamacpp`), f32 and q8_0 GGUFs of the
   same dequantized checkpoint, ``--parallel 16`` slots, continuous batching, 2 threads, started
   here on free ports; ``ignore_eos`` so it always emits ``--max-tokens`` tokens; its prompt
@@ -44,9 +45,8 @@ from tritonforge.loadtest.bench.generate import (
     median_cells,
     run_cell,
 )
+from tritonforge.loadtest.bench.serve_process import start_serve
 from tritonforge.logs import run_main
-from tritonforge.runtime.launcher.settings import ServerSettings
-from tritonforge.runtime.serving import EmbeddedServer
 
 # named, not __name__: run as `python -m` that is __main__, which logging leaves at warning
 log = logging.getLogger("tritonforge.loadtest.bench.generate_llamacpp")
@@ -242,18 +242,15 @@ def _triton_targets(
     servers: list[Any],
     report_ppl: dict[str, float],
 ) -> list[Target]:
-    """Every served variant on one embedded Triton (appended to ``servers`` to stop)."""
+    """Every served variant on one ``tritonforge serve`` process of its own, as llama-server is
+    (:mod:`tritonforge.loadtest.bench.serve_process`; appended to ``servers`` to stop)."""
     models = {v: group.model(v) for v in variants}
-    settings = ServerSettings.ephemeral(
-        args.model_repository, model_control_mode="explicit", load_models=list(models.values())
-    )
-    triton = EmbeddedServer(settings)
-    triton.start()
+    log_path = args.build_dir / "bench_llamacpp_serve.log"
+    triton, grpc_url = start_serve(args.model_repository, list(models.values()), log_path)
     servers.append(triton)
-    triton.wait_ready()
     out = []
     for v, model in models.items():
-        stream = client_stream(triton.grpc_url, "grpc", model=model)
+        stream = client_stream(grpc_url, "grpc", model=model)
         out.append(Target(f"triton {v}", stream, tuple(args.concurrency), report_ppl.get(v)))
     return out
 

@@ -4,6 +4,7 @@ timed assertion: the targets are reported by the bench, never asserted here)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 
 from tests.conftest import PIPELINE_REPOSITORY, PROJECT_ROOT
 from tritonforge.loadtest.anchors import llamacpp
+from tritonforge.loadtest.bench.serve_process import ServeError, start_serve
+from tritonforge.pipelines import generator_from_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -67,3 +70,21 @@ def test_with_llamacpp_every_goal_gets_a_ratio(tmp_path: Path) -> None:
     goals = [g for g in data["goals"] if "single-stream" in g["target"]]
     assert goals and all(g["ratio"] is not None and g["met"] in (True, False) for g in goals)
     assert "MET " in stdout or "MISS" in stdout
+
+
+def test_our_server_runs_in_a_process_of_its_own_and_a_failed_start_says_why(
+    tmp_path: Path,
+) -> None:
+    """The bench serves our decoders from ``tritonforge serve`` (not inside the bench's process,
+    whose client threads would share the front's interpreter lock); a server that cannot start
+    is a :class:`ServeError` carrying its log's tail, and leaves no process behind."""
+    model = generator_from_repository(PIPELINE_REPOSITORY).model()
+    server, grpc_url = start_serve(PIPELINE_REPOSITORY, [model], tmp_path / "serve.log")
+    try:
+        assert server.proc is not None and server.proc.pid != os.getpid()
+        assert grpc_url.startswith("127.0.0.1:")
+    finally:
+        server.stop()
+    assert server.proc is None
+    with pytest.raises(ServeError, match=r"(?s)tritonforge serve exited.*failed to load"):
+        start_serve(PIPELINE_REPOSITORY, ["no_such_model"], tmp_path / "bad.log", 120)
