@@ -344,6 +344,30 @@ def test_render_prompt_uses_the_chat_template_only_when_asked():
     assert render_prompt("hi", None, True) == "hi"
 
 
+def test_a_chat_template_is_compiled_once_and_renders_each_prompt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Compiling the template cost ~1.6 ms of every request (py-spy of the served stub); it is
+    compiled once per template, and each prompt still renders its own text."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    compiled: list[str] = []
+    original = ImmutableSandboxedEnvironment.from_string
+
+    def counting(self: object, source: str, *args: object, **kwargs: object) -> object:
+        compiled.append(source)
+        return original(self, source, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ImmutableSandboxedEnvironment, "from_string", counting)
+    template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}#once"
+    assert [render_prompt(t, template, True) for t in ("a", "b", "a")] == [
+        "[a]#once",
+        "[b]#once",
+        "[a]#once",
+    ]
+    assert compiled == [template]
+
+
 def test_prefills_are_batched_within_the_padded_token_budget() -> None:
     calls: list[tuple[int, int]] = []
 
