@@ -37,7 +37,8 @@ def start_serve(
     ]  # fmt: skip
     server = LocalServer("tritonforge serve", ServeError)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    # the last model's readiness: each --load-model is loaded in order at start
+    # one model's readiness is every model's: Triton opens its sockets only once every
+    # --load-model is loaded, and exits when one fails (then ServeError with its log)
     ready_url = f"http://127.0.0.1:{http_port}/v2/models/{models[-1]}/ready"
     server.start(cmd, log_path, ready_url, ready_timeout_s)
     return server, f"127.0.0.1:{grpc_port}"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tritonclient.grpc as grpcclient
 
 from tests.conftest import PIPELINE_REPOSITORY, PROJECT_ROOT
 from tritonforge.loadtest.anchors import llamacpp
@@ -83,6 +84,9 @@ def test_our_server_runs_in_a_process_of_its_own_and_a_failed_start_says_why(
     try:
         assert server.proc is not None and server.proc.pid != os.getpid()
         assert grpc_url.startswith("127.0.0.1:")
+        # returned once ready: the model answers on the gRPC address it gave
+        with grpcclient.InferenceServerClient(grpc_url) as client:
+            assert client.is_model_ready(model)
     finally:
         server.stop()
     assert server.proc is None
