@@ -11,6 +11,14 @@ recency order, at most ``max_entries`` (each one prompt's cache: ~1.8 MB for Smo
 40 tokens); 0 entries: off. A prompt is matched only against prompts of the same ``salt`` (a
 request's ``cache_salt``, the front's tenant: vLLM's ``cache_salt``), so a client cannot learn
 from its time to first token whether another salt's recent prompt started as its own does.
+
+A prompt sent again as it was (a retry, a regenerated answer, the same question from many
+clients) computes nothing: each entry also keeps its prompt's last logits (the first token's:
+``vocab`` floats, 192 KiB for SmolLM2-135M, about 4 columns' worth), and :meth:`PrefixCache.repeat`
+gives them with the whole cache. They are the bits a prefill of it computes now (a row's logits
+depend on its tokens only: the decoders are batch-invariant and a chunked or cached prefill gives
+the whole prefill's bits, tests above), so sampling from them is sampling what a prefill would
+give; llama.cpp's ``cache_prompt`` computes the last token again, one call for all its slots.
 """
 
 from __future__ import annotations
@@ -49,17 +57,20 @@ class PrefixCache:
     """``lookup(ids, salt)``: the longest cached prefix of ``ids`` among the prompts stored with
     the same ``salt`` (leaving at least :data:`MIN_REST_TOKENS` to compute) as
     ``(length, cache)``, a copy of batch 1 (``[1, heads, length, head_dim]`` per tensor); None
-    below :data:`MIN_PREFIX_TOKENS`. ``store(ids, cache, salt)``: remember a prefilled prompt's
-    cache (its ``len(ids)`` columns). Two bounds across every salt, the least recently used
+    below :data:`MIN_PREFIX_TOKENS`. ``repeat(ids, salt)``: the same prompt's whole cache and
+    last logits. ``store(ids, cache, salt, logits)``: remember a prefilled prompt's cache (its
+    ``len(ids)`` columns) and last logits. Two bounds across every salt, the least recently used
     entries going first: ``max_entries`` and ``max_tokens``, the prompt tokens (cache columns)
     all entries hold together (0: none; a longer prompt is not kept). An entry's memory is its
-    tokens times the decoder's bytes per column, so the tokens bound the memory."""
+    tokens times the decoder's bytes per column (and one row of logits), so the tokens bound
+    the memory."""
 
     def __init__(self, max_entries: int, max_tokens: int = 0) -> None:
         self.max_entries, self.max_tokens = check_bounds(max_entries, max_tokens)
         self.tokens = 0  # the prompt tokens all entries hold
         # (salt, prompt ids) -> the prompt's cache, least recently used first
         self._entries: OrderedDict[tuple[str, tuple[int, ...]], list[np.ndarray]] = OrderedDict()
+        self._logits: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}  # its last position's
         self.hits = 0
         self.tokens_saved = 0
 
@@ -91,7 +102,33 @@ class PrefixCache:
         self.tokens_saved += best
         return best, [np.ascontiguousarray(p[:, :, :best]) for p in self._entries[best_key]]
 
-    def store(self, ids: Sequence[int], cache: Sequence[np.ndarray], salt: str = "") -> None:
+    def holds(self, ids: Sequence[int], salt: str = "") -> bool:
+        """Whether :meth:`repeat` would give ``ids`` now, without taking it."""
+        return (salt, tuple(ids)) in self._logits
+
+    def repeat(
+        self, ids: Sequence[int], salt: str = ""
+    ) -> tuple[list[np.ndarray], np.ndarray] | None:
+        """A prompt stored as it is (same ``salt``, same ids) with its logits: ``(cache,
+        logits)``, copies of its ``len(ids)`` columns (batch 1) and of its last position's
+        logits; None when no entry is this prompt."""
+        key = (salt, tuple(ids))
+        logits = self._logits.get(key)
+        if logits is None:
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        self.tokens_saved += len(ids)
+        return [np.array(p) for p in self._entries[key]], logits.copy()
+
+    def store(
+        self,
+        ids: Sequence[int],
+        cache: Sequence[np.ndarray],
+        salt: str = "",
+        logits: np.ndarray | None = None,
+    ) -> None:
+        """Remember a prefilled prompt's cache and (when given) its last position's logits."""
         if not self.max_entries or len(ids) < MIN_PREFIX_TOKENS:
             return
         if self.max_tokens and len(ids) > self.max_tokens:
@@ -100,12 +137,19 @@ class PrefixCache:
         for old in list(self._entries):
             if old[0] != salt:
                 continue
+            if old[1] == key:  # this very prompt
+                self._entries.move_to_end(old)
+                if logits is not None and old not in self._logits:
+                    self._logits[old] = np.array(logits, np.float32)
+                return
             if old[1][: len(key)] == key:  # an entry already holds all of it
                 self._entries.move_to_end(old)
                 return
             if key[: len(old[1])] == old[1]:  # this one holds all of an entry
                 self._drop(old)
         self._entries[(salt, key)] = [np.array(p[:, :, : len(key)]) for p in cache]
+        if logits is not None:
+            self._logits[(salt, key)] = np.array(logits, np.float32)
         self.tokens += len(key)
         while len(self._entries) > self.max_entries or (
             self.max_tokens and self.tokens > self.max_tokens
@@ -114,4 +158,5 @@ class PrefixCache:
 
     def _drop(self, key: tuple[str, tuple[int, ...]]) -> None:
         del self._entries[key]
+        self._logits.pop(key, None)
         self.tokens -= len(key[1])

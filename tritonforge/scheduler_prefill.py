@@ -73,8 +73,7 @@ class PrefillSteps:
             running = len(self.batch) + len(self.joining)
             if running >= self.max_running or not self.waiting or self.partial is not None:
                 return False
-            head = self.waiting[0]
-            if not self.prefix.match(head.prompt_ids, head.cache_salt):
+            if not self._from_cache(self.waiting[0]):
                 return False
             # one chunk's time, whatever runs: a larger share (the chunk by running rows, or
             # two chunks) stalled the joining rows past inter-token p99 for no TTFT gain
@@ -82,13 +81,20 @@ class PrefillSteps:
             limit = self.chunk_tokens or self.max_prefill_tokens
             return running == 0 or spent_s <= self.rate.prefill_s(limit)
 
+    def _from_cache(self, seq: Generation) -> bool:
+        """Whether ``seq``'s prompt goes on from the prefix cache (a shared start, or itself)."""
+        ids, salt = seq.prompt_ids, seq.cache_salt
+        return bool(self.prefix.match(ids, salt)) or self.prefix.holds(ids, salt)
+
     def _admit_call(self) -> bool:
         """Prefill what fits one call (:mod:`tritonforge.prefill_plan`: free slots, padded
         tokens; with chunking, the next chunk of a prompt under way first, and a queued prompt
-        that starts as a cached one does (:mod:`tritonforge.prefix_cache`) goes on from there),
-        emit each finished prompt's first token, and queue it to join the batch
-        (:meth:`_join`). True when it was a prompt from the prefix cache, now prefilled."""
+        that starts as a cached one does (:mod:`tritonforge.prefix_cache`) goes on from there,
+        and one sent again as it was computes nothing), emit each finished prompt's first token,
+        and queue it to join the batch (:meth:`_join`). True when it was a prompt from the
+        prefix cache, now prefilled."""
         admitted: list[Generation] = []
+        again: tuple[list[np.ndarray], np.ndarray] | None = None
         from_cache = False
         with self.cond:
             running = len(self.batch) + len(self.joining)
@@ -96,23 +102,24 @@ class PrefillSteps:
             if self.partial is None:
                 free = self.max_running - running
                 queued = list(itertools.islice(self.waiting, max(0, free)))
+                head = queued[0] if queued else None
+                again = self.prefix.repeat(head.prompt_ids, head.cache_salt) if head else None
                 hit = (
-                    self.prefix.lookup(queued[0].prompt_ids, queued[0].cache_salt)
-                    if queued
+                    self.prefix.lookup(head.prompt_ids, head.cache_salt)
+                    if head and again is None
                     else None
                 )
-                if hit is not None:  # its first tokens' cache is an earlier prompt's
+                if again is not None:  # sent as it was: its cache and first logits are kept
+                    seq = self.waiting.popleft()
+                    seq.admitted_s = self.clock()
+                elif hit is not None:  # its first tokens' cache is an earlier prompt's
                     seq = self.waiting.popleft()
                     seq.admitted_s = self.clock()
                     self.partial, from_cache = Partial(seq, hit[1], hit[0]), True
                 else:
                     # whole prompts together up to the next one a cached prompt starts
                     plain = next(
-                        (
-                            i
-                            for i, s in enumerate(queued[1:], 1)
-                            if self.prefix.match(s.prompt_ids, s.cache_salt)
-                        ),
+                        (i for i, s in enumerate(queued[1:], 1) if self._from_cache(s)),
                         len(queued),
                     )
                     lengths = [len(s.prompt_ids) for s in queued[:plain]]
@@ -123,6 +130,10 @@ class PrefillSteps:
                     if admitted and chunked(lengths[0], chunk):
                         self.partial, admitted = Partial(admitted[0], self.empty_past(1)), []
             self.prefilling = admitted  # neither waiting nor running: the forecast counts them
+        if again is not None:
+            cache, logits = again
+            self._first_token(seq, logits, cache, len(seq.prompt_ids))
+            return True
         if self.partial is not None:
             self._prefill_chunk(self.partial, chunk)
         if not admitted:
@@ -182,7 +193,7 @@ class PrefillSteps:
     ) -> None:
         """Emit a prefilled row's first token; it joins the batch with its ``n`` columns of
         ``row`` (batch 1) unless that ended it."""
-        self.prefix.store(seq.prompt_ids, row, seq.cache_salt)
+        self.prefix.store(seq.prompt_ids, row, seq.cache_salt, logits)
         token = self._emit(seq, logits)
         if not seq.finished:
             self.joining.append((seq, [np.ascontiguousarray(p[:, :, :n]) for p in row], n, token))

@@ -41,12 +41,17 @@ def engine():  # type: ignore[no-untyped-def]
 
 
 def _tokens(
-    engine, chunk_tokens: int | None, stall_row_tokens: int = 0, prefix_entries: int = 0
+    engine,
+    chunk_tokens: int | None,
+    stall_row_tokens: int = 0,
+    prefix_entries: int = 0,
+    prefix: PrefixCache | None = None,
 ) -> list[list[int]]:  # type: ignore[no-untyped-def]
-    """Two prompts decode first; the others arrive two steps later (rows running)."""
+    """Two prompts decode first; the others arrive two steps later (rows running). ``prefix``:
+    a cache to keep (else a new one of ``prefix_entries``)."""
     sched = engine.scheduler
     sched.chunk_tokens, sched.stall_row_tokens = chunk_tokens, stall_row_tokens
-    sched.prefix = PrefixCache(prefix_entries)
+    sched.prefix = prefix if prefix is not None else PrefixCache(prefix_entries)
     seqs = [
         engine.build(text, {"max_tokens": 10, "chat_template": template}, *[lambda *_: None] * 2)
         for text, template in PROMPTS
@@ -93,6 +98,30 @@ def test_prompts_going_on_from_an_earlier_prompts_cache_get_their_greedy_tokens(
         assert _tokens(engine, chunk_tokens, prefix_entries=8) == whole, chunk_tokens
         # the chat-templated prompts share the system prompt: the later ones went on from it
         assert engine.scheduler.prefix.hits >= 2 and engine.scheduler.prefix.tokens_saved > 20
+
+
+def test_prompts_sent_again_get_their_greedy_tokens_and_are_not_prefilled(engine) -> None:  # type: ignore[no-untyped-def]
+    """The same prompts a second time go on from their own cache and stored first logits: the
+    real decoder computes no prefill for them (only for a prompt too short to be kept) and
+    every greedy token is the whole prefill's."""
+    from tritonforge.prefix_cache import MIN_PREFIX_TOKENS
+
+    whole = _tokens(engine, None)
+    assert _tokens(engine, 7, prefix_entries=8) == whole
+    sched, prefills = engine.scheduler, []
+    step_fn = sched.step_fn
+
+    def counted(ids, mask, positions, past):  # type: ignore[no-untyped-def]
+        prefills.extend([ids.shape] if ids.shape[1] > 1 or mask.shape[1] == ids.shape[1] else [])
+        return step_fn(ids, mask, positions, past)
+
+    sched.step_fn = counted
+    try:
+        again = _tokens(engine, 7, prefix=sched.prefix)
+    finally:
+        sched.step_fn = step_fn
+    short = [t for t, c in PROMPTS if len(engine.prompt_ids(t, c)) < MIN_PREFIX_TOKENS]
+    assert again == whole and short and len(prefills) == len(short), prefills
 
 
 def test_a_prefill_from_another_prompts_cache_computes_the_whole_prefills_logits(engine) -> None:  # type: ignore[no-untyped-def]

@@ -168,3 +168,57 @@ def test_queued_prompts_from_the_cache_start_in_one_iteration_within_its_time() 
     sched.step()
     assert [kind for kind, _, _ in log[2:]] == ["chunk", "chunk", "decode"], log
     assert sched.prefix.hits == 2
+
+
+def test_a_prompt_stored_with_its_logits_is_given_whole_again_as_copies() -> None:
+    cache = PrefixCache(2)
+    ids, logits = [*SYSTEM, 3, 1, 4], np.arange(5, dtype=np.float32)
+    cache.store(ids, _cache(11, 1.0), logits=logits)
+    logits[0] = 99.0  # the entry keeps its own copy
+    assert cache.holds(ids) and not cache.holds(ids, salt="tenant a") and not cache.holds(ids[:-1])
+    past, again = cache.repeat(ids)  # type: ignore[misc]
+    assert past[0].shape == (1, 2, 11, 3) and again.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    past[0][...], again[...] = 7.0, 7.0  # copies: the entry stays as it was
+    past, again = cache.repeat(ids)  # type: ignore[misc]
+    assert float(past[0][0, 0, 0, 0]) == 1.0 and float(again[0]) == 0.0
+    assert cache.hits == 2 and cache.tokens_saved == 2 * len(ids)
+    assert cache.repeat(ids, salt="tenant a") is None and cache.repeat([*ids, 5]) is None
+    bare = [*SYSTEM, 9, 9]
+    cache.store(bare, _cache(10, 2.0))  # no logits: only its start serves
+    assert not cache.holds(bare) and cache.repeat(bare) is None and cache.match(bare) == 8
+    cache.store(bare, _cache(10, 2.0), logits=np.ones(5, np.float32))  # now it has them
+    assert cache.holds(bare) and len(cache) == 2
+    cache.store([5, 5, 5, 5], _cache(4, 3.0), logits=np.ones(5, np.float32))  # evicts `ids`
+    assert not cache.holds(ids) and cache.repeat(ids) is None and len(cache._logits) == 2
+
+
+def test_a_prompt_sent_again_computes_nothing_and_gives_the_tokens_of_its_prefill() -> None:
+    """Two prompts run, then both again (reversed): the second time neither is prefilled
+    (no prefill or chunk call), each row only decodes, and every row's tokens are those of a
+    scheduler without the cache (the stored logits are the prompt's own, not another's)."""
+
+    def run(entries: int) -> tuple[list[list[int]], list[tuple[str, int, int]]]:
+        log: list[tuple[str, int, int]] = []
+        sched = Scheduler(
+            _logged(toy_right_step, log), empty_past, [EOS], max_running=8, max_queue=8,
+            name="generate", layout=RIGHT, prefix_cache_entries=entries,
+        )  # fmt: skip
+        first = [make(p, 6) for p in PROMPTS[:2]]
+        for s in first:
+            sched.submit(s)
+        sched.run_until_idle()
+        calls = len(log)
+        again = [make(p, 6) for p in reversed(PROMPTS[:2])]
+        for s in again:
+            sched.submit(s)
+        sched.run_until_idle()
+        assert all(s.finished for s in first + again)
+        return [s.tokens for s in first + again], log[calls:]
+
+    plain, plain_log = run(0)
+    cached, cached_log = run(8)
+    assert cached == plain and cached[0] == cached[3] and cached[1] == cached[2]
+    assert cached[0] != cached[1]  # the prompts' own answers: a swap would show
+    assert {kind for kind, _, _ in plain_log} == {"prefill", "decode"}
+    assert {kind for kind, _, _ in cached_log} == {"decode"}, cached_log
+    assert cached_log[0] == ("decode", 2, 1)  # both joined in one iteration
