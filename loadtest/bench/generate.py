@@ -70,20 +70,24 @@ def run_cell(
     requests_per_client: int,
     max_tokens: int,
     texts: dict[str, str] | None = None,
+    tag: str | None = None,
 ) -> Cell:
     """``concurrency`` closed-loop clients, each sending ``requests_per_client`` streams
-    (``texts``: filled with each prompt's first complete output)."""
+    (``texts``: filled with each prompt's first complete output, by prompt). ``tag``: each
+    request's user text ends with ``(request <tag>.<client>.<request>)``, so no request repeats
+    an earlier one (only the chat template's shared start can come from a prompt cache)."""
     timings: list[Timing] = []
     lock = threading.Lock()
 
     def client(k: int) -> None:
         for r in range(requests_per_client):
             prompt = PROMPTS[(k + r * concurrency) % len(PROMPTS)]
+            sent = prompt if tag is None else f"{prompt} (request {tag}.{k}.{r})"
             t = Timing()
             start = time.perf_counter()
             text = []
             try:
-                for chunk in stream(prompt, max_tokens):
+                for chunk in stream(sent, max_tokens):
                     now = time.perf_counter() - start
                     if chunk:
                         t.chunk_s.append(now)

@@ -227,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", nargs="*", help="served decoder variants (default: all)")
     p.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp even when built")
     p.add_argument("--no-genai", action="store_true", help="skip ONNX Runtime GenAI")
+    p.add_argument("--fresh-prompts", action="store_true", help="no request repeats another")
     p.add_argument("--llamacpp-poll", type=int, default=0, help="llama-server --poll (0-100)")
     p.add_argument("--genai-precisions", nargs="*", default=list(ortgenai.PRECISIONS))
     p.add_argument(
@@ -452,8 +453,9 @@ def _interleaved(
             for c in t.concurrency:
                 collect = texts.setdefault(t.label, {}) if rnd == 0 else None
                 per_client = args.single_requests if c == 1 else 1
+                tag = f"{rnd}.{c}" if args.fresh_prompts else None  # the same for every target
                 cell = run_cell(
-                    t.label, t.stream, count, c, per_client, args.max_tokens, texts=collect
+                    t.label, t.stream, count, c, per_client, args.max_tokens, collect, tag
                 )
                 cell.round = rnd
                 log.info(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tritonforge.loadtest.anchors import extras, llamacpp, ortgenai
-from tritonforge.loadtest.bench.generate import Cell
+from tritonforge.loadtest.bench.generate import PROMPTS, Cell, run_cell
 from tritonforge.loadtest.bench.generate_llamacpp import (
     ANCHOR,
     GOALS,
@@ -49,6 +49,32 @@ def test_goals_compare_each_row_with_llamacpp_q8_and_mark_met_or_missed() -> Non
 def test_goals_without_the_anchor_are_not_applicable_rather_than_missed() -> None:
     goals = evaluate([cell("ours", 1, 70, 60, 10.0)], "ours")
     assert all(g["met"] is None and g["ratio"] is None for g in goals)
+
+
+def test_fresh_prompts_never_repeat_a_request_and_keep_each_prompts_text() -> None:
+    """``--fresh-prompts``: a tagged cell sends no prompt twice (the prompt caches of both
+    servers can serve only the shared start), each still the bench prompt it extends, and the
+    same tag sends the same prompts (every target gets the same requests); untagged cells
+    repeat the 8 prompts, as the targets' cells do."""
+
+    def sent(tag: str | None, concurrency: int, per_client: int) -> list[str]:
+        prompts: list[str] = []
+
+        def stream(prompt: str, max_tokens: int):  # type: ignore[no-untyped-def]
+            prompts.append(prompt)
+            yield "a b"
+
+        texts: dict[str, str] = {}
+        c = run_cell("t", stream, lambda t: len(t.split()), concurrency, per_client, 4, texts, tag)
+        assert c.failures == 0 and set(texts) <= set(PROMPTS)  # kept by the bench prompt
+        return prompts
+
+    fresh = sent("0.16", 16, 1) + sent("0.1", 1, 8)
+    assert len(set(fresh)) == len(fresh) == 24
+    assert all(any(p.startswith(f"{q} (request ") for q in PROMPTS) for p in fresh)
+    assert sorted(sent("0.16", 16, 1)) == sorted(fresh[:16])
+    plain = sent(None, 16, 1)
+    assert set(plain) == set(PROMPTS) and len(plain) == 16
 
 
 def test_decode_rate_is_the_inverse_of_the_median_inter_token_latency() -> None:
