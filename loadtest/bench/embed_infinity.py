@@ -1,8 +1,9 @@
 """``embed`` vs Infinity, side by side (issue 35 item 4; the embedding peer section of ``make bench``).
 
-The same all-MiniLM-L6-v2 directory on both sides: our exported ``embed`` ensemble (fp32) on the
-embedded Triton over HTTP through the typed client, and ``infinity_emb`` (torch engine, CPU, its
-own venv: :mod:`tritonforge.loadtest.anchors.infinity`) over its OpenAI-style ``/embeddings``.
+The same all-MiniLM-L6-v2 directory on both sides: our exported ``embed`` ensemble (fp32) served
+by ``tritonforge serve`` in a process of its own, over HTTP through the typed client, and
+``infinity_emb`` (torch engine, CPU, its own venv: :mod:`tritonforge.loadtest.anchors.infinity`)
+over its OpenAI-style ``/embeddings``.
 The same corpus (:func:`tritonforge.loadtest.corpus.generate`), one text per request, closed
 loop at each concurrency, interleaved rounds (every round measures every cell, so a load swing on
 a shared machine hits both alike); per cell the median over rounds of texts/s and p50 / p99
@@ -166,31 +167,29 @@ def format_table(cells: Sequence[Cell]) -> str:
     return "\n".join(rows)
 
 
-def _ours(repository: Path, stack: Any) -> tuple[EmbedFn, Callable[[], EmbedFn]]:
-    """Start the embedded Triton with the fp32 ``embed`` ensemble and what it calls."""
+def _ours(repository: Path, build_dir: Path, stack: Any) -> tuple[EmbedFn, Callable[[], EmbedFn]]:
+    """Serve the fp32 ``embed`` ensemble and what it calls from ``tritonforge serve``, a process
+    of its own as Infinity's server is (:mod:`tritonforge.loadtest.bench.serve_process`: in the
+    bench's process the front would share one interpreter lock with the client threads)."""
     from tritonforge import tasks
     from tritonforge.client.sync import EmbeddingClient
+    from tritonforge.loadtest.bench.serve_process import start_serve
     from tritonforge.pipelines import from_repository
     from tritonforge.runtime.cli.staged import calls
-    from tritonforge.runtime.launcher.settings import ServerSettings
-    from tritonforge.runtime.serving import EmbeddedServer
 
     # the peer speaks OpenAI's embeddings API: ours is the pipeline served on /v1/embeddings
     pipeline = next(
         p for p in from_repository(repository).values() if tasks.get(p.task).openai_embeddings
     )
     ensemble = pipeline.model("fp32")
-    settings = ServerSettings.ephemeral(
-        repository,
-        model_control_mode="explicit",
-        load_models=[*calls(repository, ensemble), ensemble],
-    )
-    server = stack.enter_context(EmbeddedServer(settings))
+    log_path = build_dir / "bench_infinity_serve.log"
+    served = start_serve(repository, [*calls(repository, ensemble), ensemble], log_path)
+    stack.callback(served.process.stop)
 
     class Ours:
         def __init__(self) -> None:
             self.client = EmbeddingClient(
-                server.http_url, "http", timeout_s=60, admin_key=settings.admin_key
+                served.http_url, "http", timeout_s=60, admin_key=served.admin_key
             )
 
         def __call__(self, texts: Sequence[str]) -> np.ndarray:
@@ -217,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = corpus.generate()
     log.info("==> embed vs Infinity on corpus %s", corpus.describe(texts))
     with contextlib.ExitStack() as stack:
-        ours, make_ours = _ours(args.model_repository, stack)
+        ours, make_ours = _ours(args.model_repository, args.build_dir, stack)
         targets: dict[str, Callable[[], EmbedFn]] = {OURS: make_ours}
         agreement = None
         if layout.installed():

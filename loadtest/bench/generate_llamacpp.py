@@ -247,11 +247,11 @@ def _triton_targets(
     (:mod:`tritonforge.loadtest.bench.serve_process`; appended to ``servers`` to stop)."""
     models = {v: group.model(v) for v in variants}
     log_path = args.build_dir / "bench_llamacpp_serve.log"
-    triton, grpc_url = start_serve(args.model_repository, list(models.values()), log_path)
-    servers.append(triton)
+    served = start_serve(args.model_repository, list(models.values()), log_path)
+    servers.append(served.process)
     out = []
     for v, model in models.items():
-        stream = client_stream(grpc_url, "grpc", model=model)
+        stream = client_stream(served.grpc_url, "grpc", model=model)
         out.append(Target(f"triton {v}", stream, tuple(args.concurrency), report_ppl.get(v)))
     return out
 

@@ -12,8 +12,11 @@ from typing import Any
 
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.conftest import PIPELINE_REPOSITORY, PROJECT_ROOT
+from tritonforge.headers import ADMIN_HEADER
 from tritonforge.loadtest.anchors import llamacpp
 from tritonforge.loadtest.bench.serve_process import ServeError, start_serve
 from tritonforge.pipelines import generator_from_repository
@@ -80,13 +83,20 @@ def test_our_server_runs_in_a_process_of_its_own_and_a_failed_start_says_why(
     whose client threads would share the front's interpreter lock); a server that cannot start
     is a :class:`ServeError` carrying its log's tail, and leaves no process behind."""
     model = generator_from_repository(PIPELINE_REPOSITORY).model()
-    server, grpc_url = start_serve(PIPELINE_REPOSITORY, [model], tmp_path / "serve.log")
+    served = start_serve(PIPELINE_REPOSITORY, [model], tmp_path / "serve.log")
+    server = served.process
     try:
         assert server.proc is not None and server.proc.pid != os.getpid()
-        assert grpc_url.startswith("127.0.0.1:")
+        assert served.grpc_url.startswith("127.0.0.1:") and served.http_url != served.grpc_url
         # returned once ready: the model answers on the gRPC address it gave
-        with grpcclient.InferenceServerClient(grpc_url) as client:
+        with grpcclient.InferenceServerClient(served.grpc_url) as client:
             assert client.is_model_ready(model)
+        # the admin key it was given opens the restricted model-config API, no other key does
+        with httpclient.InferenceServerClient(served.http_url) as http:
+            config = http.get_model_config(model, headers={ADMIN_HEADER: served.admin_key})
+            assert config["name"] == model
+            with pytest.raises(InferenceServerException):
+                http.get_model_config(model, headers={ADMIN_HEADER: "not-the-key"})
     finally:
         server.stop()
     assert server.proc is None
