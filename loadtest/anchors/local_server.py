@@ -11,7 +11,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -35,7 +35,9 @@ def healthy(url: str, timeout_s: float = 2.0) -> bool:
 
 class LocalServer:
     """One peer server process. :meth:`start` raises ``error`` (the anchor's own exception) when
-    the process exits first (with its log's tail) or is not healthy within ``ready_timeout_s``."""
+    the process exits first (with its log's tail) or is not healthy within ``ready_timeout_s``;
+    its ``health_url`` may be a function giving None until the URL is known (a server on port 0
+    that says in its log which port it bound)."""
 
     def __init__(self, name: str, error: type[Exception]) -> None:
         self.name = name
@@ -48,7 +50,7 @@ class LocalServer:
         self,
         cmd: Sequence[str],
         log_path: Path,
-        health_url: str,
+        health_url: str | Callable[[], str | None],
         ready_timeout_s: float,
         poll_interval_s: float = 0.5,
         env: Mapping[str, str] | None = None,
@@ -68,7 +70,8 @@ class LocalServer:
                 code = self.proc.returncode
                 self.stop()
                 raise self.error(f"{self.name} exited {code}: {tail}")
-            if healthy(health_url):
+            url = health_url() if callable(health_url) else health_url
+            if url is not None and healthy(url):
                 return
             time.sleep(poll_interval_s)
         self.stop()

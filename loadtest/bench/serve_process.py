@@ -7,15 +7,19 @@ p50 (docs/performance.md, "Our server in its own process")."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonforge.loadtest.anchors.local_server import LocalServer, free_port
+from tritonforge.loadtest.anchors.local_server import LocalServer
 from tritonforge.loadtest.errors import LoadtestError
 from tritonforge.runtime.launcher.settings import ADMIN_KEY_ENV
+
+# the line serve logs once its ports are bound (runtime/cli/main.py)
+LISTENING = re.compile(r"==> listening: HTTP (\S+) gRPC (\S+) ")
 
 
 class ServeError(LoadtestError):
@@ -38,25 +42,32 @@ def start_serve(
     model_repository: Path, models: Sequence[str], log_path: Path, ready_timeout_s: float = 600.0
 ) -> Served:
     """Serve ``models`` of ``model_repository`` (explicit model control, no supervisor: the
-    serving path alone, as ``llama-server`` runs) on free loopback ports with a new admin key,
+    serving path alone, as ``llama-server`` runs) on loopback ports it binds with a new admin key,
     its output in ``log_path``; returned once every model is ready. :class:`ServeError` when it
     exits first or is not ready within ``ready_timeout_s``."""
     if not models:
         raise ValueError("start_serve needs at least one model")
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    # port 0: serve binds free ports itself and says which (no port picked here and released
+    # first, which another process could take before serve binds it)
     cmd = [
         sys.executable, "-m", "tritonforge.runtime", "serve", "--quiet", "--no-supervise",
         "--model-repository", str(model_repository.resolve()),
         "--model-control-mode", "explicit", *(a for m in models for a in ("--load-model", m)),
-        "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-        "--metrics-port", str(metrics_port), "--health-port", "0",
+        "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+        "--health-port", "0",
     ]  # fmt: skip
     server = LocalServer("tritonforge serve", ServeError)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    # one model's readiness is every model's: Triton opens its sockets only once every
-    # --load-model is loaded, and exits when one fails (then ServeError with its log)
-    ready_url = f"http://127.0.0.1:{http_port}/v2/models/{models[-1]}/ready"
+    bound: list[str] = []  # [http, grpc] once its log says
+
+    def ready_url() -> str | None:
+        if not bound and (found := LISTENING.search(log_path.read_text(errors="replace"))):
+            bound.extend(found.groups())
+        # one model's readiness is every model's: Triton opens its sockets only once every
+        # --load-model is loaded, and exits when one fails (then ServeError with its log)
+        return f"http://{bound[0]}/v2/models/{models[-1]}/ready" if bound else None
+
     admin_key = secrets.token_urlsafe(18)
     env = {**os.environ, ADMIN_KEY_ENV: admin_key}
     server.start(cmd, log_path, ready_url, ready_timeout_s, env=env)
-    return Served(server, f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", admin_key)
+    return Served(server, bound[0], bound[1], admin_key)
