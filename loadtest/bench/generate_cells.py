@@ -1,12 +1,13 @@
 """The served-generation bench's cells: one request's timing, one cell's figures, medians over
-rounds, and how a streamed chunk's tokens are counted (several per chunk under a stream
-interval)."""
+rounds, how a streamed chunk's tokens are counted (several per chunk under a stream
+interval), and the cells' chart."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -87,3 +88,41 @@ def median_cells(cells: Sequence[Cell]) -> list[Cell]:
             )
         )
     return out
+
+
+def decode_tok_s(cell: Cell) -> float:
+    return 1000.0 / cell.itl_p50_ms if cell.itl_p50_ms > 0 else float("nan")
+
+
+def value(cell: Cell, field: str) -> float:
+    return decode_tok_s(cell) if field == "decode_tok_s" else float(getattr(cell, field))
+
+
+def chart(cells: Sequence[Cell], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = sorted({c.target for c in cells})
+    concs = sorted({c.concurrency for c in cells})
+    by = {(c.target, c.concurrency): c for c in cells}
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    panels = (
+        ("decode_tok_s", "decode tok/s per stream"),
+        ("tokens_per_s", "aggregate tok/s"),
+        ("ttft_p50_ms", "TTFT p50 (ms)"),
+    )
+    width = 0.8 / max(1, len(labels))
+    for ax, (name, title) in zip(axes, panels, strict=True):
+        for i, label in enumerate(labels):
+            xs = [j + i * width for j in range(len(concs))]
+            ys = [value(by[label, c], name) if (label, c) in by else 0 for c in concs]
+            ax.bar(xs, ys, width, label=label)
+        ax.set_xticks([j + width * (len(labels) - 1) / 2 for j in range(len(concs))])
+        ax.set_xticklabels([f"{c} streams" for c in concs])
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

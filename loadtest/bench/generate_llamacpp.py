@@ -45,8 +45,11 @@ from tritonforge.loadtest.bench.generate import (
     median_cells,
     run_cell,
 )
+from tritonforge.loadtest.bench.generate_causes import StepTimes, cause, measure
+from tritonforge.loadtest.bench.generate_cells import chart, decode_tok_s, value
 from tritonforge.loadtest.bench.serve_process import start_serve
 from tritonforge.logs import run_main
+from tritonforge.prefix_cache import common_length
 
 # named, not __name__: run as `python -m` that is __main__, which logging leaves at warning
 log = logging.getLogger("tritonforge.loadtest.bench.generate_llamacpp")
@@ -73,14 +76,6 @@ GOALS = (
     Goal("16 streams TTFT p50 <= 0.8x", 16, "ttft_p50_ms", 0.8, False),
     Goal("16 streams inter-token p99 <= 1.0x", 16, "itl_p99_ms", 1.0, False),  # tokens per gap
 )
-
-
-def decode_tok_s(cell: Cell) -> float:
-    return 1000.0 / cell.itl_p50_ms if cell.itl_p50_ms > 0 else float("nan")
-
-
-def value(cell: Cell, field: str) -> float:
-    return decode_tok_s(cell) if field == "decode_tok_s" else float(getattr(cell, field))
 
 
 def evaluate(cells: Sequence[Cell], ours: str, anchor: str = ANCHOR) -> list[dict[str, Any]]:
@@ -183,36 +178,6 @@ def print_table(cells: Sequence[Cell], quality: dict[str, dict[str, Any]]) -> No
         )
 
 
-def chart(cells: Sequence[Cell], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = sorted({c.target for c in cells})
-    concs = sorted({c.concurrency for c in cells})
-    by = {(c.target, c.concurrency): c for c in cells}
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
-    panels = (
-        ("decode_tok_s", "decode tok/s per stream"),
-        ("tokens_per_s", "aggregate tok/s"),
-        ("ttft_p50_ms", "TTFT p50 (ms)"),
-    )
-    width = 0.8 / max(1, len(labels))
-    for ax, (field, title) in zip(axes, panels, strict=True):
-        for i, label in enumerate(labels):
-            xs = [j + i * width for j in range(len(concs))]
-            ys = [value(by[label, c], field) if (label, c) in by else 0 for c in concs]
-            ax.bar(xs, ys, width, label=label)
-        ax.set_xticks([j + width * (len(labels) - 1) / 2 for j in range(len(concs))])
-        ax.set_xticklabels([f"{c} streams" for c in concs])
-        ax.set_title(title)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m tritonforge.loadtest.bench.generate_llamacpp", description=__doc__
@@ -297,20 +262,31 @@ def _llamacpp_targets(
 
 
 def _print_report(
-    cells: list[Cell], quality: dict[str, Any], notes: list[str], variants: Sequence[str]
+    cells: list[Cell],
+    quality: dict[str, Any],
+    notes: list[str],
+    steps: dict[str, StepTimes],
+    fresh_prompts: bool,
 ) -> list[dict[str, Any]]:
-    """Print the notes, the table and the goals of each served variant; the goals."""
+    """Print the notes, the table and the goals of each served variant (of ``steps``), each
+    with its measured cause (:mod:`tritonforge.loadtest.bench.generate_causes`); the goals."""
     print()
     for n in notes:
         print(f"  note: {n}")
     print_table(cells, quality)
     goals: list[dict[str, Any]] = []
-    for v in variants:
-        goals += evaluate(cells, f"triton {v}")
+    for v, times in steps.items():
+        for g, spec in zip(evaluate(cells, f"triton {v}"), GOALS, strict=True):
+            if g["met"] is not None:
+                figures = (spec.goal, g["ours"], g["anchor"], times, fresh_prompts)
+                g["cause"] = cause(spec.field, spec.concurrency, *figures)
+            goals.append(g)
     print()
     for g in goals:
         mark = {True: "MET ", False: "MISS", None: "n/a "}[g["met"]]
         print(f"  {mark} {g['target']}: {g['ratio']} (goal {g['goal']})")
+        if "cause" in g:
+            print(f"         cause: {g['cause']}")
     return goals
 
 
@@ -345,6 +321,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes: list[str] = []
     servers: list[Any] = []
     report_ppl = _export_perplexity(args.model_repository, group, variants)
+    # each goal's cause: our step alone, timed before any server runs (past: a prompt and half
+    # the new tokens; tail: a fresh prompt's tokens after the prompts' shared start)
+    first, second = prompt_ids(PROMPTS[0]), prompt_ids(PROMPTS[1])
+    past = len(first) + args.max_tokens // 2
+    tail = len(prompt_ids(f"{PROMPTS[0]} (request 0.16.0.0)")) - common_length(first, second)
+    steps = {
+        v: measure(args.model_repository / group.model(v), args.concurrency, past, tail)
+        for v in variants
+    }
     t_start = time.perf_counter()
     try:
         targets = _triton_targets(args, group, variants, servers, report_ppl)
@@ -358,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             srv.stop()
     quality = _quality(targets, texts, ids, count)
     cells = median_cells(cells)
-    goals = _print_report(cells, quality, notes, variants)
+    goals = _print_report(cells, quality, notes, steps, args.fresh_prompts)
     counts = {q["tokens_per_request"] for q in quality.values() if q.get("tokens_per_request")}
     report = {
         "load_average": load,
@@ -367,6 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "rounds": args.rounds,
         "prompts": list(PROMPTS),
+        "fresh_prompts": args.fresh_prompts,
+        "steps": {v: asdict(t) for v, t in steps.items()},
         "llamacpp_built": layout.built(),
         "notes": notes,
         "same_token_counts": len(counts) <= 1,

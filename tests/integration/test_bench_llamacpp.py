@@ -48,6 +48,9 @@ def test_without_llamacpp_the_section_says_so_and_reports_ours(tmp_path: Path) -
     assert "llama.cpp: not built" in stdout
     cells = {(c["target"], c["concurrency"]) for c in data["cells"]}
     assert {("triton fp32", 1), ("triton fp32", 2)} <= cells
+    # each variant's step timed alone (the goals' causes) at every concurrency of the run
+    for times in data["steps"].values():
+        assert set(times["decode_ms"]) == {"1", "2"} and times["tail_ms"] > 0
     assert not [t for t, _ in cells if t.startswith("llama.cpp")]
     fp32 = data["quality"]["triton fp32"]
     assert fp32["agreement"] == 1.0 and fp32["identical"] == "2/2"  # the reference itself

@@ -11,6 +11,7 @@ import pytest
 
 from tritonforge.loadtest.anchors import extras, llamacpp, ortgenai
 from tritonforge.loadtest.bench.generate import PROMPTS, Cell, run_cell
+from tritonforge.loadtest.bench.generate_causes import StepTimes, cause
 from tritonforge.loadtest.bench.generate_llamacpp import (
     ANCHOR,
     GOALS,
@@ -75,6 +76,25 @@ def test_fresh_prompts_never_repeat_a_request_and_keep_each_prompts_text() -> No
     assert sorted(sent("0.16", 16, 1)) == sorted(fresh[:16])
     plain = sent(None, 16, 1)
     assert set(plain) == set(PROMPTS) and len(plain) == 16
+
+
+def test_each_goals_cause_is_said_in_the_runs_step_times() -> None:
+    """A rate under the step's ceiling with the ceiling under the goal is the step itself;
+    with room under the ceiling it is the serving path; TTFT names the prefix cache (the
+    bench's repeated prompts) or the serial batch-1 tails (fresh prompts) with their times."""
+    steps = StepTimes({1: 8.0, 16: 25.0}, tail_ms=30.0, past=72, tail_tokens=20)
+    one = cause("decode_tok_s", 1, 1.0, 100.0, 150.0, steps, False)
+    assert one.startswith("the step itself") and "8.0 ms" in one and "at most 125 tok/s" in one
+    sixteen = cause("tokens_per_s", 16, 1.5, 384.0, 360.0, steps, False)
+    assert sixteen.startswith("the serving path") and "at most 640 tok/s" in sixteen
+    assert "60% of it" in sixteen
+    assert cause("tokens_per_s", 16, 1.5, 400.0, 500.0, steps, False).startswith("the step")
+    cached = cause("ttft_p50_ms", 16, 0.8, 47.0, 123.0, steps, False)
+    assert "prefix cache's logits" in cached and "~30 ms" in cached
+    fresh = cause("ttft_p50_ms", 16, 0.8, 319.0, 372.0, steps, True)
+    assert "batch-1 call" in fresh and "20 tokens take 30.0 ms" in fresh and "480 ms" in fresh
+    itl = cause("itl_p99_ms", 16, 1.0, 94.0, 65.0, steps, True)
+    assert "25.0 ms" in itl and "(69 ms)" in itl
 
 
 def test_decode_rate_is_the_inverse_of_the_median_inter_token_latency() -> None:
