@@ -11,6 +11,7 @@ from typing import Any
 
 from tritonforge import tasks
 from tritonforge.loadtest.bench.cells import Cell, Target, task_bench
+from tritonforge.loadtest.bench.text_causes import one_client_cause, throughput_cause
 
 log = logging.getLogger(__name__)
 
@@ -169,13 +170,14 @@ LIMIT_RATIO, MOONSHOT_RATIO = 0.9, 1.0
 
 
 """Issue 20 item 2: the top concurrency's throughput against the in-process batch-1 limit."""
+CAUSE = "       cause: "  # a verdict's measured cause, on the line after it
 
 
 def limit_lines(rows: list[dict[str, Any]], generator: str, protocol: str) -> list[str]:
     """Issue 20 item 2 for every text pipeline (embedding and classification) the rows hold:
     the fp32 ensemble at 1 client, p50 <= in-process batch-1 p50 + 2 ms; at the top concurrency,
     throughput >= 0.9x the in-process batch-1 limit (moonshot >= 1.0x). Each line: met/missed
-    and the ratio."""
+    and the ratio, then its measured cause (:mod:`tritonforge.loadtest.bench.text_causes`)."""
     tag = f"{protocol}/{'pa' if generator == 'perf_analyzer' else 'locust'}"
     mine = [
         r for r in rows
@@ -195,6 +197,7 @@ def limit_lines(rows: list[dict[str, Any]], generator: str, protocol: str) -> li
                 f"(target <= +{ONE_CLIENT_P50_BUDGET_MS:g} ms; ratio "
                 f"{_ratio(one['p50_ms'], one['p50_ms'] - d):.2f}x)"
             )
+            lines.append(f"{CAUSE}{one_client_cause(one, one['p50_ms'] - d)}")
         top = max(cells)
         if top > 1:
             x = cells[top]["x_inprocess_throughput"]
@@ -203,6 +206,8 @@ def limit_lines(rows: list[dict[str, Any]], generator: str, protocol: str) -> li
                 f"{_verdict(x >= LIMIT_RATIO)} {what} {tag} @{top}: {x:.2f}x the in-process "
                 f"batch-1 limit (target >= {LIMIT_RATIO:.2f}x, {moon}: >= {MOONSHOT_RATIO:.1f}x)"
             )
+            limit = _ratio(cells[top]["sentences_per_s"], x)
+            lines.append(f"{CAUSE}{throughput_cause(cells[top], limit, MOONSHOT_RATIO)}")
     return lines
 
 

@@ -87,7 +87,7 @@ def cause(
             f" (served {ours:.0f}, {ours / ceiling:.0%} of it)"
         )
         if ceiling < goal * anchor:
-            return f"the step itself: {where}, under {goal:g}x the anchor's {anchor:.0f}"
+            return f"the step itself: {where}, under the goal ({goal:g}x {anchor:.0f})"
         return f"the serving path: {where}; prefills between steps and responses take the rest"
     if field == "ttft_p50_ms":
         serial = rows * steps.tail_ms
@@ -107,5 +107,6 @@ def cause(
     # itl_p99_ms: a token's worst wait against one step of the running rows
     return (
         f"the {rows}-row step alone takes {step_ms:.1f} ms; the rest of the p99 "
-        f"({ours - step_ms:.0f} ms) is prompts prefilled between steps and the serving path"
+        f"({ours - step_ms:.0f} ms) is the scheduler's other work between steps (prompts "
+        "prefilled, responses) and the serving path"
     )

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from tritonforge.loadtest import corpus
-from tritonforge.loadtest.bench.aggregation import aggregate, analyse
+from tritonforge.loadtest.bench.aggregation import CAUSE, aggregate, analyse
 from tritonforge.loadtest.bench.cells import EMPTY_SUMMARY, Cell, Target
 from tritonforge.loadtest.bench.report import chart, table
+from tritonforge.loadtest.bench.text_causes import one_client_cause, server_split, throughput_cause
 from tritonforge.loadtest.slo import (
     SloThresholds,
     ValidationError,
@@ -175,6 +176,42 @@ def test_bench_reports_the_in_process_limit_targets_for_every_text_pipeline() ->
     ]
     for line in wanted:
         assert line in lines, f"{line!r} not in {lines}"
+    # each verdict is followed by its measured cause
+    causes = [i for i, line in enumerate(lines) if line.startswith(CAUSE)]
+    assert [lines[i - 1] for i in causes] == wanted
+
+
+def test_a_text_targets_cause_splits_the_time_inside_and_outside_the_models() -> None:
+    """A lone request: its time inside the route's models (Triton's statistics per request, the
+    ensemble's own left out) and outside them; the top concurrency: the server's CPU per request
+    against the cores and the in-process limit."""
+
+    def stats(n: int, **ms: float) -> dict[str, float]:
+        out: dict[str, float] = {"inference_count": float(n)}
+        for key, v in ms.items():
+            out[f"{key}_ns"], out[f"{key}_count"] = v * 1e6 * n, float(n)
+        return out
+
+    row = {
+        "model": "embed", "p50_ms": 6.5, "server_cpu_ms_per_request": 12.5,
+        "server_stats": {
+            "embed": stats(100, queue=0.5, compute_infer=9.0),  # the ensemble: left out
+            "fused_fp32": stats(100, queue=0.1, compute_input=0.2, compute_infer=3.0,
+                                compute_output=0.1),
+        },
+    }  # fmt: skip
+    assert server_split(row) == pytest.approx((0.1, 3.3))
+    assert one_client_cause(row, 4.0) == (
+        "inside the models 3.4 ms (queues 0.10, compute 3.3; the loop in process 4.0), outside "
+        "them 3.1 ms: the front, the protocols and the client"
+    )
+    free = throughput_cause(row, 100.0, 1.0, cores=2)
+    assert free.startswith("not CPU-bound: the server spends 12.5 ms of CPU a request, so 2")
+    assert "at most 160/s against the in-process limit's 100/s; 0.1 ms" in free
+    assert throughput_cause(row, 170.0, 1.0, cores=2).startswith("CPU-bound")
+    bare = {"model": "embed", "p50_ms": 6.5, "server_stats": {}}
+    assert "no server statistics" in one_client_cause(bare, 4.0)
+    assert "no server CPU figure" in throughput_cause(bare, 100.0, 1.0)
 
 
 def test_bench_loads_classifiers_with_perf_analyzer_too_on_their_discovered_input() -> None:
