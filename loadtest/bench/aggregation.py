@@ -197,7 +197,8 @@ def limit_lines(rows: list[dict[str, Any]], generator: str, protocol: str) -> li
                 f"(target <= +{ONE_CLIENT_P50_BUDGET_MS:g} ms; ratio "
                 f"{_ratio(one['p50_ms'], one['p50_ms'] - d):.2f}x)"
             )
-            lines.append(f"{CAUSE}{one_client_cause(one, one['p50_ms'] - d)}")
+            limit = _ratio(one["sentences_per_s"], one["x_inprocess_throughput"])
+            lines.append(f"{CAUSE}{one_client_cause(one, limit)}")
         top = max(cells)
         if top > 1:
             x = cells[top]["x_inprocess_throughput"]

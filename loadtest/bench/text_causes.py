@@ -27,18 +27,21 @@ def server_split(row: dict[str, Any]) -> tuple[float, float] | None:
     return queue, compute
 
 
-def one_client_cause(row: dict[str, Any], inprocess_p50_ms: float) -> str:
-    """Where a lone request's p50 goes beyond the in-process loop's: inside Triton's models
-    (queues and compute) and outside them (the front, the protocols, the client)."""
+def one_client_cause(row: dict[str, Any], inprocess_per_s: float) -> str:
+    """Where a lone request's time goes against the in-process loop's, in means (a closed loop
+    of one client: 1000 / rate ms a request; Triton's statistics are means too): inside
+    Triton's models (queues and compute) and outside them (the front, the protocols, the
+    client)."""
     split = server_split(row)
     if split is None:
         return "no server statistics (an admin key is needed for them against a remote server)"
     queue, compute = split
-    outside = row["p50_ms"] - queue - compute
+    served_ms = 1000.0 * row["concurrency"] / row["sentences_per_s"]
     return (
-        f"inside the models {queue + compute:.1f} ms (queues {queue:.2f}, compute {compute:.1f}; "
-        f"the loop in process {inprocess_p50_ms:.1f}), outside them {outside:.1f} ms: the front, "
-        "the protocols and the client"
+        f"a request takes {served_ms:.1f} ms on average against the loop in process's "
+        f"{1000.0 / inprocess_per_s:.1f}: inside the models {queue + compute:.1f} ms (queues "
+        f"{queue:.2f}, compute {compute:.1f}), outside them {served_ms - queue - compute:.1f} ms "
+        "(the front, the protocols, the client)"
     )
 
 

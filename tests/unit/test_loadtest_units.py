@@ -194,6 +194,7 @@ def test_a_text_targets_cause_splits_the_time_inside_and_outside_the_models() ->
 
     row = {
         "model": "embed", "p50_ms": 6.5, "server_cpu_ms_per_request": 12.5,
+        "concurrency": 1, "sentences_per_s": 125.0,  # 8.0 ms a request
         "server_stats": {
             "embed": stats(100, queue=0.5, compute_infer=9.0),  # the ensemble: left out
             "fused_fp32": stats(100, queue=0.1, compute_input=0.2, compute_infer=3.0,
@@ -201,16 +202,17 @@ def test_a_text_targets_cause_splits_the_time_inside_and_outside_the_models() ->
         },
     }  # fmt: skip
     assert server_split(row) == pytest.approx((0.1, 3.3))
-    assert one_client_cause(row, 4.0) == (
-        "inside the models 3.4 ms (queues 0.10, compute 3.3; the loop in process 4.0), outside "
-        "them 3.1 ms: the front, the protocols and the client"
+    assert one_client_cause(row, 200.0) == (
+        "a request takes 8.0 ms on average against the loop in process's 5.0: inside the models "
+        "3.4 ms (queues 0.10, compute 3.3), outside them 4.6 ms (the front, the protocols, the "
+        "client)"
     )
     free = throughput_cause(row, 100.0, 1.0, cores=2)
     assert free.startswith("not CPU-bound: the server spends 12.5 ms of CPU a request, so 2")
     assert "at most 160/s against the in-process limit's 100/s; 0.1 ms" in free
     assert throughput_cause(row, 170.0, 1.0, cores=2).startswith("CPU-bound")
     bare = {"model": "embed", "p50_ms": 6.5, "server_stats": {}}
-    assert "no server statistics" in one_client_cause(bare, 4.0)
+    assert "no server statistics" in one_client_cause(bare, 200.0)
     assert "no server CPU figure" in throughput_cause(bare, 100.0, 1.0)
 
 
