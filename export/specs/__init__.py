@@ -41,12 +41,6 @@ class Entry:
     factory: Callable[[], AnySpec]
     default_args: tuple[str, ...] | None = None
     """The options of its default export; None: not exported by default."""
-    prepare: tuple[str, ...] | None = None
-    """``python`` arguments of CPU work the export needs and that needs nothing else (the
-    classifier's training): ``serve``/``demo`` start it at once at the lowest CPU priority, beside
-    the exports queued before this one, on the cores their single-threaded steps leave idle; the
-    export then finds it done or waits for it (so it must be safe to run twice at once: the
-    training holds a lock)."""
 
     def __call__(self) -> AnySpec:
         return self.factory()
@@ -92,12 +86,10 @@ REGISTRY: dict[str, Entry] = {
     # served as `efficientnet_lite0` (ensemble) / `_bls`; exports itself (tasks/image/export/run)
     "efficientnet_lite0": Entry(image.NAME, _efficientnet_lite0, ()),
     "smollm2": Entry(generation.NAME, _smollm2, ("--quantize", "int8")),
-    "sentiment": Entry(
-        classification.NAME,
-        _sentiment,
-        (),
-        prepare=("-m", "tritonforge.tasks.classification.export.training"),
-    ),
+    # last: it trains the classifier first (~170 s on 2 cores) in its own turn; trained beside the
+    # exports before it (nice 19), it slowed them more than it gained (docs/operations.md,
+    # "Time to every pipeline")
+    "sentiment": Entry(classification.NAME, _sentiment, ()),
 }
 
 
@@ -108,13 +100,6 @@ def default_exports() -> tuple[tuple[str, ...], ...]:
         for name, entry in REGISTRY.items()
         if entry.default_args is not None
     )
-
-
-def prepare_command(name: str) -> tuple[str, ...] | None:
-    """The ``python`` arguments of export ``name``'s :attr:`Entry.prepare` (None: none, or not a
-    registered spec)."""
-    entry = REGISTRY.get(name)
-    return entry.prepare if entry is not None else None
 
 
 def pipeline_names() -> list[str]:

@@ -43,8 +43,6 @@ REPORT_DIR = Path(".tritonforge") / "background-exports"
 """Under the model repository's parent: each job's log and, when it fails, its failure report."""
 STOP_TIMEOUT_S = 15.0
 QUEUED, EXPORTING, LOADING = "queued", "exporting", "loading"
-PREPARE_NICE = 19
-"""The niceness of a job's prepared work (:attr:`Entry.prepare`) beside the exports."""
 
 
 # -- what can be served now ----------------------------------------------------------------------
@@ -126,12 +124,6 @@ def files_stamp(directory: Path) -> tuple[int, int]:
     return len(stats), max(stats, default=0)
 
 
-def _registry_prepare(label: str) -> tuple[str, ...] | None:
-    from tritonforge.export.specs import prepare_command  # light: no torch
-
-    return prepare_command(label)
-
-
 def _interrupt(process: subprocess.Popen[str]) -> None:
     """SIGINT to ``process``'s group, SIGKILL after :data:`STOP_TIMEOUT_S`."""
     with contextlib.suppress(ProcessLookupError):
@@ -211,10 +203,7 @@ class BackgroundExports:
         t0: float | None = None,
         load_timeout_s: float = 300.0,
         echo: Callable[[str], None] | None = None,
-        prepare: Callable[[str], Sequence[str] | None] | None = None,
     ) -> None:
-        """``prepare``: a job's label -> the ``python`` arguments of work started beside the
-        queue at once (default: the export registry's :attr:`Entry.prepare`)."""
         self.server = server
         self.repository = Path(server.settings.model_repository)
         self.report_dir = self.repository.resolve().parent / REPORT_DIR
@@ -231,8 +220,6 @@ class BackgroundExports:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._process: subprocess.Popen[str] | None = None
-        self._prepare = prepare or _registry_prepare
-        self._prepares: list[subprocess.Popen[str]] = []
         self._thread = threading.Thread(target=self._run, name="background-exports", daemon=True)
 
     # -- state for the health endpoint ------------------------------------------------------------
@@ -270,12 +257,11 @@ class BackgroundExports:
         return self.done.wait(timeout_s)
 
     def stop(self) -> None:
-        """Interrupt the running export (its staging is discarded) and the prepared work, and run
-        no other."""
+        """Interrupt the running export (its staging is discarded) and run no other."""
         self._stop.set()
-        for process in [self._process, *self._prepares]:
-            if process is not None and process.poll() is None:
-                _interrupt(process)
+        process = self._process
+        if process is not None and process.poll() is None:
+            _interrupt(process)
         if self._thread.is_alive():
             self._thread.join(STOP_TIMEOUT_S)
 
@@ -285,7 +271,6 @@ class BackgroundExports:
 
     def _run(self) -> None:
         try:
-            self._start_prepares()
             for state in self.states:
                 if self._stop.is_set():
                     break
@@ -328,48 +313,6 @@ class BackgroundExports:
             log.info("==> export %s done in %.0f s: nothing new to load", job.label, took)
         if units and self.on_up is not None:
             self.on_up(job.label, units)
-
-    def _start_prepares(self) -> None:
-        """Start every job's prepared work (:attr:`Entry.prepare`) now, each in its own process
-        whose output is echoed and kept in ``<label>.prepare.log``; its export waits for it."""
-        self.report_dir.mkdir(parents=True, exist_ok=True)
-        for state in self.states:
-            named = state.job.argv[:1] == (state.job.label,)  # a spec by name, not a --name
-            argv = self._prepare(state.job.label) if named else None
-            if not argv or self._stop.is_set():
-                continue
-            log.info(
-                "==> preparing %s beside the exports before it: python %s",
-                state.job.label,
-                shlex.join(argv),
-            )
-            process = subprocess.Popen(
-                [sys.executable, *argv],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                text=True,
-                errors="replace",
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                start_new_session=True,
-            )
-            # the lowest CPU priority (its threads inherit it): it takes the cores the exports
-            # leave idle and never slows them (two 2-thread jobs at equal priority on 2 cores
-            # would stall each other's parallel regions)
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, process.pid, PREPARE_NICE)
-            self._prepares.append(process)
-            log_path = self.report_dir / f"{state.job.label}.prepare.log"
-            threading.Thread(target=self._echo_to, args=(process, log_path), daemon=True).start()
-
-    def _echo_to(self, process: subprocess.Popen[str], log_path: Path) -> None:
-        assert process.stdout is not None
-        with open(log_path, "w") as out:
-            for line in process.stdout:
-                out.write(line)
-                out.flush()
-                self.echo(line.rstrip("\n"))
-        process.wait()
 
     def _export(self, job: ExportJob) -> tuple[int, Path]:
         """Run the export, echoing and logging its output; returns (exit status, log path)."""

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from tritonforge.runtime.cli.staged import (
-    PREPARE_NICE,
     BackgroundExports,
     ExportJob,
     dependency_order,
@@ -234,45 +233,7 @@ def test_the_default_exports_run_fastest_first_the_classifier_training_one_last(
     assert jobs == ["minilm", "msmarco", "efficientnet_lite0", "smollm2", "sentiment"]
 
 
-def test_prepared_work_runs_beside_the_exports_queued_before_its_own(tmp_path: Path) -> None:
-    """The last job's prepared work starts with the queue: the first job's export only ends once
-    it has seen the prepare's file (it would fail after 60 s otherwise), so they overlapped."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    marker = tmp_path / "prepared"
-    prepare = f"import pathlib; print('training'); pathlib.Path({str(marker)!r}).write_text('x')"
-    wait = (
-        "import pathlib, sys, time\n"
-        f"end = time.monotonic() + 60\n"
-        f"while not pathlib.Path({str(marker)!r}).exists() and time.monotonic() < end:\n"
-        "    time.sleep(0.05)\n"
-        f"sys.exit(0 if pathlib.Path({str(marker)!r}).exists() else 3)"
-    )
-    server = EmbeddedServer(ServerSettings.ephemeral(repo))  # never started: nothing to load
-    lines: list[str] = []
-    try:
-        background = BackgroundExports(
-            server,
-            [
-                ExportJob(("first",)),
-                ExportJob(("--from-pretrained", "ckpt", "--name", "last")),  # a user's: none
-                ExportJob(("last",)),
-            ],
-            export_command=[sys.executable, "-c", wait],
-            echo=lines.append,
-            prepare=lambda label: ("-c", prepare) if label == "last" else None,
-        )
-        assert background.start().wait(120)
-    finally:
-        server.stop()
-    assert background.failed() == {}
-    assert "training" in lines
-    log_path = tmp_path / ".tritonforge" / "background-exports" / "last.prepare.log"
-    assert log_path.read_text() == "training\n"
-    assert lines.count("training") == 1  # prepared once: by the spec's name only
-
-
-def test_stopping_the_background_exports_interrupts_the_prepared_work(tmp_path: Path) -> None:
+def test_stopping_the_background_exports_interrupts_the_running_one(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
     server = EmbeddedServer(ServerSettings.ephemeral(repo))
@@ -280,32 +241,19 @@ def test_stopping_the_background_exports_interrupts_the_prepared_work(tmp_path: 
     try:
         background = BackgroundExports(
             server,
-            [ExportJob(("only",))],
+            [ExportJob(("only",)), ExportJob(("next",))],
             export_command=[sys.executable, "-c", hold],
             echo=lambda line: None,
-            prepare=lambda label: ("-c", hold),
         )
         background.start()
-        for _ in range(600):  # until both processes exist
-            if background._prepares and background._process is not None:
+        for _ in range(600):  # until the export runs
+            if background._process is not None:
                 break
             threading.Event().wait(0.05)
-        prepared = background._prepares[0]
-        assert os.getpriority(os.PRIO_PROCESS, prepared.pid) == PREPARE_NICE  # idle cores only
+        running = background._process
+        assert running is not None
         background.stop()
     finally:
         server.stop()
-    assert prepared.poll() is not None
-
-
-def test_the_registry_prepares_the_classifier_beside_the_other_exports() -> None:
-    from tritonforge.export.specs import default_exports, prepare_command
-
-    assert prepare_command("sentiment") == (
-        "-m",
-        "tritonforge.tasks.classification.export.training",
-    )
-    assert [prepare_command(spec[0]) for spec in default_exports()].count(None) == len(
-        default_exports()
-    ) - 1
-    assert prepare_command("no-such-spec") is None
+    assert running.poll() is not None and background.done.is_set()
+    assert background.building()["next"] == "queued"  # the next one never started
