@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 REPORT_DIR = Path(".tritonforge") / "background-exports"
 """Under the model repository's parent: each job's log and, when it fails, its failure report."""
 STOP_TIMEOUT_S = 15.0
-QUEUED, EXPORTING, LOADING = "queued", "exporting", "loading"
+QUEUED, EXPORTING, LOADING, STOPPED = "queued", "exporting", "loading", "stopped"
 
 
 # -- what can be served now ----------------------------------------------------------------------
@@ -283,7 +283,8 @@ class BackgroundExports:
         self._set(state, EXPORTING)
         started = time.monotonic()
         code, log_path = self._export(job)
-        if self._stop.is_set():
+        if self._stop.is_set():  # interrupted: its staging is discarded, nothing was loaded
+            self._set(state, STOPPED)
             return
         took = time.monotonic() - started
         if code != 0:
