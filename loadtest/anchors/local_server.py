@@ -75,7 +75,10 @@ class LocalServer:
                 return
             time.sleep(poll_interval_s)
         self.stop()
-        raise self.error(f"{self.name} not healthy after {ready_timeout_s} s")
+        raise self.error(
+            f"{self.name} not healthy after {ready_timeout_s} s; its output: {log_path} (a slow "
+            "host may need a longer ready timeout)"
+        )
 
     def stop(self, stop_timeout_s: float = 15.0) -> None:
         """Terminate the process (kill it after ``stop_timeout_s``) and close its log; idempotent."""

@@ -62,6 +62,11 @@ StreamFn = Callable[[str, int], Iterator[str]]
 """``(prompt, max_tokens) -> chunks``: one streamed request."""
 
 
+def tagged(prompt: str, tag: str, client: int, request: int) -> str:
+    """``prompt`` as :func:`run_cell` sends it under ``tag`` (a user text no request repeats)."""
+    return f"{prompt} (request {tag}.{client}.{request})"
+
+
 def run_cell(
     target: str,
     stream: StreamFn,
@@ -82,7 +87,7 @@ def run_cell(
     def client(k: int) -> None:
         for r in range(requests_per_client):
             prompt = PROMPTS[(k + r * concurrency) % len(PROMPTS)]
-            sent = prompt if tag is None else f"{prompt} (request {tag}.{k}.{r})"
+            sent = prompt if tag is None else tagged(prompt, tag, k, r)
             t = Timing()
             start = time.perf_counter()
             text = []

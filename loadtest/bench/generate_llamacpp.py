@@ -44,6 +44,7 @@ from tritonforge.loadtest.bench.generate import (
     client_stream,
     median_cells,
     run_cell,
+    tagged,
 )
 from tritonforge.loadtest.bench.generate_causes import StepTimes, cause, measure
 from tritonforge.loadtest.bench.generate_cells import chart, decode_tok_s, value
@@ -325,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the new tokens; tail: a fresh prompt's tokens after the prompts' shared start)
     first, second = prompt_ids(PROMPTS[0]), prompt_ids(PROMPTS[1])
     past = len(first) + args.max_tokens // 2
-    tail = len(prompt_ids(f"{PROMPTS[0]} (request 0.16.0.0)")) - common_length(first, second)
+    tail = len(prompt_ids(tagged(PROMPTS[0], "0.16", 0, 0))) - common_length(first, second)
     steps = {
         v: measure(args.model_repository / group.model(v), args.concurrency, past, tail)
         for v in variants

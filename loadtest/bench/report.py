@@ -14,6 +14,7 @@ from typing import Any
 from tritonforge.loadtest import corpus
 from tritonforge.loadtest.bench.aggregation import aggregate, analyse
 from tritonforge.loadtest.bench.cells import Cell, task_bench
+from tritonforge.loadtest.bench.text_causes import COMPUTE, per_request_ms
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +61,11 @@ def stage_breakdown(rows: list[dict[str, Any]]) -> str:
             n, ex = v.get("inference_count", 0), v.get("execution_count", 0)
             if not n:
                 continue
-
-            def ms(key: str, v: dict[str, float] = v) -> float:
-                return v.get(f"{key}_ns", 0.0) / max(1.0, v.get(f"{key}_count", 0.0)) / 1e6
-
+            queue, c_in, infer, c_out = (per_request_ms(v, k) for k in ("queue", *COMPUTE))
             out.append(
                 f"    {model:<22} {int(n):6d} inferences in {int(ex):6d} executions "
-                f"(batch {n / max(ex, 1):4.2f})  queue {ms('queue'):7.2f} ms  "
-                f"compute in {ms('compute_input'):5.2f} infer {ms('compute_infer'):6.2f} "
-                f"out {ms('compute_output'):5.2f} ms"
+                f"(batch {n / max(ex, 1):4.2f})  queue {queue:7.2f} ms  "
+                f"compute in {c_in:5.2f} infer {infer:6.2f} out {c_out:5.2f} ms"
             )
     return "\n".join(out)
 

@@ -12,7 +12,8 @@ from typing import Any
 COMPUTE = ("compute_input", "compute_infer", "compute_output")
 
 
-def _per_request_ms(stats: dict[str, float], key: str) -> float:
+def per_request_ms(stats: dict[str, float], key: str) -> float:
+    """Triton's statistic ``key`` (``queue``, ``compute_infer``, ...) of one model: mean ms."""
     return stats.get(f"{key}_ns", 0.0) / max(1.0, stats.get(f"{key}_count", 0.0)) / 1e6
 
 
@@ -22,8 +23,8 @@ def server_split(row: dict[str, Any]) -> tuple[float, float] | None:
     stats = {m: v for m, v in (row.get("server_stats") or {}).items() if m != row.get("model")}
     if not any(v.get("inference_count") for v in stats.values()):
         return None
-    queue = sum(_per_request_ms(v, "queue") for v in stats.values())
-    compute = sum(_per_request_ms(v, k) for v in stats.values() for k in COMPUTE)
+    queue = sum(per_request_ms(v, "queue") for v in stats.values())
+    compute = sum(per_request_ms(v, k) for v in stats.values() for k in COMPUTE)
     return queue, compute
 
 
